@@ -1,0 +1,40 @@
+// metaload's one error type. Every error carries a kind ("FormatError", "ResolveError", ...) and a
+// message naming what is wrong and where. what() is "[metaload.<Kind>] <message>": the prefix lets
+// the Python package re-raise the matching metaload.<Kind> exception, since torch turns every C++
+// exception into a RuntimeError carrying what().
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace metaload {
+
+class Error : public std::runtime_error {
+ public:
+  Error(const char* kind, const std::string& message)
+      : std::runtime_error(std::string("[metaload.") + kind + "] " + message),
+        kind_(kind),
+        message_(message) {}
+
+  // The kind, e.g. "FormatError"; the name of the Python exception class too.
+  const char* kind() const noexcept { return kind_; }
+  // The message without the "[metaload.<Kind>] " prefix.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  const char* kind_;
+  std::string message_;
+};
+
+}  // namespace metaload
+
+// Declares `class Name : public Base` whose kind is "Name". Subclasses of subclasses keep their own
+// kind, so catching a base catches them all while what() names the most precise one.
+#define METALOAD_DEFINE_ERROR(Name, Base)                                        \
+  class Name : public Base {                                                     \
+   public:                                                                       \
+    explicit Name(const std::string& message) : Base(#Name, message) {}          \
+                                                                                 \
+   protected:                                                                    \
+    Name(const char* kind, const std::string& message) : Base(kind, message) {} \
+  }
