@@ -1,0 +1,77 @@
+"""Finds and loads libmetaload.so, and turns its errors into metaload exception classes."""
+import os
+import re
+import functools
+
+import torch
+
+_loaded = None
+
+
+def library_path():
+    """METALOAD_LIB if set, else libmetaload.so next to this package (an installed copy)."""
+    env = os.environ.get("METALOAD_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "libmetaload.so"), os.path.join(here, "..", "libmetaload.so")):
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate)
+    raise ImportError(
+        "metaload: libmetaload.so not found: set METALOAD_LIB to its path "
+        "(bazel-bin/libmetaload.so or build/<dir>/libmetaload.so) or install it next to the package")
+
+
+def load():
+    """Loads the extension once; returns torch.ops.metaload."""
+    global _loaded
+    if _loaded is None:
+        path = library_path()
+        # Under LD_PRELOAD the library is already in the process; loading it again is harmless.
+        torch.ops.load_library(path)
+        _loaded = path
+    return torch.ops.metaload
+
+
+class Error(RuntimeError):
+    """Base of every error metaload raises; the C++ kind is the class name."""
+
+    kind = "Error"
+
+
+_classes = {"Error": Error}
+_prefix = re.compile(r"\[metaload\.([A-Za-z]+)\] ")
+
+
+def error_class(kind):
+    """The Python class for a C++ error kind, made on first use (all derive from metaload.Error)."""
+    cls = _classes.get(kind)
+    if cls is None:
+        cls = type(kind, (Error,), {"kind": kind, "__module__": "metaload"})
+        _classes[kind] = cls
+    return cls
+
+
+def translate(exc):
+    """The metaload exception for a RuntimeError raised by the extension, or None."""
+    m = _prefix.search(str(exc))
+    if m is None:
+        return None
+    msg = str(exc)[m.end():].split("\nException raised from")[0]
+    return error_class(m.group(1))(msg)
+
+
+def typed_errors(fn):
+    """Decorator: re-raise the extension's errors as metaload.<Kind> exceptions."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            t = translate(e)
+            if t is None:
+                raise
+            raise t from None
+
+    return wrapper
