@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/registration.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
 
@@ -113,6 +114,10 @@ bool key_registered() {
   return mode_key_registered();
 }
 
+void init() {
+  run_deferred_registrations();
+}
+
 }  // namespace
 }  // namespace metaload
 
@@ -124,6 +129,7 @@ TORCH_LIBRARY_FRAGMENT(metaload, m) {
   m.def("forcing_stats() -> int[]", &metaload::stats);
   m.def("reset_forcing_stats() -> ()", &metaload::reset_stats);
   m.def("mode_key_registered() -> bool", &metaload::key_registered);
+  m.def("init() -> ()", &metaload::init);
 }
 
 // With MetaMode on, the mode key is in the thread's key set, so even these operators (which take
@@ -137,4 +143,5 @@ TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
   m.impl("forcing_stats", &metaload::stats);
   m.impl("reset_forcing_stats", &metaload::reset_stats);
   m.impl("mode_key_registered", &metaload::key_registered);
+  m.impl("init", &metaload::init);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/registration.h"
 #include "c10_ext/mode_key.h"
 
 namespace metaload {
@@ -113,8 +114,8 @@ bool has_meta_kernel(const char* qualified) {
   return !op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta);  // absent op: nothing to do
 }
 
-struct Registrar {
-  Registrar() {
+void register_data_dependent_kernels() {
+  {
     try {
       auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
                                      __LINE__);  // kept for the life of the process
@@ -136,8 +137,9 @@ struct Registrar {
                    e.what());
     }
   }
-};
-Registrar g_registrar;
+}
+
+const bool g_registered = (register_when_safe(&register_data_dependent_kernels), true);
 
 }  // namespace
 }  // namespace metaload
