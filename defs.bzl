@@ -49,7 +49,7 @@ def metaload_cc_test(name, srcs, deps = [], data = [], env = {}, **kwargs):
         **kwargs
     )
 
-def metaload_cc_binary(name, srcs, deps = [], **kwargs):
+def metaload_cc_binary(name, srcs = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
         srcs = srcs,

@@ -89,7 +89,7 @@ stub_repository = repository_rule(
     local = True,
 )
 
-# Bazel 4 always loads @rules_java (through @bazel_tools//tools/jdk) and gives every *_test an
+# Bazel 4 always loads @rules_cc (through @bazel_tools) and @rules_java (through @bazel_tools//tools/jdk) and gives every *_test an
 # implicit dependency on @remote_coverage_tools; both are downloads. These stand-ins keep the
 # build offline (the price: `bazel coverage` is not available).
 _RULES_JAVA_DEFS = """
@@ -120,8 +120,43 @@ filegroup(name = "lcov_merger", srcs = ["noop.sh"])
 sh_binary(name = "Main", srcs = ["noop.sh"])
 """
 
+# Debian's bazel-rules-cc needs Bazel 5: Bazel 4's cc rules are native, so this re-exports them.
+_RULES_CC_DEFS = """
+def cc_binary(**attrs):
+    native.cc_binary(**attrs)
+def cc_import(**attrs):
+    native.cc_import(**attrs)
+def cc_library(**attrs):
+    native.cc_library(**attrs)
+def cc_test(**attrs):
+    native.cc_test(**attrs)
+def cc_proto_library(**attrs):
+    native.cc_proto_library(**attrs)
+def fdo_prefetch_hints(**attrs):
+    native.fdo_prefetch_hints(**attrs)
+def fdo_profile(**attrs):
+    native.fdo_profile(**attrs)
+def objc_library(**attrs):
+    native.objc_library(**attrs)
+def objc_import(**attrs):
+    native.objc_import(**attrs)
+def cc_toolchain(**attrs):
+    native.cc_toolchain(**attrs)
+def cc_toolchain_suite(**attrs):
+    native.cc_toolchain_suite(**attrs)
+"""
+
 def metaload_dependencies():
-    native.local_repository(name = "rules_cc", path = "third_party/rules_cc")
+    """Declares every repository metaload's BUILD files use; call it from your WORKSPACE."""
+    stub_repository(
+        name = "rules_cc",
+        files = {
+            "WORKSPACE": "workspace(name = \"rules_cc\")\n",
+            "BUILD.bazel": "",
+            "cc/BUILD.bazel": "package(default_visibility = [\"//visibility:public\"])\n",
+            "cc/defs.bzl": _RULES_CC_DEFS,
+        },
+    )
     stub_repository(
         name = "rules_java",
         files = {
