@@ -24,11 +24,11 @@ std::atomic<uint64_t> g_forced_bytes{0};
 
 // ---- small host buffers behind forced empty() --------------------------------------------------
 
-// C++ code such as at::tensor / torch::tensor(std::vector) creates a tensor with empty() and
+// C++ code such as at::tensor / torch::tensor(std::vector) creates a 1-D tensor with empty() and
 // writes into data_ptr() directly, without the dispatcher. A meta tensor has no data pointer, so
-// that code would fail. Tensors that empty() creates directly, up to this size, therefore get a
-// private host buffer while staying on meta: the write lands there, no kernel ever reads it, and
-// it is freed with the tensor. Larger ones (real weights) get no memory at all.
+// that code would fail. 1-D tensors that empty() creates directly, up to this size, therefore get
+// a private host buffer while staying on meta: the write lands there, no kernel ever reads it, and
+// it is freed with the tensor. Anything else (weights) gets no memory at all.
 constexpr size_t kShadowLimitBytes = 64 * 1024;
 
 // Hands out host memory whose DataPtr claims the meta device, so the TensorImpl stays on meta.
@@ -120,6 +120,7 @@ at::Tensor shadow_empty(const OpInfo& info, const torch::jit::Stack& stack, size
   const auto& size_v = stack[base];
   if (!size_v.isIntList()) return {};
   const auto sizes = size_v.toIntVector();
+  if (sizes.size() != 1) return {};
   // empty.memory_format(size, dtype, layout, device, pin_memory, memory_format)
   // empty_strided(size, stride, dtype, layout, device, pin_memory)
   const size_t dtype_i = strided ? 2 : 1;

@@ -3,8 +3,9 @@
 The C++ mode (a dispatch-key fallback) forces every tensor the dispatcher creates onto meta. Python
 adds one thing the dispatcher cannot see: torch's Python bindings initialise CUDA for `.cuda()`,
 `.to("cuda")` and `device="cuda"` *before* dispatching, which fails without a GPU and costs a CUDA
-context with one. A TorchFunctionMode rewrites those device arguments to meta first, and turns
-reads of values (tolist, numpy, item) on meta tensors into metaload.DataDependentError.
+context with one. A TorchFunctionMode rewrites those device arguments to CPU first (the C++ mode
+then forces them onto meta), and turns reads of values (tolist, numpy, item) on meta tensors into
+metaload.DataDependentError.
 """
 import contextlib
 import threading
@@ -46,6 +47,17 @@ def reset_forcing_stats():
 
 _DataDependentError = _lib.error_class("DataDependentError")
 _META = torch.device("meta")
+# Devices are rewritten to CPU, not meta: that avoids the CUDA initialisation in torch's Python
+# bindings, and the C++ mode then forces CPU onto meta (and counts what it saved).
+_CPU = torch.device("cpu")
+
+
+def _redirect(device):
+    """The device to pass on for a requested one: meta stays meta, anything else becomes CPU."""
+    if device is None:
+        return None
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return _META if d.type == "meta" else _CPU
 
 
 def _is_device_like(x):
@@ -59,15 +71,15 @@ def _to_args_on_meta(args, kwargs):
     if args and isinstance(args[0], torch.Tensor):
         other = args.pop(0)
         kwargs.setdefault("dtype", other.dtype)
-        args.insert(0, _META)
+        args.insert(0, _redirect(other.device))
     elif args and _is_device_like(args[0]):
-        args[0] = _META
+        args[0] = _redirect(args[0])
     if "device" in kwargs:
-        kwargs["device"] = _META
+        kwargs["device"] = _redirect(kwargs["device"])
     if "other" in kwargs:
         other = kwargs.pop("other")
         kwargs.setdefault("dtype", other.dtype)
-        args.insert(0, _META)
+        args.insert(0, _redirect(other.device))
     return args, kwargs
 
 
@@ -92,12 +104,10 @@ class _MetaFunctionMode(TorchFunctionMode):
                     "`with metaload.real():`.")
             if func is torch.Tensor.to:
                 args, kwargs = (args[0], *_to_args_on_meta(args[1:], kwargs)[0]), kwargs
-            elif func is torch.Tensor.cuda or func is torch.Tensor.cpu:
-                return args[0].to(_META)
-            elif func is torch.Tensor.pin_memory:
-                return args[0].to(_META)
+            elif func is torch.Tensor.cuda:
+                return args[0].to(_CPU)
             elif "device" in kwargs:
-                kwargs["device"] = _META
+                kwargs["device"] = _redirect(kwargs["device"])
         try:
             return func(*args, **kwargs)
         except RuntimeError as e:
