@@ -15,6 +15,7 @@
 #include "base/registration.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
+#include "c10_ext/scopes.h"
 
 namespace metaload {
 namespace {
@@ -66,35 +67,18 @@ EnvActivation g_env_activation;
 // ---- control operators
 // ---------------------------------------------------------------------------
 
-// Guards opened from Python live on a per-thread stack; each enter returns a token (the depth),
-// and exit must name the innermost one, so a mismatched exit is an error, not silent corruption.
-struct Scope {
-  std::unique_ptr<MetaMode> meta;
-  std::unique_ptr<RealGuard> real;
-};
-thread_local std::vector<Scope> t_scopes;
+thread_local std::vector<std::unique_ptr<Scope>> t_scopes;
 
 int64_t enter_meta() {
-  Scope s;
-  s.meta = std::make_unique<MetaMode>();
-  t_scopes.push_back(std::move(s));
-  return static_cast<int64_t>(t_scopes.size());
+  return push_scope(std::make_unique<ScopeOf<MetaMode>>());
 }
 
 int64_t enter_real() {
-  Scope s;
-  s.real = std::make_unique<RealGuard>();
-  t_scopes.push_back(std::move(s));
-  return static_cast<int64_t>(t_scopes.size());
+  return push_scope(std::make_unique<ScopeOf<RealGuard>>());
 }
 
 void exit_scope(int64_t token) {
-  if (token != static_cast<int64_t>(t_scopes.size()) || token <= 0) {
-    throw ModeError("scopes must be exited innermost first: exit of scope " +
-                    std::to_string(token) + " while " + std::to_string(t_scopes.size()) +
-                    " are open on this thread");
-  }
-  t_scopes.pop_back();
+  pop_scope(token);
 }
 
 bool forcing() {
@@ -119,6 +103,21 @@ void init() {
 }
 
 }  // namespace
+
+int64_t push_scope(std::unique_ptr<Scope> scope) {
+  t_scopes.push_back(std::move(scope));
+  return static_cast<int64_t>(t_scopes.size());
+}
+
+void pop_scope(int64_t token) {
+  if (token != static_cast<int64_t>(t_scopes.size()) || token <= 0) {
+    throw ModeError("scopes must be exited innermost first: exit of scope " +
+                    std::to_string(token) + " while " + std::to_string(t_scopes.size()) +
+                    " are open on this thread");
+  }
+  t_scopes.pop_back();
+}
+
 }  // namespace metaload
 
 TORCH_LIBRARY_FRAGMENT(metaload, m) {

@@ -10,6 +10,7 @@ The work happens in libmetaload.so (found through METALOAD_LIB or next to this p
 package is a thin layer over torch.ops.metaload.
 """
 from ._lib import Error, error_class, library_path, load
+from ._fake import fake, is_fake, scan
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 
 ops = load()
@@ -20,11 +21,14 @@ __all__ = [
     "DataDependentError",
     "Error",
     "ModeError",
+    "fake",
     "forcing_stats",
+    "is_fake",
     "is_forcing",
     "library_path",
     "meta",
     "ops",
     "real",
     "reset_forcing_stats",
+    "scan",
 ]

@@ -1,0 +1,313 @@
+// The Fake key's fallback: every op on fake tensors (or any op while FakeMode is active) lands
+// here, below autograd. It works out the device the result would have on a real run, runs the
+// op's Meta kernel (fake tensors report the meta device while it runs), and wraps new results as
+// fake tensors on that device.
+#include "fake_mode/fake_mode.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/registration.h"
+#include "c10_ext/scopes.h"
+#include "fake_mode/fake_tensor.h"
+
+namespace metaload {
+namespace {
+
+constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
+
+thread_local c10::optional<c10::Device> t_mode_device;
+
+// ---- per-operator facts
+// ----------------------------------------------------------------------------
+
+struct OpInfo {
+  int8_t device = -1;      // index of a `device` argument (factories, _to_copy)
+  int8_t pin_memory = -1;  // index of a `pin_memory` argument
+};
+
+OpInfo classify(const c10::FunctionSchema& schema) {
+  OpInfo info;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size() && i < 127; ++i) {
+    if (args[i].name() == "device") info.device = static_cast<int8_t>(i);
+    if (args[i].name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
+  }
+  return info;
+}
+
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, classify(*key)).first;
+  return it->second;
+}
+
+// ---- device rules
+// ---------------------------------------------------------------------------------
+
+// Gathers the devices of an op's tensor arguments the way a real run checks them.
+struct DeviceRule {
+  const c10::OperatorHandle& op;
+  c10::optional<c10::Device> common;      // the device every non-scalar tensor is on
+  c10::optional<c10::Device> cpu_scalar;  // a zero-dim cpu tensor was seen
+  bool saw_wildcard = false;              // a plain meta tensor outside FakeMode
+
+  void see(const at::Tensor& t) {
+    if (!t.defined()) return;
+    c10::Device d = claimed_device(t);
+    if (d.is_meta() && !is_fake(t)) {
+      if (!t_mode_device) {
+        saw_wildcard = true;
+        return;
+      }
+      d = *t_mode_device;  // a meta-built model's parameters live on the mode's device
+    }
+    if (d.is_cpu() && t.dim() == 0) {
+      cpu_scalar = d;  // zero-dim cpu tensors mix with any device, as in a real run
+      return;
+    }
+    if (!common) {
+      common = d;
+    } else if (*common != d) {
+      TORCH_CHECK(false,
+                  "Expected all tensors to be on the same device, but found at least two "
+                  "devices, ",
+                  *common, " and ", d, "! (in ", op.schema().name(),
+                  ", run on fake tensors by metaload)");
+    }
+  }
+
+  c10::Device result() const {
+    if (common) return *common;
+    if (cpu_scalar) return *cpu_scalar;
+    return t_mode_device.value_or(c10::Device(c10::kCPU));
+  }
+};
+
+// A meta tensor standing in for a real one (same sizes, strides, dtype), so Meta kernels take it.
+at::Tensor meta_stand_in(const at::Tensor& real) {
+  return at::empty_strided(real.sizes(), real.strides(), real.options().device(c10::kMeta));
+}
+
+bool needs_stand_in(const at::Tensor& t) {
+  return t.defined() && !is_fake(t) && !t.is_meta();
+}
+
+// Applies `fn` to every tensor in an argument (a tensor, a list of tensors, a list of optionals).
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& fn) {
+  if (v.isTensor()) {
+    fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) fn(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) fn(e.toTensor());
+    }
+  }
+}
+
+// Replaces every real tensor in an argument by a meta stand-in.
+void replace_real(c10::IValue& v) {
+  if (v.isTensor()) {
+    if (needs_stand_in(v.toTensor())) v = meta_stand_in(v.toTensor());
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const at::Tensor t = list.get(i);
+      if (needs_stand_in(t)) list.set(i, meta_stand_in(t));
+    }
+  } else if (v.isList()) {
+    auto list = v.toList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue e = list.get(i);
+      if (e.isTensor() && needs_stand_in(e.toTensor())) list.set(i, meta_stand_in(e.toTensor()));
+    }
+  }
+}
+
+// Outputs that are new meta tensors become fake tensors on `device`; outputs that are inputs
+// (in-place and out= ops return them) stay what they are.
+at::Tensor wrap_output(const at::Tensor& t, c10::Device device,
+                       const std::vector<const c10::TensorImpl*>& inputs) {
+  if (!t.defined() || !t.is_meta()) return t;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  for (const c10::TensorImpl* in : inputs) {
+    if (in == impl) return t;
+  }
+  return make_fake(t, device);
+}
+
+struct KernelScope {
+  KernelScope() : no_fake(kFakeKey), meta(c10::DispatchKey::Meta) { ++detail::fake_kernel_depth(); }
+  ~KernelScope() { --detail::fake_kernel_depth(); }
+  c10::impl::ExcludeDispatchKeyGuard no_fake;
+  // Fake tensors carry their claimed backend's key; nested ops must still pick Meta kernels.
+  c10::impl::IncludeDispatchKeyGuard meta;
+};
+
+void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const OpInfo& info = op_info(op);
+  const size_t n_args = schema.arguments().size();
+  const size_t base = stack->size() - n_args;
+  auto& s = *stack;
+
+  // 1. The device of the result.
+  DeviceRule rule{op};
+  std::vector<const c10::TensorImpl*> inputs;
+  inputs.reserve(4);
+  for (size_t i = 0; i < n_args; ++i) {
+    for_each_tensor(s[base + i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      inputs.push_back(t.unsafeGetTensorImpl());
+      if (info.device < 0) rule.see(t);
+    });
+  }
+  c10::Device target(c10::kCPU);
+  if (info.device >= 0) {
+    auto& dev = s[base + info.device];
+    if (dev.isDevice()) {
+      target = dev.toDevice();
+    } else if (!inputs.empty()) {
+      const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
+      target = self.defined() ? claimed_device(self) : rule.result();
+      if (target.is_meta() && t_mode_device && !(self.defined() && is_fake(self))) {
+        target = *t_mode_device;
+      }
+    } else {
+      target = t_mode_device.value_or(c10::Device(c10::kCPU));
+    }
+    dev = c10::IValue(c10::Device(c10::kMeta));
+    if (info.pin_memory >= 0) s[base + info.pin_memory] = c10::IValue();
+  } else {
+    target = rule.result();
+  }
+
+  // 2. Real tensors take meta stand-ins; run the Meta kernel.
+  for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+  {
+    KernelScope scope;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
+  }
+
+  // 3. New results become fake tensors on the target device.
+  const size_t n_out = schema.returns().size();
+  for (size_t i = stack->size() - n_out; i < stack->size(); ++i) {
+    c10::IValue& v = s[i];
+    if (v.isTensor()) {
+      v = wrap_output(v.toTensor(), target, inputs);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j)
+        list.set(j, wrap_output(list.get(j), target, inputs));
+    }
+  }
+}
+
+// ---- registration
+// ---------------------------------------------------------------------------------
+
+std::once_flag g_register_once;
+std::atomic<bool> g_registered{false};
+std::string g_register_error;
+
+void register_fake_fallback() {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  if (dispatcher.hasBackendFallbackForDispatchKey(kFakeKey)) {
+    g_register_error =
+        "cannot switch FakeMode on: dispatch key Fake already has a fallback "
+        "registered by another library; metaload needs that key for fake tensors";
+    return;
+  }
+  try {
+    new c10::RegistrationHandleRAII(dispatcher.registerFallback(
+        kFakeKey, c10::KernelFunction::makeFromBoxedFunction<&fake_fallback>(),
+        "metaload fake tensor fallback (fake_mode/fake_mode.cc)"));
+    // Autograd and device guards look up a guard for the claimed device; a CPU-only libtorch has
+    // none for CUDA, so fake cuda tensors get a no-op one (a CUDA libtorch keeps its own).
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+      static c10::impl::DeviceGuardImplRegistrar registrar(
+          c10::DeviceType::CUDA, new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>());
+    }
+    g_registered.store(true);
+  } catch (const std::exception& e) {
+    g_register_error = std::string(
+                           "cannot switch FakeMode on: registering the Fake fallback "
+                           "failed: ") +
+                       e.what();
+  }
+}
+
+}  // namespace
+
+void ensure_fake_key_registered() {
+  std::call_once(g_register_once, register_fake_fallback);
+  if (!g_registered.load()) throw ModeError(g_register_error);
+}
+
+c10::optional<c10::Device> fake_mode_device() {
+  return t_mode_device;
+}
+
+FakeMode::FakeMode(c10::Device device)
+    : was_included_((ensure_fake_key_registered(), run_deferred_registrations(),
+                     c10::impl::tls_is_dispatch_key_included(kFakeKey))),
+      was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kFakeKey)),
+      saved_device_(t_mode_device) {
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "FakeMode claims a cpu or cuda device, not ",
+              device);
+  t_mode_device = device;
+  c10::impl::tls_set_dispatch_key_included(kFakeKey, true);
+  c10::impl::tls_set_dispatch_key_excluded(kFakeKey, false);
+}
+
+FakeMode::~FakeMode() {
+  t_mode_device = saved_device_;
+  c10::impl::tls_set_dispatch_key_included(kFakeKey, was_included_);
+  c10::impl::tls_set_dispatch_key_excluded(kFakeKey, was_excluded_);
+}
+
+namespace {
+
+// ---- operators for Python
+// ---------------------------------------------------------------------------
+
+int64_t enter_fake(c10::string_view device) {
+  return push_scope(std::make_unique<ScopeOf<FakeMode>>(c10::Device(std::string(device))));
+}
+
+// t.to(device) from C++: Python's bindings would initialise CUDA first, which fails without a GPU
+// (and costs a context with one). Recorded by autograd like any to().
+at::Tensor fake_to(const at::Tensor& t, c10::string_view device) {
+  ensure_fake_key_registered();
+  return t.to(c10::Device(std::string(device)));
+}
+
+bool is_fake_op(const at::Tensor& t) {
+  return is_fake(t);
+}
+
+std::string fake_device_op(const at::Tensor& t) {
+  return claimed_device(t).str();
+}
+
+}  // namespace
+}  // namespace metaload
+
+TORCH_LIBRARY_FRAGMENT(metaload, m) {
+  m.def("enter_fake(str device) -> int", &metaload::enter_fake);
+  m.def("fake_to(Tensor t, str device) -> Tensor", &metaload::fake_to);
+  m.def("is_fake(Tensor t) -> bool", &metaload::is_fake_op);
+  m.def("fake_device(Tensor t) -> str", &metaload::fake_device_op);
+}
