@@ -1,0 +1,128 @@
+// Building blocks shared by the family implementations (internal to model/families). Each is a
+// torch::nn::Module named after its transformers class, holding its tensors under the transformers
+// attribute names (weight, bias).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "model/families/family.h"
+
+namespace metaload {
+namespace families {
+
+// Makes parameter tensors with the build options and, unless told not to or on meta, fills them
+// as transformers' _init_weights does.
+class ParamInit {
+ public:
+  explicit ParamInit(const BuildOptions& options);
+  at::Tensor normal(at::IntArrayRef shape, double std);
+  at::Tensor zeros(at::IntArrayRef shape);
+  at::Tensor ones(at::IntArrayRef shape);
+  const at::TensorOptions& options() const { return options_; }
+
+ private:
+  at::Tensor fill(at::IntArrayRef shape, double value);
+  at::TensorOptions options_;
+  bool init_;
+  c10::optional<at::Generator> generator_;
+};
+
+// nn.Linear: weight [out, in]; bias may be undefined (no bias).
+class Linear : public torch::nn::Module {
+ public:
+  Linear(at::Tensor w, at::Tensor b) : torch::nn::Module("Linear") {
+    weight = register_parameter("weight", std::move(w));
+    if (b.defined()) bias = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;
+};
+
+// transformers' Conv1D (GPT-2): a linear layer whose weight is stored [in, out].
+class Conv1D : public torch::nn::Module {
+ public:
+  Conv1D(at::Tensor w, at::Tensor b) : torch::nn::Module("Conv1D") {
+    weight = register_parameter("weight", std::move(w));
+    bias = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    std::vector<int64_t> out_shape = x.sizes().vec();
+    out_shape.back() = weight.size(1);
+    return at::addmm(bias, x.reshape({-1, weight.size(0)}), weight).view(out_shape);
+  }
+  at::Tensor weight, bias;
+};
+
+class Embedding : public torch::nn::Module {
+ public:
+  explicit Embedding(at::Tensor w) : torch::nn::Module("Embedding") {
+    weight = register_parameter("weight", std::move(w));
+  }
+  at::Tensor forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+  at::Tensor weight;
+};
+
+class LayerNorm : public torch::nn::Module {
+ public:
+  LayerNorm(at::Tensor w, at::Tensor b, double eps) : torch::nn::Module("LayerNorm"), eps(eps) {
+    weight = register_parameter("weight", std::move(w));
+    bias = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  }
+  at::Tensor weight, bias;
+  double eps;
+};
+
+// LlamaRMSNorm (and Mistral/Qwen2's): normalises in float32, scales in the input dtype.
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(const std::string& class_name, at::Tensor w, double eps)
+      : torch::nn::Module(class_name), eps(eps) {
+    weight = register_parameter("weight", std::move(w));
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+    return weight * (xf * at::rsqrt(variance + eps)).to(x.scalar_type());
+  }
+  at::Tensor weight;
+  double eps;
+};
+
+// The activation named by hidden_act / activation_function (names validated by the parser).
+at::Tensor activation(const std::string& name, const at::Tensor& x);
+
+// Scaled dot-product attention with grouped-query heads, without materialising repeated keys.
+// q [B, S, H, D]; k, v [B, KV, T, D] with H a multiple of KV (query head h uses kv head
+// h / (H / KV), as transformers' repeat_kv); blocked: undefined (attend to all T keys) or bool
+// [S, T], true where query s must not see key t. Softmax in float32 for half types.
+// Returns [B, S, H*D].
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& blocked, double scale);
+
+// Appends k, v ([B, S, KV, D]) to layer `layer` of the cache at position cache.length (growing it
+// when needed) and returns the cached keys and values [B, KV, T, D] for positions [from,
+// cache.length + S).
+std::pair<at::Tensor, at::Tensor> cache_append(KVCache& cache, int64_t layer, const at::Tensor& k,
+                                               const at::Tensor& v, int64_t from);
+
+// Puts `fresh` into the buffer `buffer` in place (TensorImpl-level): every reference to the buffer
+// sees the new values, device and shape, even when it was a meta tensor.
+void replace_buffer(const at::Tensor& buffer, const at::Tensor& fresh);
+
+// True when `device` (after MetaMode's forcing, if active) makes meta tensors: probes a factory.
+bool builds_meta(const at::Device& device);
+
+std::shared_ptr<CausalLM> build_gpt2(const FamilyConfig& config, const BuildOptions& options);
+std::shared_ptr<CausalLM> build_llama(const FamilyConfig& config, const BuildOptions& options);
+
+}  // namespace families
+}  // namespace metaload
