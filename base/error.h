@@ -30,11 +30,11 @@ class Error : public std::runtime_error {
 
 // Declares `class Name : public Base` whose kind is "Name". Subclasses of subclasses keep their own
 // kind, so catching a base catches them all while what() names the most precise one.
-#define METALOAD_DEFINE_ERROR(Name, Base)                                        \
-  class Name : public Base {                                                     \
-   public:                                                                       \
-    explicit Name(const std::string& message) : Base(#Name, message) {}          \
-                                                                                 \
-   protected:                                                                    \
+#define METALOAD_DEFINE_ERROR(Name, Base)                                       \
+  class Name : public Base {                                                    \
+   public:                                                                      \
+    explicit Name(const std::string& message) : Base(#Name, message) {}         \
+                                                                                \
+   protected:                                                                   \
     Name(const char* kind, const std::string& message) : Base(kind, message) {} \
   }

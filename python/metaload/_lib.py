@@ -29,6 +29,9 @@ def load():
         path = library_path()
         # Under LD_PRELOAD the library is already in the process; loading it again is harmless.
         torch.ops.load_library(path)
+        # Kernels held back while the library was preloaded into this interpreter (LD_PRELOAD)
+        # are registered now that torch's own Python kernels are in place.
+        torch.ops.metaload.init()
         _loaded = path
     return torch.ops.metaload
 

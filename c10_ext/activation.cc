@@ -1,0 +1,147 @@
+// Switching MetaMode on from outside C++: the METALOAD environment variable (for unmodified
+// programs under LD_PRELOAD), the exit report, and the torch.ops.metaload.* control operators that
+// the Python package uses.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/registration.h"
+#include "c10_ext/meta_mode.h"
+#include "c10_ext/mode_key.h"
+
+namespace metaload {
+namespace {
+
+[[noreturn]] void stop(const char* what) {
+  std::fprintf(stderr, "metaload: %s\n", what);
+  std::fflush(stderr);
+  _exit(2);  // a deliberate stop at start-up: no static destructors of a half-started program
+}
+
+void print_report() {
+  const ForcingStats s = forcing_stats();
+  std::fprintf(stderr,
+               "metaload: %llu tensors forced onto meta; %llu bytes (%.3f GiB) not allocated\n",
+               static_cast<unsigned long long>(s.tensors), static_cast<unsigned long long>(s.bytes),
+               static_cast<double>(s.bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+// The process-wide MetaMode that METALOAD=meta switches on for the thread that loads the library
+// (the main thread under LD_PRELOAD). Never destroyed: it lasts until the process ends.
+struct EnvActivation {
+  EnvActivation() {
+    const char* report = std::getenv("METALOAD_REPORT");
+    if (report && *report && std::strcmp(report, "0") != 0) {
+      if (std::strcmp(report, "1") != 0) {
+        stop((std::string("METALOAD_REPORT='") + report +
+              "' is not valid: accepted values are 1 (print a summary on exit) and 0 or unset")
+                 .c_str());
+      }
+      std::atexit(print_report);
+    }
+    const char* mode = std::getenv("METALOAD");
+    if (!mode || !*mode || std::strcmp(mode, "off") == 0) return;
+    if (std::strcmp(mode, "meta") != 0) {
+      stop((std::string("METALOAD='") + mode +
+            "' is not valid: accepted values are 'meta' (build every tensor on the meta device) "
+            "and 'off' (or unset: no effect)")
+               .c_str());
+    }
+    try {
+      new MetaMode();
+    } catch (const std::exception& e) {
+      stop((std::string("METALOAD=meta: ") + e.what()).c_str());
+    }
+  }
+};
+EnvActivation g_env_activation;
+
+// ---- control operators
+// ---------------------------------------------------------------------------
+
+// Guards opened from Python live on a per-thread stack; each enter returns a token (the depth),
+// and exit must name the innermost one, so a mismatched exit is an error, not silent corruption.
+struct Scope {
+  std::unique_ptr<MetaMode> meta;
+  std::unique_ptr<RealGuard> real;
+};
+thread_local std::vector<Scope> t_scopes;
+
+int64_t enter_meta() {
+  Scope s;
+  s.meta = std::make_unique<MetaMode>();
+  t_scopes.push_back(std::move(s));
+  return static_cast<int64_t>(t_scopes.size());
+}
+
+int64_t enter_real() {
+  Scope s;
+  s.real = std::make_unique<RealGuard>();
+  t_scopes.push_back(std::move(s));
+  return static_cast<int64_t>(t_scopes.size());
+}
+
+void exit_scope(int64_t token) {
+  if (token != static_cast<int64_t>(t_scopes.size()) || token <= 0) {
+    throw ModeError("scopes must be exited innermost first: exit of scope " +
+                    std::to_string(token) + " while " + std::to_string(t_scopes.size()) +
+                    " are open on this thread");
+  }
+  t_scopes.pop_back();
+}
+
+bool forcing() {
+  return is_forcing();
+}
+
+std::vector<int64_t> stats() {
+  const ForcingStats s = forcing_stats();
+  return {static_cast<int64_t>(s.tensors), static_cast<int64_t>(s.bytes)};
+}
+
+void reset_stats() {
+  reset_forcing_stats();
+}
+
+bool key_registered() {
+  return mode_key_registered();
+}
+
+void init() {
+  run_deferred_registrations();
+}
+
+}  // namespace
+}  // namespace metaload
+
+TORCH_LIBRARY_FRAGMENT(metaload, m) {
+  m.def("enter_meta() -> int", &metaload::enter_meta);
+  m.def("enter_real() -> int", &metaload::enter_real);
+  m.def("exit_scope(int token) -> ()", &metaload::exit_scope);
+  m.def("is_forcing() -> bool", &metaload::forcing);
+  m.def("forcing_stats() -> int[]", &metaload::stats);
+  m.def("reset_forcing_stats() -> ()", &metaload::reset_stats);
+  m.def("mode_key_registered() -> bool", &metaload::key_registered);
+  m.def("init() -> ()", &metaload::init);
+}
+
+// With MetaMode on, the mode key is in the thread's key set, so even these operators (which take
+// no tensors) would dispatch to the mode's fallback first; direct kernels for the key keep the
+// control path out of it.
+TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+  m.impl("enter_meta", &metaload::enter_meta);
+  m.impl("enter_real", &metaload::enter_real);
+  m.impl("exit_scope", &metaload::exit_scope);
+  m.impl("is_forcing", &metaload::forcing);
+  m.impl("forcing_stats", &metaload::stats);
+  m.impl("reset_forcing_stats", &metaload::reset_stats);
+  m.impl("mode_key_registered", &metaload::key_registered);
+  m.impl("init", &metaload::init);
+}

@@ -1,0 +1,145 @@
+// Meta kernels for the ops whose result depends on tensor values (item, nonzero, unique, ...).
+// libtorch has none, so on a meta tensor they fail with a generic "could not run ... on Meta"
+// message. Ours raise DataDependentError naming the op and saying how to get real values. They
+// are registered when the library loads, only for ops that have no Meta kernel yet.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/registration.h"
+#include "c10_ext/mode_key.h"
+
+namespace metaload {
+namespace {
+
+std::string describe_tensor_args(const c10::FunctionSchema& schema,
+                                 const torch::jit::Stack& stack) {
+  const size_t n = schema.arguments().size();
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = stack[stack.size() - n + i];
+    if (!v.isTensor()) continue;
+    const auto& t = v.toTensor();
+    if (!out.empty()) out += ", ";
+    out += schema.arguments()[i].name() + ": " + std::string(c10::toString(t.scalar_type())) + " " +
+           c10::str(t.sizes());
+  }
+  return out;
+}
+
+const char* what_it_reads(const std::string& op) {
+  if (op == "aten::_local_scalar_dense") return "reads a value (Tensor.item(), printing, tolist)";
+  if (op == "aten::equal") return "compares values";
+  return "produces an output whose size depends on the values";
+}
+
+void throw_data_dependent(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  throw DataDependentError(
+      schema.name() + " " + what_it_reads(schema.name()) + ", but its input is on the meta " +
+      "device and has no values (" + describe_tensor_args(schema, *stack) +
+      "). Tensors made while metaload forces tensors onto meta have shapes only: create the " +
+      "tensors whose values you need under metaload::RealGuard (Python: `with metaload.real():`).");
+}
+
+// repeat_interleave(repeats) has a known size only when the caller gives output_size.
+at::Tensor repeat_interleave_meta(const at::Tensor& repeats, c10::optional<int64_t> output_size) {
+  if (!output_size) {
+    throw DataDependentError(
+        "aten::repeat_interleave.Tensor without output_size produces an output whose size depends "
+        "on the values of `repeats` (" +
+        std::string(c10::toString(repeats.scalar_type())) + " " + c10::str(repeats.sizes()) +
+        "), which is on the meta device: pass output_size, or create "
+        "`repeats` under metaload::RealGuard (Python: `with metaload.real():`).");
+  }
+  return at::empty({*output_size}, repeats.options());
+}
+
+// x.repeat_interleave(n) with a plain number n has a known size, but libtorch decomposes it into
+// repeat_interleave(repeats tensor) + index_select, which needs values. This kernel answers for
+// meta tensors before the decomposition (it sits on the meta tensors' autograd key, which the
+// composite kernel would otherwise fill).
+void repeat_interleave_int_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *, int?
+  // output_size=None)
+  const auto args = torch::jit::last(*stack, 4);
+  const at::Tensor self = args[0].toTensor();
+  const int64_t repeats = args[1].toInt();
+  TORCH_CHECK(repeats >= 0, "repeats can not be negative");
+  std::vector<int64_t> sizes;
+  if (args[2].isNone()) {
+    sizes = {self.numel() * repeats};
+  } else {
+    sizes = self.sizes().vec();
+    const int64_t dim = c10::maybe_wrap_dim(args[2].toInt(), self.dim());
+    sizes[dim] *= repeats;
+  }
+  if (!args[3].isNone()) {
+    TORCH_CHECK(args[3].toInt() ==
+                    sizes[args[2].isNone() ? 0 : c10::maybe_wrap_dim(args[2].toInt(), self.dim())],
+                "allocated size does not match required size");
+  }
+  at::Tensor out = at::empty(sizes, self.options());
+  torch::jit::drop(*stack, 4);
+  stack->emplace_back(std::move(out));
+}
+
+const char* const kDataDependentOps[] = {
+    "_local_scalar_dense",
+    "nonzero",
+    "nonzero.out",
+    "masked_select",
+    "masked_select.out",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "unique_dim_consecutive",
+    "equal",
+    "bincount",
+    "_assert_async",
+};
+
+bool has_meta_kernel(const char* qualified) {
+  std::string s(qualified);
+  const auto dot = s.find('.');
+  c10::OperatorName name("aten::" + s.substr(0, dot),
+                         dot == std::string::npos ? "" : s.substr(dot + 1));
+  auto op = c10::Dispatcher::singleton().findOp(name);
+  return !op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta);  // absent op: nothing to do
+}
+
+void register_data_dependent_kernels() {
+  {
+    try {
+      auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
+                                     __LINE__);  // kept for the life of the process
+      for (const char* op : kDataDependentOps) {
+        if (!has_meta_kernel(op)) {
+          lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&throw_data_dependent>());
+        }
+      }
+      if (!has_meta_kernel("repeat_interleave.Tensor")) {
+        lib->impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_meta));
+        auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
+                                            c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
+        autograd->impl("repeat_interleave.self_int",
+                       torch::CppFunction::makeFromBoxedFunction<&repeat_interleave_int_meta>());
+      }
+    } catch (const std::exception& e) {
+      // Loading the library must never abort the process: these kernels only improve messages.
+      std::fprintf(stderr, "metaload: warning: data-dependent op kernels not registered: %s\n",
+                   e.what());
+    }
+  }
+}
+
+const bool g_registered = (register_when_safe(&register_data_dependent_kernels), true);
+
+}  // namespace
+}  // namespace metaload

@@ -1,0 +1,29 @@
+// The dispatch key that carries MetaMode, and its run-time registration.
+//
+// The key is DispatchKey::DeferredInit: free in libtorch 1.13 and 2.x, and above Autograd, so the
+// fallback sees composite ops like to() before they decompose. A future libtorch (or another
+// library) may take it, so nothing is registered when the library loads: the first MetaMode checks
+// that no fallback exists for the key, then registers ours. A taken key is a ModeError when the
+// mode is switched on, never an abort.
+#pragma once
+
+#include <c10/core/DispatchKey.h>
+
+#include "base/error.h"
+
+namespace metaload {
+
+METALOAD_DEFINE_ERROR(ModeError, Error);
+// A tensor's values were needed (item(), nonzero(), printing, ...) but it lives on meta.
+METALOAD_DEFINE_ERROR(DataDependentError, Error);
+
+constexpr c10::DispatchKey kMetaModeKey = c10::DispatchKey::DeferredInit;
+
+// Registers the MetaMode fallback once per process; later calls return at once or rethrow the
+// first failure. Thread-safe.
+void ensure_mode_key_registered();
+
+// Whether this process's MetaMode fallback is registered (false before the first MetaMode).
+bool mode_key_registered();
+
+}  // namespace metaload

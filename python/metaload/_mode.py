@@ -1,0 +1,137 @@
+"""metaload.meta() and metaload.real(): the Python face of MetaMode and RealGuard.
+
+The C++ mode (a dispatch-key fallback) forces every tensor the dispatcher creates onto meta. Python
+adds one thing the dispatcher cannot see: torch's Python bindings initialise CUDA for `.cuda()`,
+`.to("cuda")` and `device="cuda"` *before* dispatching, which fails without a GPU and costs a CUDA
+context with one. A TorchFunctionMode rewrites those device arguments to meta first, and turns
+reads of values (tolist, numpy, item) on meta tensors into metaload.DataDependentError.
+"""
+import contextlib
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _lib
+
+_state = threading.local()
+
+
+def _stack():
+    s = getattr(_state, "stack", None)
+    if s is None:
+        s = _state.stack = []
+    return s
+
+
+def _python_forcing():
+    s = _stack()
+    return bool(s) and s[-1] == "meta"
+
+
+def is_forcing():
+    """Whether tensors created on this thread now land on meta (the C++ mode's own answer)."""
+    return bool(_lib.load().is_forcing())
+
+
+def forcing_stats():
+    """(tensors forced onto meta, bytes not allocated) so far in this process, all threads."""
+    tensors, nbytes = _lib.load().forcing_stats()
+    return tensors, nbytes
+
+
+def reset_forcing_stats():
+    _lib.load().reset_forcing_stats()
+
+
+_DataDependentError = _lib.error_class("DataDependentError")
+_META = torch.device("meta")
+
+
+def _is_device_like(x):
+    return isinstance(x, (str, torch.device)) or (isinstance(x, int) and not isinstance(x, bool))
+
+
+def _to_args_on_meta(args, kwargs):
+    """Tensor.to(...) arguments with every device replaced by meta (a tensor argument gives its
+    dtype only)."""
+    args = list(args)
+    if args and isinstance(args[0], torch.Tensor):
+        other = args.pop(0)
+        kwargs.setdefault("dtype", other.dtype)
+        args.insert(0, _META)
+    elif args and _is_device_like(args[0]):
+        args[0] = _META
+    if "device" in kwargs:
+        kwargs["device"] = _META
+    if "other" in kwargs:
+        other = kwargs.pop("other")
+        kwargs.setdefault("dtype", other.dtype)
+        args.insert(0, _META)
+    return args, kwargs
+
+
+_READS = {
+    torch.Tensor.tolist: "Tensor.tolist()",
+    torch.Tensor.numpy: "Tensor.numpy()",
+    torch.Tensor.item: "Tensor.item()",
+    torch.Tensor.__array__: "numpy.asarray(tensor)",
+}
+
+
+class _MetaFunctionMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if _python_forcing():
+            if func in _READS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+                t = args[0]
+                raise _DataDependentError(
+                    f"{_READS[func]} reads the values of a meta tensor ({t.dtype}, shape "
+                    f"{tuple(t.shape)}), which has none: it was created while metaload forced "
+                    "tensors onto meta. Create tensors whose values you need inside "
+                    "`with metaload.real():`.")
+            if func is torch.Tensor.to:
+                args, kwargs = (args[0], *_to_args_on_meta(args[1:], kwargs)[0]), kwargs
+            elif func is torch.Tensor.cuda or func is torch.Tensor.cpu:
+                return args[0].to(_META)
+            elif func is torch.Tensor.pin_memory:
+                return args[0].to(_META)
+            elif "device" in kwargs:
+                kwargs["device"] = _META
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as e:
+            typed = _lib.translate(e)
+            if typed is None:
+                raise
+            raise typed from None
+
+
+@contextlib.contextmanager
+def meta():
+    """Every tensor created on this thread inside the block lands on the meta device."""
+    ops = _lib.load()
+    try:
+        token = ops.enter_meta()
+    except RuntimeError as e:
+        raise (_lib.translate(e) or e) from None
+    _stack().append("meta")
+    try:
+        with _MetaFunctionMode():
+            yield
+    finally:
+        _stack().pop()
+        ops.exit_scope(token)
+
+
+@contextlib.contextmanager
+def real():
+    """Inside metaload.meta(): tensors created in this block are real again."""
+    ops = _lib.load()
+    token = ops.enter_real()
+    _stack().append("real")
+    try:
+        yield
+    finally:
+        _stack().pop()
+        ops.exit_scope(token)

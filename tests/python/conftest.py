@@ -1,0 +1,30 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def lib_path():
+    path = os.environ.get("METALOAD_LIB")
+    if not path:
+        pytest.exit("METALOAD_LIB is not set: tools/test sets it to the built libmetaload.so", 2)
+    return os.path.abspath(path)
+
+
+def run_python(code, env=None, preload=False, timeout=300):
+    """Runs `code` in a fresh /usr/bin/python3; returns the CompletedProcess."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e["METALOAD_LIB"] = lib_path()
+    for k in ("METALOAD", "METALOAD_REPORT", "LD_PRELOAD"):
+        e.pop(k, None)
+    if preload:
+        e["LD_PRELOAD"] = lib_path()
+    e.update(env or {})
+    return subprocess.run(["/usr/bin/python3", "-c", code], env=e, capture_output=True, text=True,
+                          timeout=timeout)

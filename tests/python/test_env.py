@@ -1,0 +1,54 @@
+"""The environment route from Python: LD_PRELOAD=libmetaload.so METALOAD=meta python program.py."""
+from conftest import run_python
+
+VIT = """
+import torch, torchvision
+m = torchvision.models.vit_b_16()
+tensors = list(m.parameters()) + list(m.buffers())
+print("meta" if all(t.is_meta for t in tensors) else "real", sum(p.numel() for p in m.parameters()))
+"""
+
+
+def test_unmodified_python_program_builds_vit_b_16_on_meta():
+    r = run_python(VIT, env={"METALOAD": "meta", "METALOAD_REPORT": "1"}, preload=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["meta", "86567656"]
+    # One summary line on exit, nothing else (no warnings from kernel registration either).
+    assert r.stderr.startswith("metaload: ") and "tensors forced onto meta" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_off_or_unset_has_no_effect():
+    for env in ({"METALOAD": "off"}, {}):
+        r = run_python(VIT + "\nimport metaload\nprint(torch.ops.metaload.mode_key_registered())",
+                       env=env, preload=True)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["real", "86567656", "False"], env
+        assert r.stderr == "", r.stderr
+
+
+def test_invalid_value_stops_the_process_at_start():
+    r = run_python("print('the program ran')", env={"METALOAD": "1"}, preload=True)
+    assert r.returncode == 2
+    assert "the program ran" not in r.stdout
+    assert "METALOAD='1' is not valid" in r.stderr
+    assert "'meta'" in r.stderr and "'off'" in r.stderr
+
+
+def test_invalid_report_value_stops_the_process_at_start():
+    r = run_python("print('the program ran')", env={"METALOAD_REPORT": "yes"}, preload=True)
+    assert r.returncode == 2
+    assert "METALOAD_REPORT='yes' is not valid" in r.stderr
+
+
+def test_import_metaload_under_preload_works_with_the_same_library():
+    code = VIT + """
+import metaload
+with metaload.real():
+    assert torch.zeros(2).device.type == 'cpu'
+assert torch.zeros(2).is_meta
+print('ok')
+"""
+    r = run_python(code, env={"METALOAD": "meta"}, preload=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "ok"

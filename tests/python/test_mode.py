@@ -1,0 +1,237 @@
+"""metaload.meta() / metaload.real() from Python: factories, conversions, modules, threads, errors."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import metaload
+from conftest import run_python
+
+
+def test_every_factory_lands_on_meta():
+    real = torch.ones(2, 3)
+    with metaload.meta():
+        made = {
+            "empty": torch.empty(4, 4),
+            "empty cuda": torch.empty(4, 4, device="cuda"),
+            "empty_strided": torch.empty_strided((2, 3), (1, 2)),
+            "zeros": torch.zeros(1000, 1000),
+            "ones": torch.ones(3, dtype=torch.half, device="cuda:1"),
+            "full": torch.full((2, 2), 7.0),
+            "rand": torch.rand(5),
+            "randn": torch.randn(5, device="cuda"),
+            "randint": torch.randint(10, (5,)),
+            "arange": torch.arange(10),
+            "linspace": torch.linspace(0, 1, 5),
+            "eye": torch.eye(4),
+            "scalar_tensor": torch.scalar_tensor(3.5),
+            "empty_like": torch.empty_like(real),
+            "zeros_like": torch.zeros_like(real, device="cuda"),
+            "ones_like": torch.ones_like(real),
+            "rand_like": torch.rand_like(real),
+            "randn_like": torch.randn_like(real),
+            "full_like": torch.full_like(real, 2),
+            "new_zeros": real.new_zeros(3),
+            "new_tensor": real.new_tensor([1, 2]),
+            "tensor": torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+            "tensor cuda": torch.tensor([1, 2, 3], device="cuda"),
+            "as_tensor": torch.as_tensor([1, 2, 3]),
+            "from_numpy": torch.from_numpy(np.arange(12.0).reshape(3, 4)),
+        }
+    for name, t in made.items():
+        assert t.is_meta, name
+    assert made["ones"].dtype == torch.half
+    assert made["from_numpy"].shape == (3, 4) and made["from_numpy"].dtype == torch.float64
+    assert made["tensor"].shape == (2, 2)
+    assert made["tensor cuda"].dtype == torch.int64
+    assert not real.is_meta
+
+
+def test_every_conversion_lands_on_meta():
+    real = torch.arange(6.0).reshape(2, 3)
+    other = torch.zeros(1, dtype=torch.float16)
+    with metaload.meta():
+        outs = {
+            "to cuda": real.to("cuda"),
+            "to device": real.to(torch.device("cuda", 1)),
+            "to int": real.to(0),
+            "to kw": real.to(device="cuda", dtype=torch.bfloat16),
+            "cuda": real.cuda(),
+            "cpu": real.cpu(),
+            "to other": real.to(other),
+            "pin_memory": real.pin_memory(),
+            "to dtype": real.to(torch.float64).cuda(),
+        }
+    for name, t in outs.items():
+        assert t.is_meta, name
+    assert outs["to kw"].dtype == torch.bfloat16
+    assert outs["to other"].dtype == torch.float16
+    assert outs["cuda"].shape == (2, 3)
+
+
+def test_module_constructors_and_moves_build_on_meta():
+    with metaload.meta():
+        mods = [
+            torch.nn.Linear(4096, 4096),
+            torch.nn.Conv2d(64, 128, 3),
+            torch.nn.BatchNorm2d(128),
+            torch.nn.Embedding(50000, 1024),
+            torch.nn.LayerNorm(1024),
+            torch.nn.TransformerEncoderLayer(512, 8),
+            torch.nn.LSTM(128, 256, num_layers=2),
+            torch.nn.Linear(16, 16, device="cuda"),
+        ]
+        moved = torch.nn.Linear(8, 8).cuda().half()
+    for m in mods + [moved]:
+        for name, t in list(m.named_parameters()) + list(m.named_buffers()):
+            assert t.is_meta, (type(m).__name__, name)
+    assert moved.weight.dtype == torch.half
+
+
+def test_in_place_initialisation_of_meta_tensors_is_a_silent_no_op():
+    real = torch.ones(8, 8)
+    with metaload.meta():
+        w = torch.empty(256, 256)
+        with torch.no_grad():
+            w.uniform_(-1, 1)
+            w.normal_()
+            w.zero_()
+            w.fill_(3)
+            torch.nn.init.kaiming_uniform_(w, a=5 ** 0.5)
+            torch.nn.init.kaiming_normal_(w)
+            torch.nn.init.xavier_uniform_(w)
+            torch.nn.init.xavier_normal_(w)
+            torch.nn.init.trunc_normal_(w, std=0.02)
+            torch.nn.init.orthogonal_(w)
+            small = torch.empty(8, 8)
+            small.copy_(real)
+        assert w.is_meta and small.is_meta
+    assert torch.equal(real, torch.ones(8, 8))
+
+
+def test_real_suspends_forcing_and_meta_forces_again_inside():
+    assert not metaload.is_forcing()
+    with metaload.meta():
+        assert metaload.is_forcing()
+        assert torch.zeros(2).is_meta
+        with metaload.real():
+            assert not metaload.is_forcing()
+            assert torch.zeros(2).device.type == "cpu"
+            with metaload.meta():
+                assert torch.zeros(2).is_meta
+            assert torch.zeros(2).device.type == "cpu"
+        assert torch.zeros(2).is_meta
+    assert not metaload.is_forcing()
+    assert torch.zeros(2).device.type == "cpu"
+
+
+def test_state_is_restored_when_an_exception_passes():
+    with pytest.raises(ValueError):
+        with metaload.meta():
+            with metaload.real():
+                with metaload.meta():
+                    raise ValueError("boom")
+    assert not metaload.is_forcing()
+    assert torch.zeros(2).device.type == "cpu"
+    with metaload.meta():
+        with pytest.raises(ValueError):
+            with metaload.real():
+                raise ValueError("boom")
+        assert metaload.is_forcing()
+
+
+def test_forcing_in_one_thread_never_affects_another():
+    wrong = []
+
+    def build(forced):
+        for _ in range(10):
+            ctx = metaload.meta() if forced else metaload.real()
+            with ctx:
+                net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                          torch.nn.Linear(128, 64), torch.nn.LayerNorm(64))
+                if any(p.is_meta != forced for p in net.parameters()):
+                    wrong.append(forced)
+
+    threads = [threading.Thread(target=build, args=(i % 2 == 0,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+@pytest.mark.parametrize("read,op", [
+    (lambda t: t.sum().item(), "item()"),
+    (lambda t: t.tolist(), "tolist"),
+    (lambda t: t.numpy(), "numpy"),
+    (lambda t: t.nonzero(), "aten::nonzero"),
+    (lambda t: t.masked_select(t > 0), "aten::masked_select"),
+    (lambda t: torch.unique(t), "unique"),
+    (lambda t: float(t.sum()), "_local_scalar_dense"),
+    (lambda t: bool(t.sum() > 0), "_local_scalar_dense"),
+    (lambda t: torch.equal(t, t), "aten::equal"),
+])
+def test_data_dependent_reads_raise_a_typed_error_naming_the_op(read, op):
+    with metaload.meta():
+        t = torch.zeros(3)
+        with pytest.raises(metaload.DataDependentError) as info:
+            read(t)
+    assert op in str(info.value)
+    assert "metaload.real()" in str(info.value) or "RealGuard" in str(info.value)
+    assert isinstance(info.value, metaload.Error) and isinstance(info.value, RuntimeError)
+
+
+def test_printing_a_forced_tensor_shows_no_values_and_does_not_crash():
+    with metaload.meta():
+        t = torch.zeros(3)
+        text = repr(t)
+    assert "meta" in text and "size=(3,)" in text
+
+
+def test_forcing_stats_count_tensors_and_bytes():
+    metaload.reset_forcing_stats()
+    with metaload.meta():
+        torch.zeros(1024, 1024)  # 4 MiB
+        torch.zeros(10, device="meta")  # asked for meta: not a saving
+    tensors, nbytes = metaload.forcing_stats()
+    assert tensors == 1 and nbytes == 4 * 1024 * 1024
+
+
+def test_no_effect_outside_the_mode():
+    m = torch.nn.Linear(4, 4)
+    assert m.weight.device.type == "cpu"
+    assert torch.tensor([1.0, 2.0]).sum().item() == 3.0
+
+
+def test_import_without_library_is_a_clear_import_error():
+    r = run_python("import metaload", env={"METALOAD_LIB": "/nonexistent/libmetaload.so"})
+    assert r.returncode != 0
+    assert "libmetaload.so" in r.stderr
+
+
+RSS_PROBE = """
+import gc, torch, torchvision, metaload
+def rss():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * 4096
+torchvision.models.resnet18()  # warm up code paths and allocator caches
+with metaload.meta():
+    torchvision.models.resnet18()
+gc.collect()
+before = rss()
+with metaload.meta():
+    m = torchvision.models.resnet50()
+gc.collect()
+after = rss()
+assert all(p.is_meta for p in m.parameters())
+print(after - before)
+"""
+
+
+def test_building_resnet50_grows_rss_by_less_than_8_mb():
+    r = run_python(RSS_PROBE)
+    assert r.returncode == 0, r.stderr
+    growth = int(r.stdout.strip().splitlines()[-1])
+    print(f"resnet50 under metaload.meta(): RSS +{growth / 2**20:.2f} MiB")
+    assert growth < 8 * 2**20
