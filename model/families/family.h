@@ -34,8 +34,9 @@ struct BuildOptions {
 struct KVCache {
   std::vector<at::Tensor> keys, values;
   int64_t length = 0;  // positions filled
-  int64_t batch() const { return keys.empty() ? 0 : keys[0].size(0); }
-  int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
+  // 0 while empty or not yet allocated (an empty KVCache is sized by the first forward).
+  int64_t batch() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(0); }
+  int64_t capacity() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
   void clear() { length = 0; }
 };
 
