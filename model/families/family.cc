@@ -71,8 +71,18 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   throw FamilyError(fmt::format("unsupported activation '{}'", name));
 }
 
+Activation::Activation(const std::string& name)
+    : Observed([&] {
+        if (name == "gelu_new") return "NewGELUActivation";
+        if (name == "gelu_pytorch_tanh") return "PytorchGELUTanh";
+        if (name == "gelu") return "GELUActivation";
+        if (name == "relu") return "ReLU";
+        return "SiLU";
+      }()),
+      name_(name) {}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& blocked, double scale) {
+                  const at::Tensor& blocked, double scale, const Observed* probs_site) {
   const int64_t B = q.size(0), S = q.size(1), H = q.size(2), D = q.size(3);
   const int64_t KV = k.size(1), T = k.size(2), G = H / KV;
   // Grouped-query attention: the G query heads of one kv head become G*S rows of one batched
@@ -87,6 +97,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   at::Tensor probs =
       half ? at::softmax(scores, -1, at::kFloat).to(q.scalar_type()) : at::softmax(scores, -1);
+  if (probs_site && probs_site->observing()) probs_site->emit(probs.view({B, H, S, T}));
   at::Tensor out = at::matmul(probs, v);  // [B, KV, G*S, D]
   return out.view({B, KV, G, S, D}).permute({0, 3, 1, 2, 4}).reshape({B, S, H * D});
 }
@@ -126,6 +137,12 @@ bool builds_meta(const at::Device& device) {
 
 }  // namespace families
 
+void CausalLM::attach_observer() {
+  for (const auto& item : named_modules("", /*include_self=*/false))
+    if (auto* observed = dynamic_cast<families::Observed*>(item.value().get()))
+      observed->attach(item.key(), observer_);
+}
+
 int64_t CausalLM::num_parameters() const {
   std::unordered_set<const void*> seen;
   int64_t total = 0;
@@ -157,6 +174,9 @@ at::Tensor CausalLM::check_ids(const at::Tensor& ids, const at::Device& device,
                         "of {}",
                         what, p[i], i / seq, i % seq, config_.vocab_size, config_.source));
   }
+  // A skeleton (meta weights) keeps the ids where they are: during a scan they are fake tensors
+  // claiming the target device, which moving them to meta would lose.
+  if (device.is_meta()) return ids.to(at::kLong);
   return ids.to(device, at::kLong);
 }
 
@@ -227,8 +247,11 @@ std::shared_ptr<CausalLM> build_causal_lm(const FamilyConfig& config, const Buil
   if (!at::isFloatingType(options.dtype))
     throw FamilyError(fmt::format("build: the model dtype must be a floating type, got {}",
                                   c10::toString(options.dtype)));
-  return config.arch == Arch::kGPT2 ? families::build_gpt2(config, options)
-                                    : families::build_llama(config, options);
+  std::shared_ptr<CausalLM> model = config.arch == Arch::kGPT2
+                                        ? families::build_gpt2(config, options)
+                                        : families::build_llama(config, options);
+  model->attach_observer();
+  return model;
 }
 
 }  // namespace metaload

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,13 @@ struct KVCache {
   void clear() { length = 0; }
 };
 
+// Sees module outputs during a forward: the module's dotted path ("transformer.h.3.attn"; "" for
+// the whole model, whose output is the logits) and its output. For modules that return several
+// tensors in transformers, the first (the hidden states); attn_dropout's is the attention
+// probabilities [B, heads, S, T]. Every module with a forward reports, in execution order, except
+// the ModuleList containers and rotary_emb (which returns a (cos, sin) pair).
+using OutputObserver = std::function<void(const std::string& path, const at::Tensor& output)>;
+
 class CausalLM : public torch::nn::Module {
  public:
   const FamilyConfig& config() const { return config_; }
@@ -64,6 +72,10 @@ class CausalLM : public torch::nn::Module {
   // values then equal an eager real build's exactly. On meta it only sets shapes.
   virtual void init_nonpersistent_buffers(std::optional<at::Device> device = std::nullopt) = 0;
 
+  // Sets (or, with an empty function, clears) the observer of module outputs. The model layer's
+  // scan records shapes with it, capture keeps the tensors. Costs nothing when unset.
+  void set_output_observer(OutputObserver observer) { *observer_ = std::move(observer); }
+
   // The longest sequence the model accepts (GPT-2: n_positions); 0 when unbounded (RoPE).
   virtual int64_t max_length() const { return 0; }
 
@@ -86,12 +98,26 @@ class CausalLM : public torch::nn::Module {
       : torch::nn::Module(class_name), config_(std::move(config)) {}
 
   // Validates input ids ([B, S] integers, and in range when they are real CPU data) and returns
-  // them as int64 on `device`. `what` names the caller in messages.
+  // them as int64 on `device` (left on their own device when `device` is meta: a skeleton being
+  // scanned). `what` names the caller in messages.
   at::Tensor check_ids(const at::Tensor& ids, const at::Device& device, const char* what) const;
   // Sizes an empty cache for this model and checks a used one against the model and the batch.
   void prepare_cache(KVCache& cache, int64_t batch, const char* what) const;
 
+  // Reports the whole model's output (path "") to the observer; returns it.
+  at::Tensor emit(const at::Tensor& logits) const {
+    if (*observer_) (*observer_)("", logits);
+    return logits;
+  }
+
   FamilyConfig config_;
+  // Shared with every submodule (set by build_causal_lm), so setting the observer reaches them all.
+  std::shared_ptr<OutputObserver> observer_ = std::make_shared<OutputObserver>();
+
+ private:
+  friend std::shared_ptr<CausalLM> build_causal_lm(const FamilyConfig&, const BuildOptions&);
+  // Gives every submodule its dotted path and the shared observer.
+  void attach_observer();
 };
 
 // Builds the family's module tree for `config` (GPT2LMHeadModel or LlamaForCausalLM, which serves

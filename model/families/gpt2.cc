@@ -27,10 +27,10 @@ MaskBuffers compute_masks(int64_t positions, const at::Device& device) {
           at::full({}, -1e4, float_opts)};
 }
 
-class GPT2Attention : public torch::nn::Module {
+class GPT2Attention : public Observed {
  public:
   GPT2Attention(const FamilyConfig& c, int64_t layer, ParamInit& init, const MaskBuffers& masks)
-      : torch::nn::Module("GPT2Attention"), layer_(layer), heads_(c.num_heads), dim_(c.head_dim) {
+      : Observed("GPT2Attention"), layer_(layer), heads_(c.num_heads), dim_(c.head_dim) {
     const int64_t n = c.hidden_size;
     // transformers scales the output projections' init by 1/sqrt(2 * n_layer).
     const double proj_std = c.initializer_range / std::sqrt(2.0 * c.num_layers);
@@ -41,6 +41,8 @@ class GPT2Attention : public torch::nn::Module {
                                                       init.zeros({3 * n})));
     c_proj = register_module(
         "c_proj", std::make_shared<Conv1D>(init.normal({n, n}, proj_std), init.zeros({n})));
+    attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>());
+    resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>());
     scale_ = c.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(dim_)) : 1.0;
     if (c.scale_attn_by_inverse_layer_idx) scale_ /= static_cast<double>(layer + 1);
   }
@@ -62,10 +64,12 @@ class GPT2Attention : public torch::nn::Module {
     // new token sees every key: no mask needed.
     at::Tensor blocked;
     if (S > 1) blocked = bias[0][0].narrow(0, past, S).narrow(1, 0, past + S).eq(false);
-    return c_proj->forward(attend(q, keys, values, blocked, scale_));
+    at::Tensor out = attend(q, keys, values, blocked, scale_, attn_dropout.get());
+    return emit(resid_dropout->forward(c_proj->forward(out)));
   }
 
   std::shared_ptr<Conv1D> c_attn, c_proj;
+  std::shared_ptr<Dropout> attn_dropout, resid_dropout;
   at::Tensor bias, masked_bias;
 
  private:
@@ -73,10 +77,9 @@ class GPT2Attention : public torch::nn::Module {
   double scale_;
 };
 
-class GPT2MLP : public torch::nn::Module {
+class GPT2MLP : public Observed {
  public:
-  GPT2MLP(const FamilyConfig& c, ParamInit& init)
-      : torch::nn::Module("GPT2MLP"), act_(c.hidden_act) {
+  GPT2MLP(const FamilyConfig& c, ParamInit& init) : Observed("GPT2MLP") {
     const int64_t n = c.hidden_size, inner = c.intermediate_size;
     const double proj_std = c.initializer_range / std::sqrt(2.0 * c.num_layers);
     c_fc = register_module("c_fc",
@@ -84,20 +87,21 @@ class GPT2MLP : public torch::nn::Module {
                                                     init.zeros({inner})));
     c_proj = register_module(
         "c_proj", std::make_shared<Conv1D>(init.normal({inner, n}, proj_std), init.zeros({n})));
+    act = register_module("act", std::make_shared<Activation>(c.hidden_act));
+    dropout = register_module("dropout", std::make_shared<Dropout>());
   }
   at::Tensor forward(const at::Tensor& x) const {
-    return c_proj->forward(activation(act_, c_fc->forward(x)));
+    return emit(dropout->forward(c_proj->forward(act->forward(c_fc->forward(x)))));
   }
   std::shared_ptr<Conv1D> c_fc, c_proj;
-
- private:
-  std::string act_;
+  std::shared_ptr<Activation> act;
+  std::shared_ptr<Dropout> dropout;
 };
 
-class GPT2Block : public torch::nn::Module {
+class GPT2Block : public Observed {
  public:
   GPT2Block(const FamilyConfig& c, int64_t layer, ParamInit& init, const MaskBuffers& masks)
-      : torch::nn::Module("GPT2Block") {
+      : Observed("GPT2Block") {
     const int64_t n = c.hidden_size;
     ln_1 = register_module(
         "ln_1", std::make_shared<LayerNorm>(init.ones({n}), init.zeros({n}), c.norm_eps));
@@ -108,22 +112,23 @@ class GPT2Block : public torch::nn::Module {
   }
   at::Tensor forward(at::Tensor h, KVCache* cache, int64_t past) {
     h = h + attn->forward(ln_1->forward(h), cache, past);
-    return h + mlp->forward(ln_2->forward(h));
+    return emit(h + mlp->forward(ln_2->forward(h)));
   }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<GPT2Attention> attn;
   std::shared_ptr<GPT2MLP> mlp;
 };
 
-class GPT2Model : public torch::nn::Module {
+class GPT2Model : public Observed {
  public:
-  GPT2Model(const FamilyConfig& c, ParamInit& init) : torch::nn::Module("GPT2Model") {
+  GPT2Model(const FamilyConfig& c, ParamInit& init) : Observed("GPT2Model") {
     const int64_t n = c.hidden_size;
     masks = compute_masks(c.max_position_embeddings, init.options().device());
     wte = register_module(
         "wte", std::make_shared<Embedding>(init.normal({c.vocab_size, n}, c.initializer_range)));
     wpe = register_module("wpe", std::make_shared<Embedding>(init.normal(
                                      {c.max_position_embeddings, n}, c.initializer_range)));
+    drop = register_module("drop", std::make_shared<Dropout>());
     auto list = torch::nn::ModuleList();
     for (int64_t i = 0; i < c.num_layers; ++i) {
       blocks.push_back(std::make_shared<GPT2Block>(c, i, init, masks));
@@ -134,6 +139,7 @@ class GPT2Model : public torch::nn::Module {
         "ln_f", std::make_shared<LayerNorm>(init.ones({n}), init.zeros({n}), c.norm_eps));
   }
   std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Dropout> drop;
   torch::nn::ModuleList h;
   std::vector<std::shared_ptr<GPT2Block>> blocks;
   std::shared_ptr<LayerNorm> ln_f;
@@ -164,12 +170,13 @@ class GPT2LMHeadModel : public CausalLM {
       throw FamilyError(fmt::format("{}: positions up to {} exceed n_positions ({}) of {}", what,
                                     past + S, config_.max_position_embeddings, config_.source));
     const at::Tensor positions = at::arange(past, past + S, ids.options());
-    at::Tensor h = transformer->wte->forward(ids) + transformer->wpe->forward(positions);
+    at::Tensor h = transformer->drop->forward(transformer->wte->forward(ids) +
+                                              transformer->wpe->forward(positions));
     for (auto& block : transformer->blocks) h = block->forward(h, cache, past);
-    h = transformer->ln_f->forward(h);
+    h = transformer->emit(transformer->ln_f->forward(h));
     if (last_only) h = h.narrow(1, S - 1, 1);
     if (cache) cache->length = past + S;
-    return lm_head->forward(h);
+    return emit(lm_head->forward(h));
   }
 
   void init_nonpersistent_buffers(std::optional<at::Device> device) override {

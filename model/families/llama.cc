@@ -63,10 +63,10 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return x * c + rotated * s;
 }
 
-class Attention : public torch::nn::Module {
+class Attention : public Observed {
  public:
   Attention(const std::string& prefix, const FamilyConfig& c, int64_t layer, ParamInit& init)
-      : torch::nn::Module(prefix + "Attention"),
+      : Observed(prefix + "Attention"),
         layer_(layer),
         heads_(c.num_heads),
         kv_heads_(c.num_kv_heads),
@@ -111,7 +111,7 @@ class Attention : public torch::nn::Module {
       blocked = distance < 0;
       if (window_ > 0) blocked = blocked.bitwise_or(distance >= window_);
     }
-    return o_proj->forward(attend(q, keys, values, blocked, 1.0 / std::sqrt(double(dim_))));
+    return emit(o_proj->forward(attend(q, keys, values, blocked, 1.0 / std::sqrt(double(dim_)))));
   }
 
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
@@ -120,10 +120,10 @@ class Attention : public torch::nn::Module {
   int64_t layer_, heads_, kv_heads_, dim_, window_;
 };
 
-class MLP : public torch::nn::Module {
+class MLP : public Observed {
  public:
   MLP(const std::string& prefix, const FamilyConfig& c, ParamInit& init)
-      : torch::nn::Module(prefix + "MLP"), act_(c.hidden_act) {
+      : Observed(prefix + "MLP") {
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const double std = c.initializer_range;
     auto linear = [&](const char* name, int64_t out, int64_t in) {
@@ -134,20 +134,19 @@ class MLP : public torch::nn::Module {
     gate_proj = linear("gate_proj", inter, h);
     up_proj = linear("up_proj", inter, h);
     down_proj = linear("down_proj", h, inter);
+    act_fn = register_module("act_fn", std::make_shared<Activation>(c.hidden_act));
   }
   at::Tensor forward(const at::Tensor& x) const {
-    return down_proj->forward(activation(act_, gate_proj->forward(x)) * up_proj->forward(x));
+    return emit(down_proj->forward(act_fn->forward(gate_proj->forward(x)) * up_proj->forward(x)));
   }
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
-
- private:
-  std::string act_;
+  std::shared_ptr<Activation> act_fn;
 };
 
-class DecoderLayer : public torch::nn::Module {
+class DecoderLayer : public Observed {
  public:
   DecoderLayer(const std::string& prefix, const FamilyConfig& c, int64_t layer, ParamInit& init)
-      : torch::nn::Module(prefix + "DecoderLayer") {
+      : Observed(prefix + "DecoderLayer") {
     self_attn = register_module("self_attn", std::make_shared<Attention>(prefix, c, layer, init));
     mlp = register_module("mlp", std::make_shared<MLP>(prefix, c, init));
     input_layernorm = register_module(
@@ -160,17 +159,17 @@ class DecoderLayer : public torch::nn::Module {
   at::Tensor forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache,
                      int64_t past) {
     h = h + self_attn->forward(input_layernorm->forward(h), cos, sin, cache, past);
-    return h + mlp->forward(post_attention_layernorm->forward(h));
+    return emit(h + mlp->forward(post_attention_layernorm->forward(h)));
   }
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<MLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
 };
 
-class Model : public torch::nn::Module {
+class Model : public Observed {
  public:
   Model(const std::string& prefix, const FamilyConfig& c, ParamInit& init)
-      : torch::nn::Module(prefix + "Model") {
+      : Observed(prefix + "Model") {
     embed_tokens =
         register_module("embed_tokens", std::make_shared<Embedding>(init.normal(
                                             {c.vocab_size, c.hidden_size}, c.initializer_range)));
@@ -223,10 +222,10 @@ class ForCausalLM : public CausalLM {
     at::Tensor cos, sin;
     std::tie(cos, sin) = model->rotary_emb->forward(past, S, embed.scalar_type());
     for (auto& layer : model->decoder_layers) h = layer->forward(h, cos, sin, cache, past);
-    h = model->norm->forward(h);
+    h = model->emit(model->norm->forward(h));
     if (last_only) h = h.narrow(1, S - 1, 1);
     if (cache) cache->length = past + S;
-    return lm_head->forward(h);
+    return emit(lm_head->forward(h));
   }
 
   void init_nonpersistent_buffers(std::optional<at::Device> device) override {

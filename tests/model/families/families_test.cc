@@ -29,6 +29,11 @@ BuildOptions seeded(uint64_t seed) {
   return o;
 }
 
+at::Tensor random_ids(const FamilyConfig& c, int64_t batch, int64_t length, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(c.vocab_size, {batch, length}, gen, at::kLong);
+}
+
 BuildOptions on_meta() {
   BuildOptions o;
   o.device = at::kMeta;
@@ -130,6 +135,77 @@ TEST(FamilyBuild, ClassNamesAndDottedPaths) {
   EXPECT_EQ((*mm.find("model.layers.0.self_attn"))->name(), "MistralAttention");
   EXPECT_EQ((*mm.find("model.norm"))->name(), "MistralRMSNorm");
   EXPECT_EQ((*mm.find("model.rotary_emb"))->name(), "MistralRotaryEmbedding");
+  EXPECT_EQ((*mm.find("model.layers.1.mlp.act_fn"))->name(), "SiLU");
+  // transformers' parameterless modules exist too, in its registration order.
+  EXPECT_EQ((*mods.find("transformer.drop"))->name(), "Dropout");
+  EXPECT_EQ((*mods.find("transformer.h.0.mlp.act"))->name(), "NewGELUActivation");
+  std::vector<std::string> attn_children, mlp_children;
+  for (const auto& c : (*mods.find("transformer.h.0.attn"))->named_children())
+    attn_children.push_back(c.key());
+  for (const auto& c : (*mods.find("transformer.h.0.mlp"))->named_children())
+    mlp_children.push_back(c.key());
+  EXPECT_EQ(attn_children,
+            (std::vector<std::string>{"c_attn", "c_proj", "attn_dropout", "resid_dropout"}));
+  EXPECT_EQ(mlp_children, (std::vector<std::string>{"c_fc", "c_proj", "act", "dropout"}));
+}
+
+// The observer sees every module's output under its dotted path, once per forward: what the
+// model layer's scan and capture are built on.
+TEST(FamilyObserver, EveryModuleReportsItsOutputByPath) {
+  for (const auto& name : kTiny) {
+    auto model = build_causal_lm(builtin_config(name), seeded(1));
+    const FamilyConfig& c = model->config();
+    std::vector<std::pair<std::string, std::vector<int64_t>>> seen;
+    model->set_output_observer([&](const std::string& path, const at::Tensor& out) {
+      seen.emplace_back(path, out.sizes().vec());
+    });
+    at::NoGradGuard no_grad;
+    model->forward(random_ids(c, 2, 7, 1));
+    std::map<std::string, int> count;
+    std::map<std::string, std::vector<int64_t>> shape;
+    for (const auto& [path, sizes] : seen) {
+      ++count[path];
+      shape[path] = sizes;
+    }
+    for (const auto& item : model->named_modules()) {
+      const std::string& path = item.key();
+      const bool silent =
+          path == "transformer.h" || path == "model.layers" || path == "model.rotary_emb";
+      EXPECT_EQ(count[path], silent ? 0 : 1) << name << " '" << path << "'";
+    }
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back().first, "");  // the logits come last
+    EXPECT_EQ(seen.back().second, (std::vector<int64_t>{2, 7, c.vocab_size}));
+    EXPECT_EQ(shape["lm_head"], (std::vector<int64_t>{2, 7, c.vocab_size}));
+    if (c.arch == Arch::kGPT2) {
+      EXPECT_EQ(shape["transformer.h.0.attn.c_attn"], (std::vector<int64_t>{2, 7, 192}));
+      EXPECT_EQ(shape["transformer.h.1.attn.attn_dropout"], (std::vector<int64_t>{2, 4, 7, 7}));
+      EXPECT_EQ(shape["transformer.h.0.mlp.act"], (std::vector<int64_t>{2, 7, 256}));
+      EXPECT_EQ(shape["transformer"], (std::vector<int64_t>{2, 7, 64}));
+    } else {
+      const int64_t kv = c.num_kv_heads * c.head_dim;
+      EXPECT_EQ(shape["model.layers.0.self_attn.k_proj"], (std::vector<int64_t>{2, 7, kv}));
+      EXPECT_EQ(shape["model.layers.1.mlp.act_fn"],
+                (std::vector<int64_t>{2, 7, c.intermediate_size}));
+      EXPECT_EQ(shape["model.layers.1"], (std::vector<int64_t>{2, 7, c.hidden_size}));
+      EXPECT_EQ(shape["model"], (std::vector<int64_t>{2, 7, c.hidden_size}));
+    }
+    // A decode step reports the one new position; attention probabilities span the cache.
+    KVCache cache;
+    model->forward(random_ids(c, 1, 5, 2), &cache);
+    seen.clear();
+    model->forward(random_ids(c, 1, 1, 3), &cache);
+    shape.clear();
+    for (const auto& [path, sizes] : seen) shape[path] = sizes;
+    EXPECT_EQ(shape[""], (std::vector<int64_t>{1, 1, c.vocab_size}));
+    if (c.arch == Arch::kGPT2)
+      EXPECT_EQ(shape["transformer.h.0.attn.attn_dropout"], (std::vector<int64_t>{1, 4, 1, 6}));
+    // Cleared: nothing is reported.
+    model->set_output_observer(nullptr);
+    seen.clear();
+    model->forward(random_ids(c, 1, 3, 1));
+    EXPECT_TRUE(seen.empty());
+  }
 }
 
 TEST(FamilyBuild, InitFollowsTransformersAndSeedsAreDeterministic) {
@@ -235,11 +311,6 @@ TEST(FamilyBuffers, MetaBuildThenInitEqualsEagerBuild) {
   at::Tensor mask = buffers["transformer.h.1.attn.bias"];
   EXPECT_TRUE(mask[0][0].equal(at::ones({64, 64}, at::kBool).tril()));
   EXPECT_EQ(buffers["transformer.h.0.attn.masked_bias"].item<float>(), -1e4f);
-}
-
-at::Tensor random_ids(const FamilyConfig& c, int64_t batch, int64_t length, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randint(c.vocab_size, {batch, length}, gen, at::kLong);
 }
 
 // Larger-than-init weights so attention is far from uniform and the comparisons mean something.
