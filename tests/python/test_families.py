@@ -126,10 +126,10 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def attention(q, k, v, window=None):
+def attention(q, k, v, window=None, scale=None):
     """q [S, Dh], k and v [S, Dh] of one head: causal softmax attention, optional window."""
     S, dh = q.shape
-    scores = q @ k.T / math.sqrt(dh)
+    scores = q @ k.T * (1 / math.sqrt(dh) if scale is None else scale)
     i = torch.arange(S).unsqueeze(1)
     j = torch.arange(S).unsqueeze(0)
     allowed = j <= i
@@ -152,11 +152,16 @@ def gpt2_reference(cfg, w, ids):
             a = layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
             qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]  # Conv1D: x @ W
             q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
+            scale = 1 / math.sqrt(dh) if cfg.get("scale_attn_weights", True) else 1.0
+            if cfg.get("scale_attn_by_inverse_layer_idx", False):
+                scale /= layer + 1
             out = torch.cat([attention(q[:, h * dh:(h + 1) * dh], k[:, h * dh:(h + 1) * dh],
-                                       v[:, h * dh:(h + 1) * dh]) for h in range(heads)], -1)
+                                       v[:, h * dh:(h + 1) * dh], scale=scale)
+                             for h in range(heads)], -1)
             x = x + out @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
             m = layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
-            m = gelu_tanh(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
+            m = m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]
+            m = torch.relu(m) if cfg.get("activation_function") == "relu" else gelu_tanh(m)
             x = x + m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
         x = layer_norm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps)
         logits.append(x @ w["lm_head.weight"].T)
@@ -287,6 +292,13 @@ def variants():
     gpt2["n_inner"] = 96
     gpt2["tie_word_embeddings"] = False
     out.append(("gpt2-tiny+n_inner+untied", gpt2))
+    scales = builtin("gpt2-tiny")
+    scales["scale_attn_by_inverse_layer_idx"] = True
+    out.append(("gpt2-tiny+inverse-layer-scale", scales))
+    unscaled = builtin("gpt2-tiny")
+    unscaled["scale_attn_weights"] = False
+    unscaled["activation_function"] = "relu"
+    out.append(("gpt2-tiny+unscaled+relu", unscaled))
     qwen = builtin("qwen2-tiny")
     qwen["use_sliding_window"] = False
     out.append(("qwen2-tiny+no-window", qwen))

@@ -52,9 +52,10 @@ void expect_tree_matches_specs(CausalLM& model, const std::string& what) {
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_EQ(params[i].key(), specs[i].name) << what;
     EXPECT_EQ(params[i].value().sizes().vec(), specs[i].shape) << what << " " << specs[i].name;
-    if (!specs[i].tied_to.empty())
+    if (!specs[i].tied_to.empty()) {
       EXPECT_TRUE(params[i].value().is_same(*params.find(specs[i].tied_to)))
           << what << ": " << specs[i].name << " is not the tensor of " << specs[i].tied_to;
+    }
   }
   auto buffers = model.named_buffers(/*recurse=*/true);
   std::vector<BufferSpec> bspecs = model.buffer_specs();
@@ -198,8 +199,9 @@ TEST(FamilyObserver, EveryModuleReportsItsOutputByPath) {
     shape.clear();
     for (const auto& [path, sizes] : seen) shape[path] = sizes;
     EXPECT_EQ(shape[""], (std::vector<int64_t>{1, 1, c.vocab_size}));
-    if (c.arch == Arch::kGPT2)
+    if (c.arch == Arch::kGPT2) {
       EXPECT_EQ(shape["transformer.h.0.attn.attn_dropout"], (std::vector<int64_t>{1, 4, 1, 6}));
+    }
     // Cleared: nothing is reported.
     model->set_output_observer(nullptr);
     seen.clear();
