@@ -131,10 +131,12 @@ TORCH_LIBRARY_FRAGMENT(metaload, m) {
   m.def("init() -> ()", &metaload::init);
 }
 
-// With MetaMode on, the mode key is in the thread's key set, so even these operators (which take
-// no tensors) would dispatch to the mode's fallback first; direct kernels for the key keep the
-// control path out of it.
-TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+// With MetaMode or FakeMode on, their key is in the thread's key set, so even these operators
+// (which take no tensors) would dispatch to the mode's fallback first -- and a fallback that saves
+// and restores thread state around the call would undo what they do. Direct kernels for both
+// keys keep the control path out of the fallbacks.
+namespace {
+void control_kernels(torch::Library& m) {
   m.impl("enter_meta", &metaload::enter_meta);
   m.impl("enter_real", &metaload::enter_real);
   m.impl("exit_scope", &metaload::exit_scope);
@@ -143,4 +145,13 @@ TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
   m.impl("reset_forcing_stats", &metaload::reset_stats);
   m.impl("mode_key_registered", &metaload::key_registered);
   m.impl("init", &metaload::init);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+  control_kernels(m);
+}
+
+TORCH_LIBRARY_IMPL(metaload, Fake, m) {
+  control_kernels(m);
 }

@@ -38,13 +38,34 @@ const char* what_it_reads(const std::string& op) {
   return "produces an output whose size depends on the values";
 }
 
-void throw_data_dependent(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+[[noreturn]] void throw_data_dependent(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   throw DataDependentError(
-      schema.name() + " " + what_it_reads(schema.name()) + ", but its input is on the meta " +
-      "device and has no values (" + describe_tensor_args(schema, *stack) +
-      "). Tensors made while metaload forces tensors onto meta have shapes only: create the " +
-      "tensors whose values you need under metaload::RealGuard (Python: `with metaload.real():`).");
+      schema.name() + " " + what_it_reads(schema.name()) + ", but its input has none: it is a " +
+      "meta or fake tensor, which holds shapes only (" + describe_tensor_args(schema, *stack) +
+      "). Create the tensors whose values you need under metaload::RealGuard (Python: `with " +
+      "metaload.real():`) and outside FakeMode.");
+}
+
+bool same_view(const at::Tensor& a, const at::Tensor& b) {
+  return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl() ||
+         (a.storage().is_alias_of(b.storage()) && a.storage_offset() == b.storage_offset() &&
+          a.sizes() == b.sizes() && a.strides() == b.strides() &&
+          a.scalar_type() == b.scalar_type());
+}
+
+// equal(a, b) needs values, except when a and b are the same view of the same memory: code such
+// as multi-head attention asks equal(query, key) to detect self-attention. (A tensor holding NaN
+// is not equal to itself; shapes never depend on that.)
+void equal_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto args = torch::jit::last(*stack, 2);
+  if (args[0].isTensor() && args[1].isTensor() &&
+      same_view(args[0].toTensor(), args[1].toTensor())) {
+    torch::jit::drop(*stack, 2);
+    stack->emplace_back(true);
+    return;
+  }
+  throw_data_dependent(op, stack);
 }
 
 // repeat_interleave(repeats) has a known size only when the caller gives output_size.
@@ -100,7 +121,6 @@ const char* const kDataDependentOps[] = {
     "unique_dim",
     "unique_consecutive",
     "unique_dim_consecutive",
-    "equal",
     "bincount",
     "_assert_async",
 };
@@ -123,6 +143,9 @@ void register_data_dependent_kernels() {
         if (!has_meta_kernel(op)) {
           lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&throw_data_dependent>());
         }
+      }
+      if (!has_meta_kernel("equal")) {
+        lib->impl("equal", torch::CppFunction::makeFromBoxedFunction<&equal_meta>());
       }
       if (!has_meta_kernel("repeat_interleave.Tensor")) {
         lib->impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_meta));

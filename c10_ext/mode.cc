@@ -13,6 +13,7 @@
 
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
+#include "c10_ext/op_args.h"
 
 namespace metaload {
 namespace {
@@ -68,7 +69,7 @@ OpInfo classify(const c10::FunctionSchema& schema) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
     const auto& a = args[i];
-    if (a.name() == "device") info.device = static_cast<int8_t>(i);
+    if (a.name() == "device" && is_device_type(*a.type())) info.device = static_cast<int8_t>(i);
     if (a.name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
     if (info.self < 0 && a.type()->kind() == c10::TypeKind::TensorType) {
       info.self = static_cast<int8_t>(i);

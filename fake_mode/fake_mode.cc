@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/registration.h"
+#include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
 #include "fake_mode/fake_tensor.h"
 
@@ -38,7 +39,9 @@ OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
-    if (args[i].name() == "device") info.device = static_cast<int8_t>(i);
+    if (args[i].name() == "device" && is_device_type(*args[i].type())) {
+      info.device = static_cast<int8_t>(i);
+    }
     if (args[i].name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
   }
   return info;
@@ -148,12 +151,23 @@ at::Tensor wrap_output(const at::Tensor& t, c10::Device device,
   return make_fake(t, device);
 }
 
+// While a Meta kernel runs for fake tensors: Fake is excluded (no recursion), and Meta's backend
+// bit is included, because fake tensors carry their claimed backend's bit and nested ops must
+// still pick Meta kernels. The whole thread-local key set is saved and restored: the
+// include/exclude guards subtract functionality keys only, and would leave the Meta backend bit
+// behind.
+c10::impl::LocalDispatchKeySet kernel_key_set() {
+  const c10::impl::LocalDispatchKeySet now = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::PODLocalDispatchKeySet keys;
+  keys.set_included(now.included_ | c10::DispatchKeySet(c10::DispatchKey::Meta));
+  keys.set_excluded(now.excluded_.add(kFakeKey));
+  return keys;
+}
+
 struct KernelScope {
-  KernelScope() : no_fake(kFakeKey), meta(c10::DispatchKey::Meta) { ++detail::fake_kernel_depth(); }
+  KernelScope() : keys(kernel_key_set()) { ++detail::fake_kernel_depth(); }
   ~KernelScope() { --detail::fake_kernel_depth(); }
-  c10::impl::ExcludeDispatchKeyGuard no_fake;
-  // Fake tensors carry their claimed backend's key; nested ops must still pick Meta kernels.
-  c10::impl::IncludeDispatchKeyGuard meta;
+  c10::impl::ForceDispatchKeyGuard keys;
 };
 
 void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -306,8 +320,18 @@ std::string fake_device_op(const at::Tensor& t) {
 }  // namespace metaload
 
 TORCH_LIBRARY_FRAGMENT(metaload, m) {
-  m.def("enter_fake(str device) -> int", &metaload::enter_fake);
-  m.def("fake_to(Tensor t, str device) -> Tensor", &metaload::fake_to);
+  m.def("enter_fake(str target) -> int", &metaload::enter_fake);
+  m.def("fake_to(Tensor t, str target) -> Tensor", &metaload::fake_to);
   m.def("is_fake(Tensor t) -> bool", &metaload::is_fake_op);
   m.def("fake_device(Tensor t) -> str", &metaload::fake_device_op);
+}
+
+// enter_fake takes no tensors: with a mode on it would reach the mode's fallback (see
+// c10_ext/activation.cc); direct kernels for both mode keys keep it out.
+TORCH_LIBRARY_IMPL(metaload, Fake, m) {
+  m.impl("enter_fake", &metaload::enter_fake);
+}
+
+TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+  m.impl("enter_fake", &metaload::enter_fake);
 }

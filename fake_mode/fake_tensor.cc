@@ -3,6 +3,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "c10_ext/mode_key.h"
+#include "fake_mode/fake_mode.h"
 
 namespace metaload {
 
@@ -21,6 +22,7 @@ c10::DispatchKeySet fake_key_set(c10::Device device) {
 
 FakeTensorImpl::FakeTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, c10::Device device)
     : c10::TensorImpl(std::move(storage), fake_key_set(device), dtype), fake_device_(device) {
+  ensure_fake_key_registered();  // ops on this tensor need the fallback (an atomic load after once)
   device_opt_ = device;
   set_custom_device(true);
 }

@@ -1,0 +1,17 @@
+// Reading operator schemas: shared by the MetaMode and FakeMode fallbacks.
+#pragma once
+
+#include <ATen/core/function_schema.h>
+#include <ATen/core/jit_type.h>
+
+namespace metaload {
+
+// Whether an argument's type is Device or Device? (so `device` arguments of other types, e.g. a
+// str named `device` in some operator, are left alone).
+inline bool is_device_type(const c10::Type& t) {
+  if (t.kind() == c10::TypeKind::DeviceObjType) return true;
+  if (t.kind() != c10::TypeKind::OptionalType) return false;
+  return t.expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::DeviceObjType;
+}
+
+}  // namespace metaload
