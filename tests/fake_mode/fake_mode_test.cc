@@ -7,6 +7,7 @@
 
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
+#include "fake_mode/scan.h"
 
 namespace metaload {
 namespace {
@@ -178,6 +179,39 @@ TEST(FakeMode, TransformerEncoderLayerRunsOnFakeTensors) {
   at::Tensor out = layer(torch::randn({10, 2, 64}));
   EXPECT_EQ(out.sizes(), at::IntArrayRef({10, 2, 64}));
   EXPECT_EQ(out.device(), kCuda0);
+}
+
+TEST(Scan, RunsACallableOnFakeInputsAndCollectsReportedModules) {
+  torch::nn::Sequential net(nullptr);
+  {
+    MetaMode meta;
+    net = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(),
+                                torch::nn::Linear(64, 8));
+  }
+  std::function<void(ModuleObserver)> attach = [](ModuleObserver) {};
+  ModuleObserver observer;
+  attach = [&observer](ModuleObserver o) { observer = std::move(o); };
+  auto fn = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = in[0];
+    size_t i = 0;
+    for (auto& m : *net) {
+      h = m.forward(h);
+      if (observer) observer(std::to_string(i++), h);
+    }
+    return std::vector<at::Tensor>{h};
+  };
+  at::Tensor real_input = torch::ones({5, 32});  // real: becomes fake on the scan's device
+  ScanResult r = scan(fn, {real_input}, kCuda0, attach);
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_TRUE(is_fake(r.outputs[0]));
+  EXPECT_EQ(r.outputs[0].device(), kCuda0);
+  EXPECT_EQ(r.outputs[0].sizes(), at::IntArrayRef({5, 8}));
+  EXPECT_FALSE(r.outputs[0].requires_grad());  // gradients are off during a scan
+  ASSERT_EQ(r.modules.size(), 3u);
+  EXPECT_EQ(r.modules["1"], (ShapeInfo{{5, 64}, at::kFloat, kCuda0}));
+  EXPECT_FALSE(observer);  // detached after the run
+  EXPECT_FALSE(fake_mode_device().has_value());
+  EXPECT_FALSE(is_fake(real_input));
 }
 
 }  // namespace
