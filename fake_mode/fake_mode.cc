@@ -207,6 +207,10 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   } else {
     target = rule.result();
   }
+  // Meta means "no device yet": inside FakeMode that is the mode's device (as for a meta-built
+  // model's parameters); outside it, results stay plain meta tensors.
+  const bool wrap = !target.is_meta() || t_mode_device.has_value();
+  if (target.is_meta() && t_mode_device) target = *t_mode_device;
 
   // 2. Real tensors take meta stand-ins; run the Meta kernel.
   for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
@@ -216,6 +220,7 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
 
   // 3. New results become fake tensors on the target device.
+  if (!wrap) return;
   const size_t n_out = schema.returns().size();
   for (size_t i = stack->size() - n_out; i < stack->size(); ++i) {
     c10::IValue& v = s[i];
