@@ -49,6 +49,11 @@ nlohmann::json parse_json_strict(
     }
     return true;
   };
+  // nlohmann stops at a NUL byte as if the input ended there; raw NULs are never valid JSON.
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    throw FormatError(file, "", "invalid-json",
+                      "NUL byte at offset " + std::to_string(nul) + " (not valid JSON)");
+  }
   try {
     return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const DuplicateKey& d) {

@@ -457,6 +457,13 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t file_
         path, "", "header-not-utf8",
         "header is not valid UTF-8 (first bad byte at header offset " + std::to_string(bad) + ")");
   }
+  // nlohmann's lexer stops at a NUL byte as if the input ended there, which would accept
+  // "{}\0<anything>"; raw NULs are never valid JSON (padding must be spaces).
+  if (size_t nul = json.find('\0'); nul != std::string_view::npos) {
+    throw FormatError(path, "", "invalid-json",
+                      "header holds a NUL byte at offset " + std::to_string(nul) +
+                          " (JSON allows none; padding must be spaces)");
+  }
   if (json.empty() || json.front() != '{') {
     throw FormatError(
         path, "", "header-not-object",
@@ -513,16 +520,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t file_
   return h;
 }
 
-SafetensorsHeader read_safetensors_header(const std::string& path) {
-  fileio::File f(path);
-  uint64_t size = f.regular_file_size();
-  if (size < 8) {
-    throw FormatError(
-        path, "", "file-too-small",
-        "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
-  }
-  unsigned char len_bytes[8];
-  f.pread_full(len_bytes, 8, 0);
+namespace {
+
+// The length prefix rules; returns N.
+uint64_t check_length_prefix(const unsigned char* len_bytes, uint64_t size,
+                             const std::string& path) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];  // little-endian on every host
   if (n > kMaxHeaderSize) {
@@ -535,6 +537,33 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
                       "header length " + std::to_string(n) + " runs past the end of the " +
                           std::to_string(size) + "-byte file");
   }
+  return n;
+}
+
+void check_min_size(uint64_t size, const std::string& path) {
+  if (size < 8) {
+    throw FormatError(
+        path, "", "file-too-small",
+        "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  }
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_bytes(std::string_view file_bytes, const std::string& path) {
+  check_min_size(file_bytes.size(), path);
+  uint64_t n = check_length_prefix(reinterpret_cast<const unsigned char*>(file_bytes.data()),
+                                   file_bytes.size(), path);
+  return parse_safetensors_header(file_bytes.substr(8, n), file_bytes.size(), path);
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  fileio::File f(path);
+  uint64_t size = f.regular_file_size();
+  check_min_size(size, path);
+  unsigned char len_bytes[8];
+  f.pread_full(len_bytes, 8, 0);
+  uint64_t n = check_length_prefix(len_bytes, size, path);
   std::string json(n, '\0');
   f.pread_full(json.data(), n, 8);
   return parse_safetensors_header(json, size, path);

@@ -96,6 +96,10 @@ SafetensorsHeader read_safetensors_header(const std::string& path);
 SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t file_size,
                                            const std::string& path);
 
+// Validates a whole file held in memory (length prefix, header, data extent): the same rules as
+// read_safetensors_header, for fuzzers and tests. Only the first 8 + N bytes are looked at.
+SafetensorsHeader parse_safetensors_bytes(std::string_view file_bytes, const std::string& path);
+
 // Process-wide count of bytes read from files by the format layer (headers, index files,
 // config.json). Lets tests assert that describing a checkpoint reads headers only.
 uint64_t io_bytes_read();
