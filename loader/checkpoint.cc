@@ -330,6 +330,13 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
       c.snapshot_of = hub_repo_of_snapshot(real_path(c.dir));
       load_indexed(c, ref);
     } else if (S_ISREG(st.st_mode)) {
+      for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"}) {
+        if (ends_with(ref, ext)) {
+          throw ResolveError(ref +
+                             " is a PyTorch pickle checkpoint; only safetensors checkpoints are "
+                             "supported (convert it)");
+        }
+      }
       c.dir = parent_dir(ref);
       add_file(c, read_safetensors_header(ref));
     } else {

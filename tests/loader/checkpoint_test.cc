@@ -74,6 +74,8 @@ TEST(OpenCheckpoint, BinOnlyDirectoryIsExplained) {
   auto e = expect_error<ResolveError>([&] { open_checkpoint(dir.path()); });
   EXPECT_NE(std::string(e.what()).find("only safetensors"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("model.safetensors.index.json"), std::string::npos);
+  auto file = expect_error<ResolveError>([&] { open_checkpoint(dir / "pytorch_model.bin"); });
+  EXPECT_NE(std::string(file.what()).find("pickle"), std::string::npos) << file.what();
 }
 
 TEST(OpenCheckpoint, RevisionOnALocalPathIsAnError) {

@@ -103,6 +103,19 @@ TEST(Describe, SizeIsTheCeilingOfParamsTimesBytesPerElement) {
   EXPECT_EQ(j["n_params"], 5);
 }
 
+TEST(Describe, MalformedConfigIsAFormatErrorNamingIt) {
+  TempDir dir;
+  SafetensorsWriter w(dir / "model.safetensors");
+  w.add("a", DType::F16, {3}, nullptr);
+  w.write();
+  testing::write_file(dir / "config.json", R"({"num_attention_heads": 4, "num_attention_heads": 8})");
+  auto e = expect_error<FormatError>([&] { describe_checkpoint(dir.path()); });
+  EXPECT_EQ(e.rule(), "duplicate-key");
+  EXPECT_EQ(e.file(), dir / "config.json");
+  testing::write_file(dir / "config.json", "{\"a\": ");
+  EXPECT_EQ(expect_error<FormatError>([&] { describe_checkpoint(dir.path()); }).rule(), "invalid-json");
+}
+
 TEST(Describe, UnknownDTypeFailsBeforeAnyRead) {
   TempDir dir;
   write_sparse(dir.path(), "gpt2", DType::F32, false, 0);
