@@ -2,7 +2,7 @@
 
 Run: METALOAD_LIB=build/dev/libmetaload.so PYTHONPATH=python /usr/bin/python3 -m pytest \
      tests/python/test_checkpoint.py -q
-The CLI tests use METALOAD_CLI, else <dir of METALOAD_LIB>/tools/cli/metaload (skipped if absent).
+The CLI tests use METALOAD_CLI, else the CLI beside METALOAD_LIB (skipped if absent).
 """
 import json
 import os
@@ -261,12 +261,16 @@ def test_bytes_per_element_and_quantizations():
 
 
 def cli_path():
-    p = os.environ.get("METALOAD_CLI")
-    if not p:
-        p = os.path.join(os.path.dirname(_lib.library_path()), "tools", "cli", "metaload")
-    if not os.path.exists(p):
-        pytest.skip(f"metaload CLI not built ({p})")
-    return p
+    """METALOAD_CLI, else the CLI built beside METALOAD_LIB (Bazel: tools/metaload, CMake:
+    tools/cli/metaload)."""
+    if os.environ.get("METALOAD_CLI"):
+        return os.environ["METALOAD_CLI"]
+    libdir = os.path.dirname(os.path.abspath(_lib.library_path()))
+    candidates = [os.path.join(libdir, "tools", "metaload"), os.path.join(libdir, "tools", "cli", "metaload")]
+    for p in candidates:
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    pytest.skip(f"metaload CLI not built (looked at {candidates}; set METALOAD_CLI)")
 
 
 def run_cli(*args, env=None):
