@@ -20,11 +20,7 @@ def _ops():
 
 def _dtype_name(dtype):
     """A torch.dtype or a name -> the name the C++ table accepts ("torch.bfloat16", "nf4")."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, torch.dtype):
-        return str(dtype)
-    return str(dtype)
+    return None if dtype is None else str(dtype)  # str(torch.bfloat16) == "torch.bfloat16"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,12 +108,14 @@ TEST(Describe, MalformedConfigIsAFormatErrorNamingIt) {
   SafetensorsWriter w(dir / "model.safetensors");
   w.add("a", DType::F16, {3}, nullptr);
   w.write();
-  testing::write_file(dir / "config.json", R"({"num_attention_heads": 4, "num_attention_heads": 8})");
+  testing::write_file(dir / "config.json",
+                      R"({"num_attention_heads": 4, "num_attention_heads": 8})");
   auto e = expect_error<FormatError>([&] { describe_checkpoint(dir.path()); });
   EXPECT_EQ(e.rule(), "duplicate-key");
   EXPECT_EQ(e.file(), dir / "config.json");
   testing::write_file(dir / "config.json", "{\"a\": ");
-  EXPECT_EQ(expect_error<FormatError>([&] { describe_checkpoint(dir.path()); }).rule(), "invalid-json");
+  EXPECT_EQ(expect_error<FormatError>([&] { describe_checkpoint(dir.path()); }).rule(),
+            "invalid-json");
 }
 
 TEST(Describe, UnknownDTypeFailsBeforeAnyRead) {
