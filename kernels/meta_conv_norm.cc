@@ -96,15 +96,20 @@ Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
     channels_last = input.suggest_memory_format() == MemoryFormat::ChannelsLast ||
                     weight.suggest_memory_format() == MemoryFormat::ChannelsLast;
   } else if (!transposed && dim == 1) {
-    // _convolution runs it on input.unsqueeze(2) / weight.unsqueeze(2) and squeezes the output.
-    auto unsq = [](const Tensor& t) {
-      c10::SmallVector<int64_t, 4> sz(t.sizes().begin(), t.sizes().end());
-      c10::SmallVector<int64_t, 4> st(t.strides().begin(), t.strides().end());
+    // _convolution runs it as a 2-d one on input.contiguous().unsqueeze(2) and weight.unsqueeze(2)
+    // and squeezes the output: a permuted weight can still make that channels-last.
+    auto unsq = [](IntArrayRef sizes, IntArrayRef strides) {
+      c10::SmallVector<int64_t, 4> sz(sizes.begin(), sizes.end());
+      c10::SmallVector<int64_t, 4> st(strides.begin(), strides.end());
       sz.insert(sz.begin() + 2, 1);
-      st.insert(st.begin() + 2, t.size(2) * t.stride(2));
+      st.insert(st.begin() + 2, sizes[2] * strides[2]);
       return suggest_format(sz, st) == MemoryFormat::ChannelsLast;
     };
-    if (unsq(input) || unsq(weight)) {
+    // (.contiguous() keeps the strides of a tensor that already is contiguous.)
+    auto input_strides = input.is_contiguous() ? c10::SmallVector<int64_t, 5>(
+                                                     input.strides().begin(), input.strides().end())
+                                               : contiguous_strides(input.sizes());
+    if (unsq(input.sizes(), input_strides) || unsq(weight.sizes(), weight.strides())) {
       // (N, C, 1, L) channels-last squeezed back: channels innermost.
       int64_t n = out_sizes[0], c = out_sizes[1], l = out_sizes[2];
       (void)n;
@@ -143,7 +148,7 @@ const Tensor* opt(const c10::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? &*t : nullptr;
 }
 
-// CPU batch_norm: output like the input in its suggested memory format; save_mean/save_invstd
+// CPU batch_norm: output in the input's memory format (see below); save_mean/save_invstd
 // of shape (C) when training and (0) in eval, in the parameters' dtype when a BFloat16 input
 // comes with Float parameters ("mixed type"), else the input's.
 std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const char* op, const Tensor& input,
@@ -176,8 +181,16 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const char* op, const Tensor&
              "running_mean and running_var must be defined in evaluation mode");
   const ScalarType stat_type = mixed ? ScalarType::Float : input.scalar_type();
   const int64_t stat_size = training ? c : 0;
-  return {new_meta(input.sizes(), input.scalar_type(), input.suggest_memory_format()),
-          new_meta({stat_size}, stat_type), new_meta({stat_size}, stat_type)};
+  // The CPU kernel's fast path takes inputs contiguous in either format (and contiguous
+  // parameters) and decides by is_contiguous(), which also settles ambiguous size-1 layouts that
+  // suggest_memory_format() would call the other way; the slow path uses suggest_memory_format().
+  bool fast = input.is_contiguous() || input.is_contiguous(MemoryFormat::ChannelsLast);
+  for (const auto& [name, t] : params) fast = fast && (t == nullptr || t->is_contiguous());
+  const MemoryFormat format =
+      fast ? (input.is_contiguous() ? MemoryFormat::Contiguous : MemoryFormat::ChannelsLast)
+           : input.suggest_memory_format();
+  return {new_meta(input.sizes(), input.scalar_type(), format), new_meta({stat_size}, stat_type),
+          new_meta({stat_size}, stat_type)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> native_batch_norm(const Tensor& input,
@@ -285,18 +298,14 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm(const Tensor& input,
   META_CHECK(input.is_contiguous(format), op,
              "Expected X.is_contiguous(memory_format) to be true, but got false (input of size ",
              input.sizes(), " and strides ", input.strides(), ")");
-  ScalarType param_type =
-      weight ? weight->scalar_type() : (bias ? bias->scalar_type() : input.scalar_type());
-  const bool mixed = param_type != input.scalar_type();
-  if (mixed) {
-    META_CHECK(input.scalar_type() == ScalarType::BFloat16 && param_type == ScalarType::Float, op,
-               "mixed dtype (CPU): expect input to have scalar type of BFloat16 and parameters of "
-               "Float, got ",
-               input.scalar_type(), " and ", param_type);
+  // The CPU kernel reads weight and bias as the input's dtype (no mixed types in 1.13).
+  for (const Tensor* t : {weight, bias}) {
+    META_CHECK(t == nullptr || t->scalar_type() == input.scalar_type(), op, "expected scalar type ",
+               input.scalar_type(), " but found ", t->scalar_type());
   }
-  const ScalarType stat_type = mixed ? ScalarType::Float : input.scalar_type();
-  return {new_meta(input.sizes(), input.scalar_type(), format), new_meta({n, group}, stat_type),
-          new_meta({n, group}, stat_type)};
+  const ScalarType dtype = input.scalar_type();
+  return {new_meta(input.sizes(), dtype, format), new_meta({n, group}, dtype),
+          new_meta({n, group}, dtype)};
 }
 
 // ---- fused transformer ops (nn.MultiheadAttention / TransformerEncoderLayer fast paths) ------
@@ -398,35 +407,29 @@ std::tuple<Tensor, Tensor, Tensor> transform_bias_rescale_qkv(const Tensor& qkv,
           view_of(all, sizes, strides, 2 * each)};
 }
 
+// CPU 1.13 wants the mask in the input's shape and a mask_type; the CUDA kernel also takes an
+// (L, L) src mask (type 0) or a (B, L) key padding mask (type 1) for a (B, H, L, L) input. The
+// output is like the input (layout preserved).
 Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int64_t> dim,
                       c10::optional<int64_t> mask_type) {
   const char* op = "_masked_softmax";
   META_CHECK(mask.scalar_type() == ScalarType::Bool, op, "Mask should be a boolean tensor, got ",
              mask.scalar_type());
-  if (!mask_type.has_value()) {
-    META_CHECK(mask.sizes() == input.sizes(), op, "Mask shape should match input shape, got ",
-               mask.sizes(), " and ", input.sizes());
-  } else if (*mask_type == 0) {
-    META_CHECK(mask.dim() == 2 && input.dim() == 4 && mask.size(0) == input.size(2) &&
-                   mask.size(1) == input.size(3),
-               op, "Mask of type 0 (src mask) should be (L, L) for a (B, H, L, L) input, got ",
-               mask.sizes(), " for ", input.sizes());
-  } else if (*mask_type == 1) {
-    META_CHECK(mask.dim() == 2 && input.dim() == 4 && mask.size(0) == input.size(0) &&
-                   mask.size(1) == input.size(3),
-               op,
-               "Mask of type 1 (key padding mask) should be (B, L) for a (B, H, L, L) input, "
-               "got ",
-               mask.sizes(), " for ", input.sizes());
-  } else {
-    META_CHECK(*mask_type == 2 && mask.sizes() == input.sizes(), op,
-               "Mask shape should match input shape for mask_type 2, got mask_type ", *mask_type,
-               " with ", mask.sizes(), " and ", input.sizes());
-  }
-  META_CHECK(input.scalar_type() != ScalarType::Bool && at::isFloatingType(input.scalar_type()), op,
-             "expected a floating point input, got ", input.scalar_type());
+  const bool same_shape = mask.sizes() == input.sizes();
+  const bool src_mask = mask_type == 0 && input.dim() == 4 && mask.dim() == 2 &&
+                        mask.size(0) == input.size(2) && mask.size(1) == input.size(3);
+  const bool padding_mask = mask_type == 1 && input.dim() == 4 && mask.dim() == 2 &&
+                            mask.size(0) == input.size(0) && mask.size(1) == input.size(3);
+  META_CHECK(same_shape || src_mask || padding_mask, op,
+             "Mask shape should match input shape, got mask of size ", mask.sizes(),
+             " for input of size ", input.sizes());
+  META_CHECK(mask_type.has_value(), op, "Mask Type should be defined");
+  META_CHECK(*mask_type >= 0 && *mask_type <= 2, op, "Mask Type should be 0, 1 or 2, got ",
+             *mask_type);
+  META_CHECK(at::isFloatingType(input.scalar_type()), op, "expected a floating point input, got ",
+             input.scalar_type());
   if (dim.has_value()) wrap_dim(op, *dim, input.dim());
-  return new_meta(input.sizes(), input.scalar_type());
+  return new_meta_like(input, input.scalar_type());
 }
 
 }  // namespace

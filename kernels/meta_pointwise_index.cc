@@ -24,14 +24,17 @@ class MetaIter final : public at::TensorIteratorBase {
 
   const Tensor& maybe_get_output(int64_t i) override { return outs_[i]; }
 
+  // No strides means "this memory format" (contiguous when none is given), as for structured
+  // kernels' outputs.
   void set_output_raw_strided(int64_t i, IntArrayRef sizes, IntArrayRef strides,
                               at::TensorOptions options, at::DimnameList names) override {
     auto& out = outs_[i];
+    auto format = options.memory_format_opt().value_or(MemoryFormat::Contiguous);
     if (!out.defined()) {
-      out = strides.empty()
-                ? new_meta(sizes, options.dtype().toScalarType(),
-                           options.memory_format_opt().value_or(MemoryFormat::Contiguous))
-                : new_meta(sizes, strides, options.dtype().toScalarType());
+      out = strides.empty() ? new_meta(sizes, options.dtype().toScalarType(), format)
+                            : new_meta(sizes, strides, options.dtype().toScalarType());
+    } else if (strides.empty()) {
+      resize_out(out, sizes, format_strides(sizes, format));
     } else {
       resize_out(out, sizes, strides);
     }
@@ -48,6 +51,17 @@ class MetaIter final : public at::TensorIteratorBase {
  private:
   std::array<Tensor, 2> outs_;
 };
+
+// Runs a TensorIterator build, turning its errors (shapes that do not broadcast, an out= tensor
+// of the wrong dtype, ...) into ShapeError naming the op.
+template <typename F>
+void build_checked(const char* op, F&& build) {
+  try {
+    build();
+  } catch (const c10::Error& e) {
+    fail(op, e.what_without_backtrace());
+  }
+}
 
 ScalarType result_type(const Tensor& a, const Tensor& b) {
   at::native::ResultTypeState state;
@@ -69,17 +83,17 @@ Tensor on_meta(const Tensor& t) {
   return new_meta({}, {}, t.scalar_type());
 }
 
-Tensor unary(const Tensor& self) {
+Tensor unary(const char* op, const Tensor& self) {
   MetaIter it;
-  it.build_borrowing_unary_op(it.maybe_get_output(0), self);
+  build_checked(op, [&] { it.build_borrowing_unary_op(it.maybe_get_output(0), self); });
   return it.out();
 }
 
-Tensor binary(const Tensor& a, const Tensor& b) {
+Tensor binary(const char* op, const Tensor& a, const Tensor& b) {
   const ScalarType common = result_type(a, b);
   Tensor pa = cpu_promoted(a, common), pb = cpu_promoted(b, common);
   MetaIter it;
-  it.build_borrowing_binary_op(it.maybe_get_output(0), pa, pb);
+  build_checked(op, [&] { it.build_borrowing_binary_op(it.maybe_get_output(0), pa, pb); });
   return it.out();
 }
 
@@ -101,12 +115,12 @@ void check_floating(const char* op, const Tensor& t) {
 Tensor relu(const Tensor& self) {
   check_not_bool("relu", self);
   check_not_complex("relu", self);
-  return unary(self);
+  return unary("relu", self);
 }
 
 Tensor hardswish(const Tensor& self) {
   check_floating("hardswish", self);
-  return unary(self);
+  return unary("hardswish", self);
 }
 
 // hardtanh writes into at::empty_like(self): the preserved layout, not TensorIterator's.
@@ -142,26 +156,28 @@ Tensor where_self(const Tensor& condition, const Tensor& self, const Tensor& oth
       .add_input(a)
       .add_input(b);
   MetaIter it;
-  it.build(config);
+  build_checked(op, [&] { it.build(config); });
   return it.out();
 }
 
 Tensor& logical_not_out(const Tensor& self, Tensor& out) {
+  const char* op = "logical_not";
   at::TensorIteratorConfig config;
   config.check_all_same_dtype(false).add_output(out).add_input(self);
   MetaIter it(out);
-  it.build(config);
+  build_checked(op, [&] { it.build(config); });
   return out;
 }
 
 Tensor logical_not(const Tensor& self) {
+  const char* op = "logical_not";
   at::TensorIteratorConfig config;
   config.check_all_same_dtype(false)
       .declare_static_dtype_and_device(ScalarType::Bool, self.device())
       .add_owned_output(Tensor())
       .add_input(self);
   MetaIter it;
-  it.build(config);
+  build_checked(op, [&] { it.build(config); });
   return it.out();
 }
 
@@ -169,25 +185,28 @@ Tensor& logical_not_(Tensor& self) {
   return logical_not_out(self, self);
 }
 
-Tensor& logical_binary_out(const Tensor& self, const Tensor& other, Tensor& out) {
+Tensor& logical_binary_out(const char* op, const Tensor& self, const Tensor& other, Tensor& out) {
+  const ScalarType common = result_type(self, other);
+  Tensor a = cpu_promoted(self, common), b = cpu_promoted(other, common);
   MetaIter it(out);
-  it.build_comparison_op(out, self, other);
+  build_checked(op, [&] { it.build_comparison_op(out, a, b); });
   return out;
 }
 
 Tensor& logical_and_out(const Tensor& self, const Tensor& other, Tensor& out) {
-  return logical_binary_out(self, other, out);
+  return logical_binary_out("logical_and", self, other, out);
 }
 Tensor& logical_or_out(const Tensor& self, const Tensor& other, Tensor& out) {
-  return logical_binary_out(self, other, out);
+  return logical_binary_out("logical_or", self, other, out);
 }
 Tensor& logical_xor_out(const Tensor& self, const Tensor& other, Tensor& out) {
-  return logical_binary_out(self, other, out);
+  return logical_binary_out("logical_xor", self, other, out);
 }
 
 Tensor isnan(const Tensor& self) {
+  const char* op = "isnan";
   MetaIter it;
-  it.build_borrowing_comparison_op(it.maybe_get_output(0), self, self);
+  build_checked(op, [&] { it.build_borrowing_comparison_op(it.maybe_get_output(0), self, self); });
   return it.out();
 }
 
@@ -206,7 +225,7 @@ Tensor& abs_out(const Tensor& self, Tensor& out) {
   META_CHECK(out.scalar_type() == self.scalar_type(), op, "Found dtype ", out.scalar_type(),
              " but expected ", self.scalar_type());
   MetaIter it(out);
-  it.build_unary_op(out, self);
+  build_checked(op, [&] { it.build_unary_op(out, self); });
   return out;
 }
 
@@ -220,7 +239,7 @@ Tensor& nan_to_num_out(const Tensor& self, c10::optional<double>, c10::optional<
     return out;
   }
   MetaIter it(out);
-  it.build_unary_op(out, self);
+  build_checked(op, [&] { it.build_unary_op(out, self); });
   return out;
 }
 
@@ -235,7 +254,7 @@ Tensor rsub_tensor(const Tensor& self, const Tensor& other, const at::Scalar& al
   META_CHECK(self.scalar_type() != ScalarType::Bool && other.scalar_type() != ScalarType::Bool, op,
              "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
              "trying to invert a mask, use the `~` or `logical_not()` operator instead.");
-  Tensor out = binary(other, self);
+  Tensor out = binary(op, other, self);
   const ScalarType dtype = out.scalar_type();
   META_CHECK(!alpha.isBoolean() || dtype == ScalarType::Bool, op,
              "Boolean alpha only supported for Boolean results.");
@@ -247,14 +266,14 @@ Tensor rsub_tensor(const Tensor& self, const Tensor& other, const at::Scalar& al
 }
 
 Tensor floor_divide(const Tensor& self, const Tensor& other) {
-  return binary(self, other);
+  return binary("floor_divide", self, other);
 }
 
 // remainder(Scalar, Tensor): the scalar joins as a wrapped number, so it does not widen the type.
 Tensor remainder_scalar_tensor(const at::Scalar& self, const Tensor& other) {
   Tensor wrapped = new_meta({}, {}, self.type());
   wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return binary(wrapped, other);
+  return binary("remainder", wrapped, other);
 }
 
 // ---- indexing -------------------------------------------------------------------------------
@@ -295,8 +314,10 @@ Tensor take(const Tensor& self, const Tensor& index) {
   return new_meta(index.sizes(), self.scalar_type());
 }
 
-// CPU roll writes a contiguous result (a multi-dim roll is a chain of single-dim ones); an empty
-// input is cloned with its layout preserved.
+// CPU roll (1.13) rolls one dim as cat(self.narrow(dim, start, n - start), self.narrow(dim, 0,
+// start)), so the result takes cat's memory format: the pieces' suggested format when they all
+// agree and none is contiguous, else contiguous. Several dims roll one after the other; no dims
+// rolls the flattened tensor (contiguous). An empty tensor is cloned with its layout preserved.
 Tensor roll(const Tensor& self, IntArrayRef shifts, IntArrayRef dims) {
   const char* op = "roll";
   META_CHECK(!shifts.empty(), op, "`shifts` required");
@@ -304,8 +325,31 @@ Tensor roll(const Tensor& self, IntArrayRef shifts, IntArrayRef dims) {
   META_CHECK(flat || shifts.size() == dims.size(), op,
              "shifts and dimensions must align. shifts: ", shifts.size(), ", dims:", dims.size());
   for (int64_t d : dims) wrap_dim(op, d, self.dim());
-  if (self.numel() == 0 && !flat) return new_meta_like(self, self.scalar_type());
-  return new_meta(self.sizes(), self.scalar_type());
+  if (self.numel() == 0) {
+    if (flat && self.dim() != 1) return new_meta(self.sizes(), self.scalar_type());
+    return new_meta_like(self, self.scalar_type());
+  }
+  if (flat) return new_meta(self.sizes(), self.scalar_type());
+  c10::SmallVector<int64_t, 5> strides(self.strides().begin(), self.strides().end());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(op, dims[i], self.dim());
+    const int64_t n = self.size(d);
+    int64_t start = (n - shifts[i]) % n;
+    if (start < 0) start += n;
+    MemoryFormat format = MemoryFormat::Contiguous;
+    bool first = true, contiguous = false;
+    for (int64_t piece : {n - start, start}) {
+      c10::SmallVector<int64_t, 5> sizes(self.sizes().begin(), self.sizes().end());
+      sizes[d] = piece;
+      MemoryFormat f = suggest_format(sizes, strides);
+      if (f == MemoryFormat::Contiguous || (!first && f != format)) contiguous = true;
+      format = f;
+      first = false;
+    }
+    auto next = format_strides(self.sizes(), contiguous ? MemoryFormat::Contiguous : format);
+    strides.assign(next.begin(), next.end());
+  }
+  return new_meta(self.sizes(), strides, self.scalar_type());
 }
 
 Tensor flip(const Tensor& self, IntArrayRef dims) {
@@ -331,7 +375,11 @@ Tensor& diag_out(const Tensor& self, int64_t diagonal, Tensor& out) {
   } else {
     int64_t n = diagonal >= 0 ? std::min(self.size(0), self.size(1) - diagonal)
                               : std::min(self.size(0) + diagonal, self.size(1));
-    resize_out(out, {std::max<int64_t>(n, 0)});
+    // The CPU kernel fails on these too (resizing to a negative size); only one past the corner
+    // gives an empty diagonal.
+    META_CHECK(n >= 0, op, "diagonal ", diagonal, " is out of range for a matrix of size ",
+               self.sizes());
+    resize_out(out, {n});
   }
   return out;
 }
@@ -366,6 +414,7 @@ ScalarType promoted_integer(const Tensor& self, c10::optional<ScalarType> dtype)
 
 Tensor trace(const Tensor& self) {
   META_CHECK(self.dim() == 2, "trace", "expected a matrix, but got tensor with dim ", self.dim());
+  META_CHECK(self.scalar_type() != ScalarType::Bool, "trace", "not implemented for 'Bool'");
   return new_meta({}, {}, promoted_integer(self, c10::nullopt));
 }
 
@@ -427,16 +476,19 @@ Tensor cdist_forward(const Tensor& x1, const Tensor& x2, double p,
 
 // ---- random / search ------------------------------------------------------------------------
 
+// CPU: in training the mask is empty_like(input, bool) filled by bernoulli_ and the output is
+// input.mul(mask) (TensorIterator's layout over both); in eval a clone and ones_like. An empty
+// input comes back as itself with an empty mask of its dtype.
 std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p,
                                           c10::optional<bool> train) {
   const char* op = "native_dropout";
   META_CHECK(p >= 0 && p <= 1, op, "dropout probability has to be between 0 and 1, but got ", p);
   if (input.numel() == 0) {
-    // CPU returns the input itself and an empty mask of the input's dtype.
     return {new_meta_like(input, input.scalar_type()), new_meta_like(input, input.scalar_type())};
   }
-  (void)train;
-  return {new_meta_like(input, input.scalar_type()), new_meta_like(input, ScalarType::Bool)};
+  Tensor mask = new_meta_like(input, ScalarType::Bool);
+  if (train.has_value() && !*train) return {new_meta_like(input, input.scalar_type()), mask};
+  return {binary(op, input, mask), mask};
 }
 
 Tensor multinomial(const Tensor& self, int64_t n_sample, bool replacement,

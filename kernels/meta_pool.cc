@@ -61,9 +61,9 @@ Tensor adaptive_avg_pool3d(const Tensor& input, IntArrayRef output_size) {
                "sizes ",
                input.sizes(), " with dimension ", i, " being empty");
   }
+  // Contiguous output whatever the input's layout (1.13 CPU has no channels-last 3d here).
   c10::SmallVector<int64_t, 5> sizes(input.sizes().begin(), input.sizes().end() - 3);
   sizes.append(output_size.begin(), output_size.end());
-  if (ndim == 5) return new_meta(sizes, input.scalar_type(), input.suggest_memory_format());
   return new_meta(sizes, input.scalar_type());
 }
 
@@ -119,8 +119,8 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, IntArray
              input.size(ndim - 3), "x", input.size(ndim - 2), "x", input.size(ndim - 1),
              "). Calculated output size: (", c, "x", out[0], "x", out[1], "x", out[2],
              "). Output size is too small");
-  const auto format = ndim == 5 ? input.suggest_memory_format() : MemoryFormat::Contiguous;
-  return {new_meta(sizes, input.scalar_type(), format), new_meta(sizes, ScalarType::Long, format)};
+  // Contiguous outputs whatever the input's layout (1.13 CPU has no channels-last 3d here).
+  return {new_meta(sizes, input.scalar_type()), new_meta(sizes, ScalarType::Long)};
 }
 
 // ---- grid sampling --------------------------------------------------------------------------
@@ -331,8 +331,7 @@ Tensor reflection_pad2d(const Tensor& input, IntArrayRef padding) {
              ") is too small. Calculated output H: ", oh, " W: ", ow);
   c10::SmallVector<int64_t, 4> sizes(input.sizes().begin(), input.sizes().end() - 2);
   sizes.append({oh, ow});
-  if (ndim == 4) return new_meta(sizes, input.scalar_type(), input.suggest_memory_format());
-  return new_meta(sizes, input.scalar_type());
+  return new_meta(sizes, input.scalar_type());  // contiguous on CPU, whatever the input
 }
 
 Tensor max_unpool2d(const Tensor& input, const Tensor& indices, IntArrayRef output_size) {
