@@ -123,9 +123,10 @@ Tensor converted_like(const Tensor& t, ScalarType dtype);
 Tensor view_of(const Tensor& base, IntArrayRef sizes, IntArrayRef strides, int64_t offset);
 
 // Resizes an out= tensor the way at::native::resize_output does (warning when a non-empty
-// tensor of another shape is resized), then restrides it to `strides` (contiguous if empty).
-// Nothing happens when the sizes already match. Returns whether it resized.
-bool resize_out(const Tensor& out, IntArrayRef sizes, IntArrayRef strides = {});
+// tensor of another shape is resized; `warn` false for kernels that call resize_ directly), then
+// restrides it to `strides` (contiguous if empty). Nothing happens when the sizes already match.
+// Returns whether it resized.
+bool resize_out(const Tensor& out, IntArrayRef sizes, IntArrayRef strides = {}, bool warn = true);
 
 // Sizes and strides of contiguous / channels-last layouts.
 c10::SmallVector<int64_t, 5> contiguous_strides(IntArrayRef sizes);

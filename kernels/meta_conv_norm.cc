@@ -308,6 +308,25 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm(const Tensor& input,
           new_meta({n, group}, dtype)};
 }
 
+// CPU weight_norm (the fused kernel under torch.nn.utils.weight_norm): w contiguous, the norm
+// shaped and strided like g, kept in Float for a BFloat16 g.
+std::tuple<Tensor, Tensor> weight_norm_interface(const Tensor& v, const Tensor& g, int64_t dim) {
+  const char* op = "_weight_norm_interface";
+  META_CHECK(dim == 0 || dim == v.dim() - 1, op,
+             "fused weight norm works over the first or last dim only, got dim ", dim, " for v of ",
+             v.dim(), " dims");
+  META_CHECK(v.dim() == g.dim(), op, "expected g with as many dims as v (", v.dim(),
+             "), got g of size ", g.sizes());
+  for (int64_t i = 0; i < v.dim(); ++i) {
+    META_CHECK(g.size(i) == (i == dim ? v.size(i) : 1), op, "expected g of size ", v.size(dim),
+               " along dim ", dim, " and 1 elsewhere, got ", g.sizes(), " for v of size ",
+               v.sizes());
+  }
+  const ScalarType norm_type =
+      g.scalar_type() == ScalarType::BFloat16 ? ScalarType::Float : g.scalar_type();
+  return {new_meta(v.sizes(), v.scalar_type()), new_meta(g.sizes(), g.strides(), norm_type)};
+}
+
 // ---- fused transformer ops (nn.MultiheadAttention / TransformerEncoderLayer fast paths) ------
 
 void check_dim(const char* op, const Tensor& t, int64_t dim, const char* name) {
@@ -446,6 +465,7 @@ const std::vector<KernelDef>& conv_norm_kernels() {
                            native_batch_norm_legit_no_training),
       METALOAD_META_KERNEL("native_layer_norm", native_layer_norm),
       METALOAD_META_KERNEL("native_group_norm", native_group_norm),
+      METALOAD_META_KERNEL("_weight_norm_interface", weight_norm_interface),
       METALOAD_META_KERNEL("_native_multi_head_attention", native_multi_head_attention),
       METALOAD_META_KERNEL("_transformer_encoder_layer_fwd", transformer_encoder_layer_fwd),
       METALOAD_META_KERNEL("_transform_bias_rescale_qkv", transform_bias_rescale_qkv),

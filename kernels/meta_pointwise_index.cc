@@ -384,6 +384,159 @@ Tensor& diag_out(const Tensor& self, int64_t diagonal, Tensor& out) {
   return out;
 }
 
+// CPU _embedding_bag (1.13): output (bags, D); offset2bag one per index, or empty on the sum fast
+// path (contiguous-rowed Float/Half weight); bag_size one per bag (per offset for a sum in the
+// forward-only variant); max_indices (bags, D) in max mode, else like bag_size. The checks on
+// offset values (offsets[0] == 0, ...) read data and are left to the real run.
+std::tuple<Tensor, Tensor, Tensor, Tensor> embedding_bag_impl(
+    const char* op, const Tensor& weight, const Tensor& indices, const Tensor& offsets,
+    int64_t mode, const c10::optional<Tensor>& per_sample_weights, bool include_last_offset,
+    bool forward_only) {
+  for (const auto& [name, t] : {std::pair{"indices", &indices}, std::pair{"offsets", &offsets}}) {
+    META_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int, op,
+               "Expected tensor for argument '", name,
+               "' to have one of the following scalar "
+               "types: Long, Int; but got ",
+               t->scalar_type(), " instead");
+    META_CHECK(t->dim() == 1, op, "expected 1-D ", name, ", got ", name, " of size ", t->sizes());
+  }
+  META_CHECK(indices.scalar_type() == offsets.scalar_type(), op,
+             "expected indices and offsets of the same type, got ", indices.scalar_type(), " and ",
+             offsets.scalar_type());
+  META_CHECK(weight.dim() == 2, op, "expected a 2-D weight, got weight of size ", weight.sizes());
+  const auto wt = weight.scalar_type();
+  META_CHECK(wt == ScalarType::Float || wt == ScalarType::Double || wt == ScalarType::Half ||
+                 wt == ScalarType::BFloat16,
+             op, "weight of type ", wt, " is not supported");
+  META_CHECK(mode >= 0 && mode <= 2, op, "unknown mode ", mode, " (0: sum, 1: mean, 2: max)");
+  const Tensor* psw = per_sample_weights.has_value() && per_sample_weights->defined()
+                          ? &*per_sample_weights
+                          : nullptr;
+  if (psw != nullptr) {
+    META_CHECK(mode == 0, op, "embedding_bag: per_sample_weights only supported with mode='sum'");
+    META_CHECK(psw->scalar_type() == wt, op, "expected per_sample_weights of type ", wt, ", got ",
+               psw->scalar_type());
+    META_CHECK(psw->dim() == 1 && psw->numel() == indices.numel(), op,
+               "expected per_sample_weights of size [", indices.numel(), "], got ", psw->sizes());
+  }
+  META_CHECK(!include_last_offset || offsets.size(0) >= 1, op,
+             "include_last_offset: number of offset should be at least 1");
+  const int64_t bags = offsets.size(0) - (include_last_offset ? 1 : 0);
+  const ScalarType it = indices.scalar_type();
+  const bool fast_sum =
+      mode == 0 && weight.stride(1) == 1 && (wt == ScalarType::Float || wt == ScalarType::Half);
+  Tensor offset2bag = new_meta({fast_sum ? 0 : indices.size(0)}, it);
+  Tensor bag_size = new_meta({mode == 0 && forward_only ? offsets.size(0) : bags}, it);
+  Tensor max_indices =
+      mode == 2 ? new_meta({bags, weight.size(1)}, it) : new_meta(bag_size.sizes(), it);
+  return {new_meta({bags, weight.size(1)}, wt), offset2bag, bag_size, max_indices};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> embedding_bag(
+    const Tensor& weight, const Tensor& indices, const Tensor& offsets, bool, int64_t mode, bool,
+    const c10::optional<Tensor>& per_sample_weights, bool include_last_offset, int64_t) {
+  return embedding_bag_impl("_embedding_bag", weight, indices, offsets, mode, per_sample_weights,
+                            include_last_offset, false);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> embedding_bag_forward_only(
+    const Tensor& weight, const Tensor& indices, const Tensor& offsets, bool, int64_t mode, bool,
+    const c10::optional<Tensor>& per_sample_weights, bool include_last_offset, int64_t) {
+  return embedding_bag_impl("_embedding_bag_forward_only", weight, indices, offsets, mode,
+                            per_sample_weights, include_last_offset, true);
+}
+
+// randperm(n) fills an out tensor resized to (n).
+Tensor& randperm_out(int64_t n, c10::optional<at::Generator>, Tensor& out) {
+  const char* op = "randperm";
+  META_CHECK(n >= 0, op, "n must be non-negative, got", n);
+  const auto t = out.scalar_type();
+  META_CHECK(t != ScalarType::Bool && !at::isComplexType(t), op, "randperm not implemented for '",
+             t, "'");
+  const int64_t limit = t == ScalarType::Half       ? (int64_t{1} << 11) + 1
+                        : t == ScalarType::BFloat16 ? (int64_t{1} << 8) + 1
+                        : t == ScalarType::Float    ? (int64_t{1} << 24) + 1
+                                                    : -1;
+  META_CHECK(limit < 0 || n <= limit, op, "n cannot be greater than ", limit, " for ", t, " type.");
+  resize_out(out, {n}, {}, /*warn=*/false);  // a plain resize_ on CPU
+  return out;
+}
+
+// ---- losses and activations with buffers ------------------------------------------------------
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
+                            const c10::optional<Tensor>& weight, int64_t reduction) {
+  const char* op = "binary_cross_entropy";
+  META_CHECK(at::isFloatingType(input.scalar_type()), op, "expected a floating point input, got ",
+             input.scalar_type());
+  META_CHECK(target.sizes() == input.sizes(), op, "target of size ", target.sizes(),
+             " does not match input of size ", input.sizes());
+  META_CHECK(target.scalar_type() == input.scalar_type(), op, "expected target of type ",
+             input.scalar_type(), ", got ", target.scalar_type());
+  if (weight.has_value() && weight->defined()) {
+    META_CHECK(weight->dim() <= input.dim(), op, "weight of size ", weight->sizes(),
+               " does not broadcast to input of size ", input.sizes());
+    for (int64_t i = 1; i <= weight->dim(); ++i) {
+      int64_t w = weight->size(-i), s = input.size(-i);
+      META_CHECK(w == s || w == 1, op, "weight of size ", weight->sizes(),
+                 " does not broadcast to input of size ", input.sizes());
+    }
+  }
+  META_CHECK(reduction >= 0 && reduction <= 2, op, "unknown reduction ", reduction);
+  if (reduction != 0) return new_meta({}, {}, input.scalar_type());
+  return new_meta_like(input, input.scalar_type());
+}
+
+std::tuple<Tensor, Tensor> nll_loss2d_forward(const Tensor& input, const Tensor& target,
+                                              const c10::optional<Tensor>& weight,
+                                              int64_t reduction, int64_t) {
+  const char* op = "nll_loss2d";
+  META_CHECK(target.dim() == 3, op,
+             "only batches of spatial targets supported (3D tensors) but got targets of "
+             "dimension: ",
+             target.dim());
+  META_CHECK(input.dim() == 4, op,
+             "only batches of spatial inputs supported (4D tensors), but got input of "
+             "dimension: ",
+             input.dim());
+  META_CHECK(target.scalar_type() == ScalarType::Long, op, "expected target of type Long, got ",
+             target.scalar_type());
+  META_CHECK(!(weight.has_value() && weight->defined()) || weight->numel() == input.size(1), op,
+             "weight tensor should be defined either for all or no classes");
+  META_CHECK(input.size(0) == target.size(0) && input.size(2) == target.size(1) &&
+                 input.size(3) == target.size(2),
+             op, "size mismatch (got input: ", input.sizes(), " , target: ", target.sizes());
+  META_CHECK(reduction >= 0 && reduction <= 2, op, "unknown reduction ", reduction);
+  Tensor total_weight = new_meta({}, {}, input.scalar_type());
+  if (reduction != 0) return {new_meta({}, {}, input.scalar_type()), total_weight};
+  return {new_meta({input.size(0), input.size(2), input.size(3)}, input.scalar_type()),
+          total_weight};
+}
+
+std::tuple<Tensor, Tensor> log_sigmoid_forward(const Tensor& self) {
+  check_floating("log_sigmoid", self);
+  return {new_meta(self.sizes(), self.scalar_type()), new_meta(self.sizes(), self.scalar_type())};
+}
+
+// CPU prelu: output in the input's suggested memory format; weight a scalar or one per channel.
+Tensor prelu(const Tensor& self, const Tensor& weight) {
+  const char* op = "prelu";
+  const int64_t n = weight.numel();
+  if (n != 1) {
+    META_CHECK(self.dim() > 0, op, "Not allow zero-dim input tensor.");
+    const int64_t channels = self.dim() > 1 ? self.size(1) : 1;
+    META_CHECK(channels == n, op,
+               "Mismatch of parameter numbers and input channel size. Found "
+               "parameter numbers = ",
+               n, " and channel size = ", channels, ".");
+  }
+  META_CHECK(weight.dim() <= 1, op,
+             "prelu: Expected `weight` to be a scalar or 1D tensor, but got ndim = ", weight.dim());
+  META_CHECK(self.scalar_type() == weight.scalar_type(), op, "expected weight of type ",
+             self.scalar_type(), ", got ", weight.scalar_type());
+  return new_meta(self.sizes(), self.scalar_type(), self.suggest_memory_format());
+}
+
 // ---- products ---------------------------------------------------------------------------------
 
 Tensor dot_impl(const char* op, const Tensor& self, const Tensor& other) {
@@ -687,6 +840,13 @@ const std::vector<KernelDef>& pointwise_index_kernels() {
       METALOAD_META_KERNEL("index_select", index_select),
       METALOAD_META_KERNEL("index_select.out", index_select_out),
       METALOAD_META_KERNEL("take", take),
+      METALOAD_META_KERNEL("_embedding_bag", embedding_bag),
+      METALOAD_META_KERNEL("_embedding_bag_forward_only", embedding_bag_forward_only),
+      METALOAD_META_KERNEL("randperm.generator_out", randperm_out),
+      METALOAD_META_KERNEL("binary_cross_entropy", binary_cross_entropy),
+      METALOAD_META_KERNEL("nll_loss2d_forward", nll_loss2d_forward),
+      METALOAD_META_KERNEL("log_sigmoid_forward", log_sigmoid_forward),
+      METALOAD_META_KERNEL("prelu", prelu),
       METALOAD_META_KERNEL("roll", roll),
       METALOAD_META_KERNEL("flip", flip),
       METALOAD_META_KERNEL("diag.out", diag_out),

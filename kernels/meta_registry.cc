@@ -359,9 +359,9 @@ Tensor view_of(const Tensor& base, IntArrayRef sizes, IntArrayRef strides, int64
   return Tensor(std::move(impl));
 }
 
-bool resize_out(const Tensor& out, IntArrayRef sizes, IntArrayRef strides) {
+bool resize_out(const Tensor& out, IntArrayRef sizes, IntArrayRef strides, bool warn) {
   if (out.sizes() == sizes) return false;
-  if (out.numel() != 0) {
+  if (warn && out.numel() != 0) {
     TORCH_WARN("An output with one or more elements was resized since it had shape ", out.sizes(),
                ", which does not match the required output shape ", sizes,
                ". This behavior is deprecated, and in a future PyTorch release outputs will not "

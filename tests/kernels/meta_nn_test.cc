@@ -351,6 +351,29 @@ TEST(MetaGroupNorm, RejectsWhatTheCpuKernelRejects) {
       "expected scalar type BFloat16 but found Float");
 }
 
+TEST(MetaWeightNorm, MatchesCpu) {
+  Gen g(32);
+  for (int rep = 0; rep < 6; ++rep) {
+    auto sizes = g.sizes(g.uniform(2, 4), 1, 5);
+    for (int64_t dim : {int64_t{0}, static_cast<int64_t>(sizes.size()) - 1}) {
+      std::vector<int64_t> gs(sizes.size(), 1);
+      gs[dim] = sizes[dim];
+      // Dense layouts only: the CPU kernel writes through g's strides (an expanded g overflows).
+      for (Layout l : {Layout::kContiguous, Layout::kChannelsLast, Layout::kPermuted}) {
+        for (auto dtype : {kFloat, kDouble, kBFloat16}) {
+          expect_meta_matches_cpu(
+              c10::str("_weight_norm_interface ", name(l), " dim ", dim, " ", dtype),
+              [&](const Inputs& x) { return flat(at::_weight_norm_interface(x[0], x[1], dim)); },
+              {g.make(sizes, dtype, l),
+               g.make(gs, dtype, g.uniform(0, 1) ? l : Layout::kContiguous)});
+        }
+      }
+    }
+  }
+  Tensor v = at::empty({2, 3, 4}, at::kMeta), gm = at::empty({1, 3, 1}, at::kMeta);
+  EXPECT_THROW(at::_weight_norm_interface(v, gm, 1), ShapeError);  // CPU: internal assert
+}
+
 // ---- fused transformer ops ------------------------------------------------------------------
 
 TEST(MetaTransformer, MultiHeadAttentionMatchesCpu) {

@@ -355,6 +355,132 @@ TEST(MetaIndex, TakeRollFlipDiagMatchCpu) {
       {g.make({3}, kFloat), at::zeros({2}, kInt)}, "Expected a long tensor for index");
 }
 
+TEST(MetaIndex, EmbeddingBagMatchesCpu) {
+  Gen g(112);
+  at::NoGradGuard no_grad;
+  for (int rep = 0; rep < 6; ++rep) {
+    const int64_t rows = g.uniform(1, 8), dim = g.uniform(1, 5), n = g.uniform(0, 8);
+    for (auto itype : {kLong, kInt}) {
+      for (auto wtype : {kFloat, kDouble}) {
+        for (Layout wl : {Layout::kContiguous, Layout::kTransposed}) {
+          for (int64_t mode : {0, 1, 2}) {
+            for (bool last : {false, true}) {
+              // Valid offsets: start at 0, non-decreasing, within the indices.
+              std::vector<int64_t> offs{0};
+              for (int64_t b = 1, k = g.uniform(0, 3); b <= k; ++b) {
+                offs.push_back(std::min<int64_t>(n, offs.back() + g.uniform(0, 3)));
+              }
+              if (last) offs.push_back(n);
+              Inputs in{g.make({rows, dim}, wtype, wl), at::randint(0, rows, {n}, itype),
+                        at::tensor(offs, at::TensorOptions().dtype(itype))};
+              const bool weighted = mode == 0 && g.uniform(0, 1);
+              if (weighted) in.push_back(g.make({n}, wtype));
+              auto psw = [](const Inputs& x) {
+                return x.size() > 3 ? c10::optional<Tensor>(x[3]) : c10::nullopt;
+              };
+              std::string what = c10::str("mode ", mode, " last ", last, " ", wtype, " ", name(wl),
+                                          " ", itype, " weighted ", weighted);
+              expect_meta_matches_cpu(
+                  "_embedding_bag " + what,
+                  [&](const Inputs& x) {
+                    return flat(
+                        at::_embedding_bag(x[0], x[1], x[2], false, mode, false, psw(x), last, -1));
+                  },
+                  in);
+              expect_meta_matches_cpu(
+                  "_embedding_bag_forward_only " + what,
+                  [&](const Inputs& x) {
+                    return flat(at::_embedding_bag_forward_only(x[0], x[1], x[2], false, mode,
+                                                                false, psw(x), last, -1));
+                  },
+                  in);
+            }
+          }
+        }
+      }
+    }
+  }
+  expect_both_fail(
+      "per_sample_weights with max",
+      [](const Inputs& x) {
+        return flat(at::_embedding_bag(x[0], x[1], x[2], false, 2, false, x[3], false, -1));
+      },
+      {g.make({5, 3}, kFloat), at::zeros({4}, kLong), at::zeros({2}, kLong), g.make({4}, kFloat)},
+      "per_sample_weights only supported with mode='sum'");
+  expect_both_fail(
+      "float indices",
+      [](const Inputs& x) {
+        return flat(at::_embedding_bag(x[0], x[1], x[2], false, 0, false, {}, false, -1));
+      },
+      {g.make({5, 3}, kFloat), at::zeros({4}, kFloat), at::zeros({2}, kLong)},
+      "to have one of the following scalar types: Long, Int");
+}
+
+TEST(MetaPointwise, RandpermLossesPreluLogSigmoidMatchCpu) {
+  Gen g(113);
+  for (int rep = 0; rep < 6; ++rep) {
+    const int64_t n = g.uniform(0, 20);
+    for (auto dtype : {kLong, kInt, kFloat, kDouble}) {
+      for (const Tensor& out : {at::empty({0}, dtype), at::empty({3, 3}, dtype)}) {
+        expect_meta_matches_cpu(c10::str("randperm ", n, " into ", describe(out)),
+                                [&](const Inputs& x) {
+                                  Tensor o = x[0];
+                                  return flat(at::randperm_out(o, n));
+                                },
+                                {out});
+      }
+    }
+    auto sizes = g.sizes(g.uniform(1, 4), 1, 4);
+    for (Layout l : all_layouts()) {
+      Tensor x = g.make(sizes, kFloat, l);
+      for (int64_t reduction : {0, 1, 2}) {
+        expect_meta_matches_cpu(
+            c10::str("binary_cross_entropy ", name(l), " reduction ", reduction),
+            [&](const Inputs& v) {
+              return flat(at::binary_cross_entropy(v[0], v[1], v[2], reduction));
+            },
+            {x, g.make(sizes, kFloat, any_layout(g)),
+             g.uniform(0, 1) ? g.make({sizes.back()}, kFloat) : Tensor()});
+      }
+      expect_meta_matches_cpu(c10::str("log_sigmoid_forward ", name(l)),
+                              [](const Inputs& v) { return flat(at::log_sigmoid_forward(v[0])); },
+                              {x});
+      expect_meta_matches_cpu(c10::str("prelu shared ", name(l)),
+                              [](const Inputs& v) { return flat(at::prelu(v[0], v[1])); },
+                              {x, g.make({1}, kFloat)});
+      expect_meta_matches_cpu(c10::str("prelu per channel ", name(l)),
+                              [](const Inputs& v) { return flat(at::prelu(v[0], v[1])); },
+                              {x, g.make({sizes.size() > 1 ? sizes[1] : 1}, kFloat)});
+    }
+    const int64_t b = g.uniform(1, 3), c = g.uniform(1, 4), h = g.uniform(1, 4),
+                  w = g.uniform(1, 4);
+    for (int64_t reduction : {0, 1, 2}) {
+      expect_meta_matches_cpu(
+          c10::str("nll_loss2d_forward reduction ", reduction),
+          [&](const Inputs& v) {
+            return flat(at::nll_loss2d_forward(v[0], v[1], v[2], reduction, -100));
+          },
+          {g.make({b, c, h, w}, kFloat, any_layout(g)), at::randint(0, c, {b, h, w}, kLong),
+           g.uniform(0, 1) ? g.make({c}, kFloat) : Tensor()});
+    }
+  }
+  expect_both_fail(
+      "prelu channels", [](const Inputs& v) { return flat(at::prelu(v[0], v[1])); },
+      {g.make({2, 3, 4}, kFloat), g.make({4}, kFloat)},
+      "Mismatch of parameter numbers and input channel size");
+  expect_both_fail(
+      "nll_loss2d sizes",
+      [](const Inputs& v) { return flat(at::nll_loss2d_forward(v[0], v[1], {}, 1, -100)); },
+      {g.make({2, 3, 4, 4}, kFloat), at::zeros({2, 4, 5}, kLong)}, "size mismatch");
+  expect_both_fail(
+      "randperm negative",
+      [](const Inputs& x) {
+        Tensor o = x[0];
+        return flat(at::randperm_out(o, -1));
+      },
+      {at::empty({0}, kLong)}, "n must be non-negative");
+}
+
 // ---- products -------------------------------------------------------------------------------
 
 TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {

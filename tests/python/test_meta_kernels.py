@@ -425,6 +425,14 @@ def blocks_worker():
             x = self.layer(x, src_key_padding_mask=attention_mask.logical_not())
             return torch.tanh(self.pool(x[:, 0]))
 
+    class Losses(nn.Module):
+        """Segmentation-style NLL (nll_loss2d) and BCE, summed to one value."""
+
+        def forward(self, scores, target):
+            nll = F.nll_loss(F.log_softmax(scores, 1), target)
+            bce = F.binary_cross_entropy(scores.sigmoid(), torch.ones_like(scores))
+            return nll + bce
+
     ids = torch.randint(1, 50, (2, 12))
     am = torch.ones(2, 12, dtype=torch.long)
     am[1, 8:] = 0
@@ -442,6 +450,11 @@ def blocks_worker():
                     (seq.transpose(0, 1),)),
         "multihead_attention": (lambda: nn.MultiheadAttention(32, 4, batch_first=True),
                                 (seq, seq, seq)),
+        # Smaller pieces other models are made of.
+        "embedding_bag": (lambda: nn.EmbeddingBag(50, 8, mode="mean"), (ids,)),
+        "weight_norm_prelu_logsigmoid": (lambda: nn.Sequential(
+            nn.utils.weight_norm(nn.Linear(32, 16)), nn.PReLU(12), nn.LogSigmoid()), (seq,)),
+        "losses": (Losses, (torch.rand(2, 3, 5, 5), torch.randint(0, 3, (2, 5, 5)))),
     }
     result = {"passed": [], "failed": {}}
     for name, (make, args) in cases.items():
