@@ -27,6 +27,13 @@ constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
 
 thread_local c10::optional<c10::Device> t_mode_device;
 
+// "cuda" means the current cuda device in a real run: the mode's cuda device, else cuda:0.
+c10::Device normalize(c10::Device d) {
+  if (!d.is_cuda() || d.has_index()) return d;
+  if (t_mode_device && t_mode_device->is_cuda()) return *t_mode_device;
+  return c10::Device(c10::kCUDA, 0);
+}
+
 // ---- per-operator facts
 // ----------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   if (info.device >= 0) {
     auto& dev = s[base + info.device];
     if (dev.isDevice()) {
-      target = dev.toDevice();
+      target = normalize(dev.toDevice());
     } else if (!inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();
@@ -286,7 +293,7 @@ FakeMode::FakeMode(c10::Device device)
       saved_device_(t_mode_device) {
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), "FakeMode claims a cpu or cuda device, not ",
               device);
-  t_mode_device = device;
+  t_mode_device = normalize(device);
   c10::impl::tls_set_dispatch_key_included(kFakeKey, true);
   c10::impl::tls_set_dispatch_key_excluded(kFakeKey, false);
 }

@@ -25,6 +25,13 @@ _FACTORIES = {
 }
 
 
+# Tensor methods that make new tensors on self's device (or a given one).
+_NEW_METHODS = {
+    torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
+    torch.Tensor.new_tensor, torch.Tensor.new_empty_strided,
+}
+
+
 def _mode_device():
     stack = getattr(_state, "devices", None)
     return stack[-1] if stack else None
@@ -47,6 +54,14 @@ class _FakeFunctionMode(TorchFunctionMode):
                 if _needs_cuda_detour(kwargs.get("device")):
                     target = torch.device(kwargs["device"])
                     kwargs["device"] = "cpu"
+            elif func in _NEW_METHODS:
+                device = kwargs.get("device")
+                device = args[0].device if device is None else torch.device(device)
+                if _needs_cuda_detour(device):
+                    # Same call on a cpu tensor of the same dtype, then moved in C++.
+                    target = device
+                    kwargs.pop("device", None)
+                    args = (torch.empty(0, dtype=args[0].dtype, device="cpu"), *args[1:])
             elif func is torch.Tensor.to:
                 args, kwargs, target = _detour_to(args, kwargs)
             elif func is torch.Tensor.cuda:
@@ -133,6 +148,9 @@ def scan(model, *inputs, device="cpu", **kwargs):
     under metaload.meta())."""
     shapes = {}
     hooks = []
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
 
     def record(path):
         def hook(module, args, output):

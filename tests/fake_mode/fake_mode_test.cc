@@ -42,6 +42,9 @@ TEST(FakeMode, FactoriesLandOnTheModeDeviceOrTheExplicitOne) {
   at::Tensor c = torch::arange(10);
   at::Tensor d = torch::empty_like(a);
   at::Tensor e = torch::ones({2}, torch::TensorOptions().device(kCuda1));
+  // "cuda" without an index is the current cuda device, as in a real run.
+  EXPECT_EQ(torch::ones({2}, torch::TensorOptions().device(torch::kCUDA)).device(), kCuda0);
+  EXPECT_EQ(a.to(torch::kCUDA).device(), kCuda0);
   for (const auto& t : {a, b, c, d, e}) EXPECT_TRUE(is_fake(t));
   EXPECT_EQ(a.device(), kCuda0);
   EXPECT_EQ(b.device(), c10::Device(c10::kCPU));
