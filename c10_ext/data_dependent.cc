@@ -3,6 +3,7 @@
 // message. Ours raise DataDependentError naming the op and saying how to get real values. They
 // are registered when the library loads, only for ops that have no Meta kernel yet.
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -110,6 +111,51 @@ void repeat_interleave_int_meta(const c10::OperatorHandle& op, torch::jit::Stack
   stack->emplace_back(std::move(out));
 }
 
+// _to_copy and copy_ on meta: libtorch's composite kernels serve meta -> meta, and fail with a
+// generic "Cannot copy out of meta tensor" when a meta tensor's values are copied to a real device
+// (printing one, .cpu() outside MetaMode). These kernels keep meta -> meta exactly as libtorch
+// does it and make the other direction a DataDependentError naming the op.
+at::Tensor to_copy_meta(const at::Tensor& self, c10::optional<at::ScalarType> dtype,
+                        c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                        c10::optional<bool> pin_memory, bool non_blocking,
+                        c10::optional<at::MemoryFormat> memory_format) {
+  const at::Device target = device.value_or(self.device());
+  if (!target.is_meta()) {
+    throw DataDependentError(
+        "aten::_to_copy copies the values of a meta tensor (" +
+        std::string(c10::toString(self.scalar_type())) + " " + c10::str(self.sizes()) + ") to " +
+        target.str() +
+        ", but it has none: it is a meta or fake tensor, which holds shapes only. "
+        "Create the tensors whose values you need under metaload::RealGuard (Python: `with "
+        "metaload.real():`) and outside FakeMode.");
+  }
+  TORCH_CHECK(layout.value_or(at::kStrided) == at::kStrided, "meta _to_copy supports strided only");
+  const auto options = self.options().dtype(dtype.value_or(self.scalar_type())).device(target);
+  const auto mf = memory_format.value_or(at::MemoryFormat::Preserve);
+  if (mf == at::MemoryFormat::Preserve && self.is_non_overlapping_and_dense()) {
+    return at::empty_strided(self.sizes(), self.strides(), options);
+  }
+  return at::empty(self.sizes(), options,
+                   mf == at::MemoryFormat::Preserve ? self.suggest_memory_format() : mf);
+}
+
+at::Tensor& copy_meta(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (!self.is_meta()) {
+    throw DataDependentError(
+        "aten::copy_ copies the values of a meta tensor (" +
+        std::string(c10::toString(src.scalar_type())) + " " + c10::str(src.sizes()) +
+        ") into a tensor on " + self.device().str() +
+        ", but it has none: it is a meta or fake "
+        "tensor, which holds shapes only. Create the tensors whose values you need under "
+        "metaload::RealGuard (Python: `with metaload.real():`) and outside FakeMode.");
+  }
+  // Into a meta tensor: nothing to copy; the shapes must broadcast as a real copy requires.
+  const auto shape = at::infer_size(self.sizes(), src.sizes());
+  TORCH_CHECK(at::IntArrayRef(shape) == self.sizes(), "output with shape ", self.sizes(),
+              " doesn't match the broadcast shape ", shape);
+  return self;
+}
+
 const char* const kDataDependentOps[] = {
     "_local_scalar_dense",
     "nonzero",
@@ -144,6 +190,8 @@ void register_data_dependent_kernels() {
           lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&throw_data_dependent>());
         }
       }
+      if (!has_meta_kernel("_to_copy")) lib->impl("_to_copy", TORCH_FN(to_copy_meta));
+      if (!has_meta_kernel("copy_")) lib->impl("copy_", TORCH_FN(copy_meta));
       if (!has_meta_kernel("equal")) {
         lib->impl("equal", torch::CppFunction::makeFromBoxedFunction<&equal_meta>());
       }

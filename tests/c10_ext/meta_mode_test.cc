@@ -226,9 +226,32 @@ TEST(MetaMode, DataDependentReadsRaiseATypedErrorNamingTheOp) {
 }
 
 TEST(MetaMode, PrintingAForcedTensorIsAnErrorNotACrash) {
-  MetaMode mode;
+  at::Tensor forced;
+  {
+    MetaMode mode;
+    forced = torch::zeros({2, 2});
+    std::ostringstream out;
+    // Inside the mode even the copy to cpu that printing makes lands on meta; libtorch then finds
+    // no data (its own error: the data pointer is read without the dispatcher).
+    EXPECT_THROW(out << forced, c10::Error);
+  }
+  // Outside it, reading the values is a typed error naming the op.
   std::ostringstream out;
-  EXPECT_ANY_THROW(out << torch::zeros({2, 2}));
+  try {
+    out << forced;
+    ADD_FAILURE() << "printed a meta tensor";
+  } catch (const DataDependentError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::_to_copy"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(forced.cpu(), DataDependentError);
+  at::Tensor real = torch::ones({2, 2});
+  EXPECT_THROW(real.copy_(forced), DataDependentError);
+  // Meta to meta keeps working, with libtorch's layout rules.
+  at::Tensor cl = at::empty({2, 3, 4, 5}, at::TensorOptions().device(at::kMeta))
+                      .contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_EQ(cl.to(at::kHalf).strides(), cl.strides());
+  EXPECT_EQ(forced.to(at::kDouble).scalar_type(), at::kDouble);
+  EXPECT_THROW(forced.copy_(at::empty({3}, at::TensorOptions().device(at::kMeta))), c10::Error);
 }
 
 TEST(MetaMode, CountsForcedTensorsAndTheBytesNotAllocated) {
