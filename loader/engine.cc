@@ -596,7 +596,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
   limits.direct_bytes = opt.chunk_bytes;
   limits.staged_bytes = std::min<uint64_t>(opt.chunk_bytes, opt.staging_bytes / threads);
   limits.merge_gap = opt.merge_gap;
-  limits.direct_row_min = 256u << 10;
+  limits.direct_row_min = opt.direct_row_min;
   const std::vector<Piece> pieces = plan_pieces(jobs, files.plan_files(), limits);
   const uint64_t staging_size = max_staged_length(pieces);
 

@@ -100,16 +100,21 @@ struct EngineOptions {
   // Holes between needed byte ranges up to this size are read through instead of skipped (one
   // read beats many small ones); strided slices whose row gaps are larger are read row by row.
   uint64_t merge_gap = 64ull << 10;
-  int ring_buffers =
-      4;            // staged engine: pinned buffers in the ring (staging_bytes / ring_buffers each)
-  int streams = 2;  // staged engine: copy streams (at least 2 so copies overlap)
+  // CPU engine: rows of a strided slice (no conversion) at least this long are read one by one
+  // straight into the slot; shorter ones are gathered through staging (bench/load measures both).
+  uint64_t direct_row_min = 256ull << 10;
+  // Staged engine: pinned buffers in the ring (staging_bytes / ring_buffers bytes each), and copy
+  // streams (at least 2 so copies overlap).
+  int ring_buffers = 4;
+  int streams = 2;
   // CPU engine: fault slot pages in with MADV_POPULATE_WRITE just before a read fills them
   // (measured faster than faulting inside the read; see slots.h).
   bool prefault = true;
-  std::function<void(const Progress&)>
-      progress;                               // called on the calling thread, ~10 times a second
-  ProgressBar bar = ProgressBar::kAuto;       // kAuto: a bar on stderr when it is a terminal
-  const std::atomic<bool>* cancel = nullptr;  // set it (any thread) to stop the load
+  // Called on the calling thread, about 10 times a second and once at the end.
+  std::function<void(const Progress&)> progress;
+  ProgressBar bar = ProgressBar::kAuto;  // kAuto: a bar on stderr when it is a terminal
+  // Set it (from any thread) to stop the load.
+  const std::atomic<bool>* cancel = nullptr;
   EngineHooks hooks;
 };
 

@@ -1,0 +1,526 @@
+// bench/load: metaload's CPU (and, where a GPU exists, CUDA) load of a >= 2 GB checkpoint in
+// several safetensors shards, warm page cache, as ratios to anchors measured in the same run:
+//   (a) a plain multi-threaded pread of the same files into one pre-touched buffer (the machine's
+//       limit for reading; target ratio >= 0.85),
+//   (b) torch::load (C++) and Python's torch.load of the same weights from .pt files (target: 3x
+//       faster),
+//   peak RSS of the load (target <= model size + 256 MB), and on a GPU the pinned host-to-device
+//   bandwidth (target >= 0.85).
+// Every measured load runs in a fresh child process (re-exec of this binary), so each one pays for
+// its own page faults as a real load does and reports its own peak RSS.
+//
+// Usage: load [--dir D] [--layers N] [--hidden H] [--repeat R] [--threads T] [--keep] [--gpu-only]
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loader/engine.h"
+#include "loader/engine_device.h"
+#include "loader/slots.h"
+#include "loader/slots_torch.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using metaload::SlotSpec;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+long max_rss_kb() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+struct Options {
+  std::string dir = "/tmp/metaload_bench_load";
+  int layers = 5;
+  int hidden = 4096;
+  int repeat = 3;
+  int threads = 0;
+  bool keep = false;
+  bool gpu_only = false;
+  std::string child;
+  std::string self;
+};
+
+// --- the checkpoint: a Llama-shaped bf16 model in 4 safetensors shards ------------------------
+
+struct TensorDef {
+  std::string name;
+  std::vector<int64_t> shape;
+  int tp_dim;  // -1 replicated, 0 column-parallel, 1 row-parallel
+};
+
+std::vector<TensorDef> model_tensors(int layers, int hidden) {
+  const int64_t h = hidden, inter = hidden * 11008 / 4096, vocab = 32000;
+  std::vector<TensorDef> t = {{"model.embed_tokens.weight", {vocab, h}, 0}};
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {h}, -1});
+    for (const char* n : {"q_proj", "k_proj", "v_proj"})
+      t.push_back({p + "self_attn." + n + ".weight", {h, h}, 0});
+    t.push_back({p + "self_attn.o_proj.weight", {h, h}, 1});
+    t.push_back({p + "post_attention_layernorm.weight", {h}, -1});
+    t.push_back({p + "mlp.gate_proj.weight", {inter, h}, 0});
+    t.push_back({p + "mlp.up_proj.weight", {inter, h}, 0});
+    t.push_back({p + "mlp.down_proj.weight", {h, inter}, 1});
+  }
+  t.push_back({"model.norm.weight", {h}, -1});
+  return t;
+}
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// Finite bf16 values of both signs (random bits would be ~0.4% NaN).
+void fill_bf16(uint16_t* p, size_t n, uint64_t& state) {
+  for (size_t i = 0; i < n; ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const uint16_t r = static_cast<uint16_t>(state);
+    p[i] = static_cast<uint16_t>((r & 0x807F) | ((0x3C + ((r >> 7) & 7)) << 7));
+  }
+}
+
+struct Layout {
+  std::vector<std::string> files;
+  std::vector<SlotSpec> specs;  // stored as bf16
+  std::vector<int> tp_dims;
+  uint64_t bytes = 0;
+  uint64_t file_bytes = 0;
+};
+
+// Reads back the shards' headers (the format layer is the checkpoint component's; this is the
+// bench's own minimal reader).
+Layout read_layout(const std::string& dir, const std::vector<TensorDef>& defs) {
+  Layout lay;
+  std::map<std::string, int> tp;
+  for (const TensorDef& d : defs) tp[d.name] = d.tp_dim;
+  for (int s = 0;; ++s) {
+    const std::string path = dir + "/model-0000" + std::to_string(s + 1) + ".safetensors";
+    if (!fs::exists(path)) break;
+    std::ifstream f(path, std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string hdr(n, ' ');
+    f.read(hdr.data(), static_cast<std::streamsize>(n));
+    const json j = json::parse(hdr);
+    lay.files.push_back(path);
+    lay.file_bytes += fs::file_size(path);
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      SlotSpec sp;
+      sp.name = it.key();
+      sp.file = lay.files.size() - 1;
+      sp.data_offset = 8 + n + it.value()["data_offsets"][0].get<uint64_t>();
+      sp.stored_shape = it.value()["shape"].get<std::vector<int64_t>>();
+      sp.stored_dtype = at::kBFloat16;
+      sp.dtype = at::kBFloat16;
+      lay.bytes += numel(sp.stored_shape) * 2;
+      lay.specs.push_back(sp);
+      lay.tp_dims.push_back(tp.count(sp.name) ? tp[sp.name] : -1);
+    }
+  }
+  return lay;
+}
+
+void write_checkpoint(const Options& o, const std::vector<TensorDef>& defs) {
+  fs::create_directories(o.dir);
+  uint64_t total = 0;
+  for (const TensorDef& d : defs) total += numel(d.shape) * 2;
+  const int shards = 4;
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  std::vector<at::Tensor> all;  // for the .pt files
+  c10::Dict<std::string, at::Tensor> dict;
+  size_t next = 0;
+  for (int s = 0; s < shards && next < defs.size(); ++s) {
+    // Tensors go to shards in order until each holds ~total/shards bytes.
+    std::vector<const TensorDef*> mine;
+    uint64_t bytes = 0;
+    while (next < defs.size() && (bytes < total / shards || s == shards - 1)) {
+      mine.push_back(&defs[next]);
+      bytes += numel(defs[next].shape) * 2;
+      ++next;
+    }
+    json hdr = json::object();
+    uint64_t off = 0;
+    for (const TensorDef* d : mine) {
+      const uint64_t b = numel(d->shape) * 2;
+      hdr[d->name] = {{"dtype", "BF16"}, {"shape", d->shape}, {"data_offsets", {off, off + b}}};
+      off += b;
+    }
+    std::string h = hdr.dump();
+    while ((h.size() + 8) % 8) h += ' ';
+    const std::string path = o.dir + "/model-0000" + std::to_string(s + 1) + ".safetensors";
+    std::ofstream f(path, std::ios::binary);
+    const uint64_t n = h.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(h.data(), static_cast<std::streamsize>(n));
+    for (const TensorDef* d : mine) {
+      at::Tensor t = at::empty(d->shape, at::kBFloat16);
+      fill_bf16(static_cast<uint16_t*>(t.data_ptr()), t.numel(), state);
+      f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+      all.push_back(t);
+      dict.insert(d->name, t);
+    }
+  }
+  torch::save(all, o.dir + "/model_cpp.pt");
+  const std::vector<char> pickled = torch::pickle_save(c10::IValue(dict));
+  std::ofstream(o.dir + "/model.pt", std::ios::binary)
+      .write(pickled.data(), static_cast<std::streamsize>(pickled.size()));
+}
+
+void warm(const std::vector<std::string>& files) {
+  std::vector<char> buf(16 << 20);
+  for (const std::string& p : files) {
+    const int fd = open(p.c_str(), O_RDONLY);
+    while (read(fd, buf.data(), buf.size()) > 0) {
+    }
+    close(fd);
+  }
+}
+
+// --- children: each measures one load in a fresh process ----------------------------------------
+
+struct Result {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  long rss_kb = 0;
+  long base_rss_kb = 0;
+};
+
+void print_result(double secs, uint64_t bytes, long base_rss) {
+  std::printf("RESULT %.6f %llu %ld %ld\n", secs, static_cast<unsigned long long>(bytes),
+              max_rss_kb(), base_rss);
+  std::fflush(stdout);
+}
+
+void pread_all(const Layout& lay, unsigned char* buf, int threads) {
+  struct Job {
+    int fd;
+    uint64_t off, len;
+    unsigned char* dst;
+  };
+  std::vector<Job> jobs;
+  uint64_t at = 0;
+  std::vector<int> fds;
+  const uint64_t chunk = 16 << 20;
+  for (const std::string& p : lay.files) {
+    const int fd = open(p.c_str(), O_RDONLY);
+    fds.push_back(fd);
+    const uint64_t size = fs::file_size(p);
+    for (uint64_t o = 0; o < size; o += chunk)
+      jobs.push_back({fd, o, std::min(chunk, size - o), buf + at + o});
+    at += size;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < jobs.size();) {
+        uint64_t got = 0;
+        while (got < jobs[i].len) {
+          const ssize_t r =
+              pread(jobs[i].fd, jobs[i].dst + got, jobs[i].len - got, jobs[i].off + got);
+          if (r <= 0) std::abort();
+          got += r;
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  for (int fd : fds) close(fd);
+}
+
+int run_child(const Options& o, const Layout& lay) {
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const long base = max_rss_kb();
+  metaload::EngineOptions eo;
+  eo.threads = o.threads;
+  eo.bar = metaload::ProgressBar::kOff;
+  if (o.child == "pread_touched") {
+    auto arena = metaload::HostArena::create(lay.file_bytes);
+    std::memset(arena->data(), 0, lay.file_bytes);  // pre-touched: faults paid before the clock
+    const double t0 = now();
+    pread_all(lay, arena->data(), threads);
+    print_result(now() - t0, lay.file_bytes, base);
+  } else if (o.child == "pread_fresh") {
+    // What a naive loader gets: fresh malloc'd memory, a 4 KiB page fault per page.
+    const double t0 = now();
+    auto* buf = static_cast<unsigned char*>(std::malloc(lay.file_bytes));
+    pread_all(lay, buf, threads);
+    print_result(now() - t0, lay.file_bytes, base);
+    std::free(buf);
+  } else if (o.child == "metaload" || o.child == "metaload_f32" || o.child == "metaload_tp2" ||
+             o.child == "metaload_tp2_rows" || o.child == "metaload_cuda") {
+    std::vector<SlotSpec> specs = lay.specs;
+    if (o.child == "metaload_f32") {
+      for (SlotSpec& s : specs) s.dtype = at::kFloat;
+    }
+    if (o.child.rfind("metaload_tp2", 0) == 0) {
+      for (size_t i = 0; i < specs.size(); ++i) specs[i].slice = {lay.tp_dims[i], 0, 2};
+      // Row-parallel rows one pread each instead of gathered through staging.
+      if (o.child == "metaload_tp2_rows") {
+        eo.merge_gap = 0;
+        eo.direct_row_min = 1;
+      }
+    }
+    at::Device dev = o.child == "metaload_cuda" ? at::Device("cuda:0") : at::Device(at::kCPU);
+    const double t0 = now();
+    metaload::SlotLoad l = metaload::load_slots(lay.files, specs, dev, eo);
+    const double secs = now() - t0;
+    print_result(secs, l.report.bytes, base);
+    std::fprintf(stderr, "  [%s] engine %s, %llu reads, %.0f MB direct, peak staging %.0f MB\n",
+                 o.child.c_str(), l.report.engine.c_str(),
+                 static_cast<unsigned long long>(l.report.reads), l.report.direct_bytes / 1e6,
+                 l.report.peak_staging_bytes / 1e6);
+  } else if (o.child == "torch_load_cpp") {
+    std::vector<at::Tensor> v;
+    const double t0 = now();
+    torch::load(v, o.dir + "/model_cpp.pt");
+    print_result(now() - t0, lay.bytes, base);
+  } else if (o.child == "pinned_h2d") {
+    auto dev = metaload::make_cuda_device_ops(0);
+    const size_t n = 256 << 20;
+    void* h = dev->alloc_pinned(n);
+    void* d = dev->alloc_device(n);
+    std::memset(h, 1, n);
+    auto s1 = dev->create_stream(), s2 = dev->create_stream();
+    dev->copy_to_device_2d(d, n, h, n, n, 1, s1);  // warm-up
+    dev->synchronize(s1);
+    const int reps = 8;
+    const double t0 = now();
+    for (int r = 0; r < reps; ++r) {
+      dev->copy_to_device_2d(d, n, h, n, n / 2, 1, s1);
+      dev->copy_to_device_2d(static_cast<char*>(d) + n / 2, n, static_cast<char*>(h) + n / 2, n,
+                             n / 2, 1, s2);
+    }
+    dev->synchronize(s1);
+    dev->synchronize(s2);
+    print_result(now() - t0, static_cast<uint64_t>(n) * reps, base);
+  } else {
+    std::fprintf(stderr, "unknown child mode %s\n", o.child.c_str());
+    return 2;
+  }
+  return 0;
+}
+
+// --- parent -----------------------------------------------------------------------------------
+
+bool parse_result(const std::string& out, Result* r) {
+  const size_t p = out.find("RESULT ");
+  if (p == std::string::npos) return false;
+  unsigned long long bytes = 0;
+  if (std::sscanf(out.c_str() + p, "RESULT %lf %llu %ld %ld", &r->seconds, &bytes, &r->rss_kb,
+                  &r->base_rss_kb) != 4) {
+    return false;
+  }
+  r->bytes = bytes;
+  return true;
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// Median of `repeat` fresh-process runs.
+bool measure(const Options& o, const std::string& mode, Result* med) {
+  std::vector<Result> rs;
+  for (int i = 0; i < o.repeat; ++i) {
+    std::string cmd;
+    if (mode == "torch_load_py") {
+      cmd =
+          "/usr/bin/python3 -c \"import time, resource, torch\n"
+          "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+          "t = time.perf_counter(); sd = torch.load('" +
+          o.dir +
+          "/model.pt')\n"
+          "el = time.perf_counter() - t\n"
+          "n = sum(v.numel() * v.element_size() for v in sd.values())\n"
+          "print('RESULT %.6f %d %d %d' % (el, n, "
+          "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, base))\"";
+    } else {
+      cmd = o.self + " --child " + mode + " --dir " + o.dir + " --layers " +
+            std::to_string(o.layers) + " --hidden " + std::to_string(o.hidden) + " --threads " +
+            std::to_string(o.threads);
+    }
+    Result r;
+    const std::string out = run_capture(cmd + " 2>&1");
+    if (!parse_result(out, &r)) {
+      std::fprintf(stderr, "%s failed:\n%s\n", mode.c_str(), out.c_str());
+      return false;
+    }
+    if (i == 0) {
+      const size_t nl = out.find("  [");
+      if (nl != std::string::npos)
+        std::fputs(out.substr(nl, out.find('\n', nl) - nl + 1).c_str(), stderr);
+    }
+    rs.push_back(r);
+  }
+  std::sort(rs.begin(), rs.end(),
+            [](const Result& a, const Result& b) { return a.seconds < b.seconds; });
+  *med = rs[rs.size() / 2];
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  o.self = fs::canonical("/proc/self/exe").string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--dir")
+      o.dir = val();
+    else if (a == "--layers")
+      o.layers = std::stoi(val());
+    else if (a == "--hidden")
+      o.hidden = std::stoi(val());
+    else if (a == "--repeat")
+      o.repeat = std::stoi(val());
+    else if (a == "--threads")
+      o.threads = std::stoi(val());
+    else if (a == "--keep")
+      o.keep = true;
+    else if (a == "--gpu-only")
+      o.gpu_only = true;
+    else if (a == "--child")
+      o.child = val();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--dir D] [--layers N] [--hidden H] [--repeat R] [--threads T] "
+                   "[--keep] [--gpu-only]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const std::vector<TensorDef> defs = model_tensors(o.layers, o.hidden);
+  if (!o.child.empty()) return run_child(o, read_layout(o.dir, defs));
+
+  const double tg = now();
+  bool fresh = false;
+  if (!fs::exists(o.dir + "/model.pt")) {
+    write_checkpoint(o, defs);
+    fresh = true;
+  }
+  Layout lay = read_layout(o.dir, defs);
+  std::vector<std::string> all = lay.files;
+  all.push_back(o.dir + "/model.pt");
+  all.push_back(o.dir + "/model_cpp.pt");
+  warm(all);
+  warm(all);
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  std::printf(
+      "bench/load: %.2f GB of bf16 weights in %zu safetensors shards, warm page cache, %d "
+      "threads (%s %.0f s)\n\n",
+      lay.bytes / 1e9, lay.files.size(), threads, fresh ? "written in" : "reused, warmed in",
+      now() - tg);
+
+  const bool gpu = metaload::cuda_device_available();
+  struct Row {
+    std::string name, mode, anchor, target;
+    double want;   // target ratio, 0 = none
+    bool speedup;  // ratio is anchor time / this time
+  };
+  std::vector<Row> rows;
+  if (!o.gpu_only) {
+    rows = {
+        {"pread into one pre-touched buffer (anchor a)", "pread_touched", "", "", 0, false},
+        {"pread into fresh malloc memory (naive)", "pread_fresh", "a", "", 0, false},
+        {"metaload CPU load, bf16 as stored", "metaload", "a", ">= 0.85", 0.85, false},
+        {"metaload CPU load, bf16 -> f32", "metaload_f32", "a", "", 0, false},
+        {"metaload CPU load, TP rank 0/2, rows gathered", "metaload_tp2", "a", "", 0, false},
+        {"metaload CPU load, TP rank 0/2, row by row", "metaload_tp2_rows", "a", "", 0, false},
+        {"torch::load of model_cpp.pt (anchor b1)", "torch_load_cpp", "", "", 0, false},
+        {"python torch.load of model.pt (anchor b2)", "torch_load_py", "", "", 0, false},
+    };
+  }
+  if (gpu) {
+    rows.push_back({"pinned host->device copy (anchor c)", "pinned_h2d", "", "", 0, false});
+    rows.push_back(
+        {"metaload CUDA load, bf16 as stored", "metaload_cuda", "c", ">= 0.85", 0.85, false});
+  }
+  std::map<std::string, Result> res;
+  std::printf("| case | s | GB/s | vs anchor | target | peak RSS MB (over model) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  bool ok = true;
+  for (const Row& r : rows) {
+    Result m;
+    if (!measure(o, r.mode, &m)) {
+      ok = false;
+      continue;
+    }
+    res[r.mode] = m;
+    const double gbs = m.bytes / m.seconds / 1e9;
+    std::string vs = "1.00 (anchor)";
+    if (!r.anchor.empty()) {
+      const std::string am = r.anchor == "a" ? "pread_touched" : "pinned_h2d";
+      if (res.count(am)) {
+        const Result& a = res[am];
+        const double ratio = gbs / (a.bytes / a.seconds / 1e9);
+        char b[64];
+        std::snprintf(b, sizeof b, "%.2f x %s%s", ratio, r.anchor.c_str(),
+                      r.want > 0 ? (ratio >= r.want ? " ok" : " MISSED") : "");
+        vs = b;
+      }
+    }
+    std::printf("| %s | %.3f | %.2f | %s | %s | %.0f (%+.0f) |\n", r.name.c_str(), m.seconds, gbs,
+                vs.c_str(), r.target.c_str(), m.rss_kb / 1e3, (m.rss_kb * 1e3 - lay.bytes) / 1e6);
+    std::fflush(stdout);
+  }
+  if (res.count("metaload")) {
+    const Result& m = res["metaload"];
+    std::printf("\n");
+    for (const char* a : {"torch_load_cpp", "torch_load_py"}) {
+      if (!res.count(a)) continue;
+      const double x = res[a].seconds / m.seconds;
+      std::printf("metaload CPU load vs %s: %.1fx faster (target >= 3x: %s)\n", a, x,
+                  x >= 3 ? "ok" : "MISSED");
+    }
+    const double over = (m.rss_kb * 1e3 - static_cast<double>(lay.bytes)) / 1e6;
+    std::printf(
+        "metaload CPU load peak RSS: %.0f MB = model %.0f MB %+.0f MB (target <= +256 MB: %s)\n",
+        m.rss_kb / 1e3, lay.bytes / 1e6, over, over <= 256 ? "ok" : "MISSED");
+  }
+  if (!o.keep) fs::remove_all(o.dir);
+  return ok ? 0 : 1;
+}
