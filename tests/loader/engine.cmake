@@ -1,3 +1,8 @@
 # Engine, slots, TP and swap tests. Included from tests/loader/CMakeLists.txt.
 metaload_test(loader_engine_test SOURCES engine_test.cc)
 metaload_test(loader_engine_swap_test SOURCES engine_swap_test.cc)
+# The swap from Python (tests/python/test_engine_swap.py).
+add_test(NAME python_engine_swap
+  COMMAND /usr/bin/python3 -m pytest ${PROJECT_SOURCE_DIR}/tests/python/test_engine_swap.py -q -p no:cacheprovider)
+set_tests_properties(python_engine_swap PROPERTIES ENVIRONMENT
+  "METALOAD_LIB=$<TARGET_FILE:metaload>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python")

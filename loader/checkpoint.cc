@@ -1,0 +1,363 @@
+#include "loader/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "loader/file_io.h"
+#include "loader/hf_cache.h"
+#include "loader/json_util.h"
+
+namespace metaload {
+namespace {
+
+constexpr uint64_t kMaxIndexSize = 256ull << 20;
+constexpr uint64_t kMaxConfigSize = 64ull << 20;
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string real_path(const std::string& p) {
+  char* r = ::realpath(p.c_str(), nullptr);
+  if (!r) return "";
+  std::string s(r);
+  std::free(r);
+  return s;
+}
+
+std::string parent_dir(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return p.substr(0, slash);
+}
+
+std::string base_name(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+bool strictly_under(const std::string& child, const std::string& root) {
+  return !root.empty() && child.size() > root.size() && child.compare(0, root.size(), root) == 0 &&
+         (root.back() == '/' || child[root.size()] == '/');
+}
+
+std::vector<std::string> list_dir(const std::string& dir, std::string_view suffix) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (ends_with(name, suffix) && is_file(dir + "/" + name)) out.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool valid_shard_name(const std::string& s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  for (char c : s) {
+    if (c == '/' || c == '\\' || c == '\0') return false;
+  }
+  return true;
+}
+
+// <repo>/snapshots/<hash> in a hub cache: snapshot files may be symlinks into <repo>/blobs.
+std::optional<std::string> hub_repo_of_snapshot(const std::string& real_dir) {
+  std::string snapshots = parent_dir(real_dir);
+  if (base_name(snapshots) != "snapshots") return std::nullopt;
+  std::string repo = parent_dir(snapshots);
+  if (base_name(repo).rfind("models--", 0) != 0 || !is_dir(repo + "/blobs")) return std::nullopt;
+  return repo;
+}
+
+void add_file(Checkpoint& c, SafetensorsHeader h) {
+  const uint32_t fi = static_cast<uint32_t>(c.files.size());
+  for (uint32_t i = 0; i < h.tensors.size(); ++i) {
+    auto [it, inserted] = c.lookup.emplace(h.tensors[i].name, TensorRef{fi, i});
+    if (!inserted) {
+      throw ShardError(h.path, h.tensors[i].name, "duplicate-tensor",
+                       "tensor is also stored in " + c.files[it->second.file].path +
+                           "; every tensor must be in exactly one shard");
+    }
+  }
+  c.files.push_back(std::move(h));
+}
+
+void load_indexed(Checkpoint& c, const std::string& index_path) {
+  SafetensorsIndex idx = read_safetensors_index(index_path);
+  c.index_path = index_path;
+  // Shards may resolve (through symlinks) only into the checkpoint directory itself, or into the
+  // blobs store of the same hub repo when the directory is a cache snapshot.
+  std::vector<std::string> roots = {real_path(c.dir)};
+  if (c.snapshot_of) roots.push_back(real_path(*c.snapshot_of + "/blobs"));
+
+  std::map<std::string, std::string> example;  // shard -> one tensor it should hold
+  for (const auto& [name, shard] : idx.weight_map) example.emplace(shard, name);
+  std::map<std::string, uint32_t> file_index;
+  for (const auto& shard : idx.shards) {
+    std::string path = c.dir + "/" + shard;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      bool dangling = ::lstat(path.c_str(), &st) == 0;
+      throw ShardError(index_path, example[shard], "missing-shard",
+                       "shard " + quote_str(shard) + " named by the index " +
+                           (dangling ? "is a dangling symbolic link" : "does not exist") + " in " +
+                           c.dir);
+    }
+    std::string real = real_path(path);
+    bool inside = false;
+    for (const auto& r : roots) inside = inside || strictly_under(real, r);
+    if (!inside) {
+      throw ShardError(index_path, "", "shard-outside-directory",
+                       "shard " + quote_str(shard) + " resolves to " + real +
+                           ", outside the checkpoint directory " + roots[0] +
+                           (c.snapshot_of ? " and its hub blobs store" : ""));
+    }
+    file_index[shard] = static_cast<uint32_t>(c.files.size());
+    add_file(c, read_safetensors_header(path));
+  }
+  // The shards' headers must hold exactly the tensors the index assigns to them.
+  for (const auto& [name, shard] : idx.weight_map) {
+    auto it = c.lookup.find(name);
+    const std::string& expected = c.files[file_index.at(shard)].path;
+    if (it == c.lookup.end()) {
+      throw ShardError(
+          expected, name, "index-mismatch",
+          "the index maps this tensor to " + quote_str(shard) + " but no shard's header holds it");
+    }
+    if (it->second.file != file_index.at(shard)) {
+      throw ShardError(
+          c.files[it->second.file].path, name, "index-mismatch",
+          "the index maps this tensor to " + quote_str(shard) + " but it is stored here");
+    }
+  }
+  if (c.lookup.size() != idx.weight_map.size()) {
+    for (const auto& f : c.files) {
+      for (const auto& t : f.tensors) {
+        if (!idx.weight_map.count(t.name)) {
+          throw ShardError(f.path, t.name, "tensor-not-in-index",
+                           "shard holds a tensor that " + index_path + " does not list");
+        }
+      }
+    }
+  }
+}
+
+// Loads the checkpoint in directory c.dir.
+void load_dir(Checkpoint& c) {
+  const std::string& d = c.dir;
+  if (is_file(d + "/model.safetensors")) {
+    add_file(c, read_safetensors_header(d + "/model.safetensors"));
+    return;
+  }
+  if (is_file(d + "/model.safetensors.index.json")) {
+    load_indexed(c, d + "/model.safetensors.index.json");
+    return;
+  }
+  auto indexes = list_dir(d, ".safetensors.index.json");
+  if (indexes.size() == 1) {
+    load_indexed(c, d + "/" + indexes[0]);
+    return;
+  }
+  auto singles = list_dir(d, ".safetensors");
+  if (indexes.empty() && singles.size() == 1) {
+    add_file(c, read_safetensors_header(d + "/" + singles[0]));
+    return;
+  }
+  if (indexes.size() > 1 || singles.size() > 1) {
+    const auto& many = indexes.size() > 1 ? indexes : singles;
+    std::string names;
+    for (const auto& n : many) names += (names.empty() ? "" : ", ") + n;
+    throw ResolveError(
+        "ambiguous checkpoint directory " + d +
+        ": no model.safetensors or model.safetensors.index.json, and several candidates: " + names +
+        "; pass one file");
+  }
+  std::string msg = "no safetensors weights in " + d +
+                    ": looked for model.safetensors, model.safetensors.index.json, "
+                    "*.safetensors.index.json, *.safetensors";
+  if (is_file(d + "/pytorch_model.bin") || !list_dir(d, ".bin").empty()) {
+    msg +=
+        " (found PyTorch .bin weights: only safetensors checkpoints are supported; convert them)";
+  }
+  throw ResolveError(msg);
+}
+
+void finish(Checkpoint& c) {
+  if (is_file(c.dir + "/config.json")) c.config_path = c.dir + "/config.json";
+}
+
+}  // namespace
+
+SafetensorsIndex parse_safetensors_index(std::string_view json, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = parse_json_strict(json, path, [&](const std::string& parent, const std::string& key) {
+      if (parent == "weight_map") {
+        throw ShardError(path, key, "duplicate-tensor",
+                         "tensor is listed more than once in weight_map");
+      }
+    });
+  } catch (const ShardError&) {
+    throw;
+  } catch (const FormatError& e) {
+    throw ShardError(path, e.tensor(), e.rule(), e.detail());
+  }
+  if (!j.is_object()) throw ShardError(path, "", "index-not-object", "index is not a JSON object");
+  SafetensorsIndex idx;
+  idx.path = path;
+  auto wm = j.find("weight_map");
+  if (wm == j.end())
+    throw ShardError(path, "", "missing-weight-map", "index has no \"weight_map\"");
+  if (!wm->is_object())
+    throw ShardError(path, "", "invalid-weight-map", "\"weight_map\" is not an object");
+  if (wm->empty())
+    throw ShardError(path, "", "empty-weight-map", "\"weight_map\" lists no tensors");
+  std::set<std::string> shards;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it.value().is_string()) {
+      throw ShardError(path, it.key(), "invalid-weight-map",
+                       "shard of this tensor is not a string file name");
+    }
+    const std::string& shard = it.value().get_ref<const std::string&>();
+    if (!valid_shard_name(shard)) {
+      throw ShardError(path, it.key(), "invalid-shard-name",
+                       "shard name " + quote_str(shard) +
+                           " is not a plain file name inside the checkpoint directory (no '/', "
+                           "'\\\\', '.' or '..')");
+    }
+    shards.insert(shard);
+    idx.weight_map.emplace(it.key(), shard);
+  }
+  idx.shards.assign(shards.begin(), shards.end());
+  if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
+    if (!md->is_object())
+      throw ShardError(path, "", "invalid-metadata", "\"metadata\" is not an object");
+    if (auto ts = md->find("total_size"); ts != md->end() && !ts->is_null()) {
+      // Some writers store it as a float (e.g. 1.0e10); accept any exact non-negative integer.
+      if (ts->is_number_unsigned()) {
+        idx.total_size = ts->get<uint64_t>();
+      } else if (ts->is_number_float() && ts->get<double>() >= 0 && ts->get<double>() < 1.8e19 &&
+                 ts->get<double>() ==
+                     static_cast<double>(static_cast<uint64_t>(ts->get<double>()))) {
+        idx.total_size = static_cast<uint64_t>(ts->get<double>());
+      } else {
+        throw ShardError(path, "", "invalid-metadata",
+                         "\"metadata.total_size\" is not a non-negative integer");
+      }
+    }
+    idx.metadata = *md;
+  }
+  return idx;
+}
+
+SafetensorsIndex read_safetensors_index(const std::string& path) {
+  std::string text;
+  try {
+    text = fileio::read_small_file(path, kMaxIndexSize, "index file");
+  } catch (const FormatError& e) {
+    throw ShardError(path, "", e.rule(), e.detail());
+  }
+  return parse_safetensors_index(text, path);
+}
+
+nlohmann::json read_config_json(const std::string& path) {
+  return parse_json_strict(fileio::read_small_file(path, kMaxConfigSize, "config.json"), path);
+}
+
+const TensorInfo* Checkpoint::find(std::string_view name) const {
+  auto it = lookup.find(std::string(name));
+  return it == lookup.end() ? nullptr : &tensor(it->second);
+}
+
+const SafetensorsHeader* Checkpoint::file_of(std::string_view name) const {
+  auto it = lookup.find(std::string(name));
+  return it == lookup.end() ? nullptr : &files[it->second.file];
+}
+
+uint64_t Checkpoint::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& f : files) {
+    for (const auto& t : f.tensors) n += t.nbytes();
+  }
+  return n;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> names;
+  names.reserve(lookup.size());
+  for (const auto& [name, ref] : lookup) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::string>& revision) {
+  Checkpoint c;
+  c.ref = ref;
+  if (ref.empty()) throw ResolveError("empty checkpoint reference");
+  struct stat st;
+  if (::stat(ref.c_str(), &st) == 0) {
+    if (revision) {
+      throw ResolveError("revision " + quote_str(*revision) + " given for the local path " + ref +
+                         "; revisions select snapshots of Hugging Face repo ids only");
+    }
+    if (S_ISDIR(st.st_mode)) {
+      c.dir = ref;
+      while (c.dir.size() > 1 && c.dir.back() == '/') c.dir.pop_back();
+      c.snapshot_of = hub_repo_of_snapshot(real_path(c.dir));
+      load_dir(c);
+    } else if (S_ISREG(st.st_mode) && ends_with(ref, ".index.json")) {
+      c.dir = parent_dir(ref);
+      c.snapshot_of = hub_repo_of_snapshot(real_path(c.dir));
+      load_indexed(c, ref);
+    } else if (S_ISREG(st.st_mode)) {
+      c.dir = parent_dir(ref);
+      add_file(c, read_safetensors_header(ref));
+    } else {
+      throw ResolveError(ref + " is neither a file nor a directory");
+    }
+    finish(c);
+    return c;
+  }
+  std::vector<std::string> looked;
+  looked.push_back(ref + ": no such file or directory");
+  if (looks_like_repo_id(ref)) {
+    if (auto snap = try_resolve_hf_snapshot(ref, revision, looked)) {
+      c.dir = snap->snapshot_dir;
+      c.revision = snap->commit;
+      c.repo_id = ref;
+      c.snapshot_of = snap->repo_dir;
+      load_dir(c);
+      finish(c);
+      return c;
+    }
+  } else {
+    looked.push_back(quote_str(ref) + " is not a Hugging Face repo id (ORG/NAME) either");
+  }
+  std::string msg = "cannot resolve checkpoint " + quote_str(ref) +
+                    (revision ? " at revision " + quote_str(*revision) : std::string()) +
+                    "; looked at: ";
+  for (size_t i = 0; i < looked.size(); ++i) msg += (i ? "; " : "") + looked[i];
+  throw ResolveError(msg);
+}
+
+}  // namespace metaload

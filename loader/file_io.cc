@@ -1,0 +1,92 @@
+#include "loader/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "loader/errors.h"
+#include "loader/safetensors.h"
+
+namespace metaload {
+namespace {
+std::atomic<uint64_t> g_bytes_read{0};
+}  // namespace
+
+uint64_t io_bytes_read() {
+  return g_bytes_read.load(std::memory_order_relaxed);
+}
+void reset_io_bytes_read() {
+  g_bytes_read.store(0, std::memory_order_relaxed);
+}
+
+namespace fileio {
+
+void count_bytes_read(uint64_t n) {
+  g_bytes_read.fetch_add(n, std::memory_order_relaxed);
+}
+
+File::File(const std::string& path) : path_(path) {
+  do {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd_ < 0 && errno == EINTR);
+  if (fd_ < 0) {
+    throw FormatError(path, "", "unreadable",
+                      std::string("cannot open for reading: ") + std::strerror(errno));
+  }
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t File::regular_file_size() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    throw FormatError(path_, "", "unreadable",
+                      std::string("fstat failed: ") + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) throw FormatError(path_, "", "not-a-file", "not a regular file");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void File::pread_full(void* buf, size_t n, uint64_t offset) const {
+  char* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw FormatError(path_, "", "read-failed",
+                        "read of " + std::to_string(n) + " bytes at offset " +
+                            std::to_string(offset) + " failed: " + std::strerror(errno));
+    }
+    if (r == 0) {
+      throw FormatError(path_, "", "read-failed",
+                        "file ended after " + std::to_string(offset + done) +
+                            " bytes while reading " + std::to_string(n) + " bytes at offset " +
+                            std::to_string(offset));
+    }
+    done += static_cast<size_t>(r);
+    count_bytes_read(static_cast<uint64_t>(r));
+  }
+}
+
+std::string read_small_file(const std::string& path, uint64_t max_size, const char* what) {
+  File f(path);
+  uint64_t size = f.regular_file_size();
+  if (size > max_size) {
+    throw FormatError(path, "", "file-too-large",
+                      std::string(what) + " is " + std::to_string(size) + " bytes; the limit is " +
+                          std::to_string(max_size));
+  }
+  std::string out(size, '\0');
+  f.pread_full(out.data(), out.size(), 0);
+  return out;
+}
+
+}  // namespace fileio
+}  // namespace metaload

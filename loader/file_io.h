@@ -1,0 +1,41 @@
+// Small POSIX file helpers of the format layer. Every byte they read is added to the counter
+// behind io_bytes_read(), so byte-accounting tests see real reads. Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace metaload {
+namespace fileio {
+
+// An open read-only file descriptor, closed on destruction.
+class File {
+ public:
+  // Throws FormatError(path, "", "unreadable", strerror) when the file cannot be opened.
+  explicit File(const std::string& path);
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  // Size from fstat; throws FormatError "not-a-file" for anything but a regular file.
+  uint64_t regular_file_size() const;
+  // Reads exactly n bytes at offset (retrying short reads and EINTR); throws FormatError
+  // "read-failed" on an error or an early end of file.
+  void pread_full(void* buf, size_t n, uint64_t offset) const;
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+// Reads a whole small file (index.json, config.json); rejects files over max_size with
+// FormatError rule "file-too-large" naming `what`.
+std::string read_small_file(const std::string& path, uint64_t max_size, const char* what);
+
+void count_bytes_read(uint64_t n);
+
+}  // namespace fileio
+}  // namespace metaload

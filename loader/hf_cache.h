@@ -1,0 +1,52 @@
+// Offline resolution of Hugging Face repo ids in the local hub cache. Torch-free.
+//
+// Layout (huggingface_hub): <root>/models--ORG--NAME/{refs/<REV>, snapshots/<HASH>/..., blobs/...}.
+// refs/<REV> holds the commit hash a branch or tag points to; snapshot files are usually symlinks
+// into ../../blobs.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace metaload {
+
+struct HubCacheRoot {
+  std::string path;
+  std::string
+      source;  // how it was chosen, e.g. "HF_HUB_CACHE", "HF_HOME/hub", "~/.cache/huggingface/hub"
+};
+
+// HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE (older name), else HF_HOME/hub, else
+// XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub -- the first that is set and
+// non-empty, as huggingface_hub chooses.
+HubCacheRoot hf_hub_cache_root();
+
+// True when `ref` has the form of a hub repo id: NAME or ORG/NAME, of letters, digits, '-', '_'
+// and '.', no "--" or "..", not beginning or ending with '-' or '.', at most 96 characters.
+bool looks_like_repo_id(std::string_view ref);
+
+// "models--ORG--NAME".
+std::string hf_repo_folder_name(std::string_view repo_id);
+
+struct HubSnapshot {
+  std::string repo_id;
+  std::string repo_dir;      // <root>/models--ORG--NAME
+  std::string snapshot_dir;  // <repo_dir>/snapshots/<commit>
+  std::string commit;        // the resolved commit hash
+  std::string revision;      // as asked ("main" when none was given)
+};
+
+// Resolves repo_id at `revision` (a branch, tag or commit hash; "main" when absent) without any
+// network access. Throws ResolveError listing every place it looked.
+HubSnapshot resolve_hf_snapshot(const std::string& repo_id,
+                                const std::optional<std::string>& revision);
+
+// The same, without throwing: nullopt when not found, with one line per place looked at (and
+// why it did not do) appended to `looked`.
+std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
+                                                   const std::optional<std::string>& revision,
+                                                   std::vector<std::string>& looked);
+
+}  // namespace metaload

@@ -1,0 +1,143 @@
+#include "loader/json_util.h"
+
+#include <set>
+#include <vector>
+
+#include "loader/errors.h"
+
+namespace metaload {
+namespace {
+
+// Thrown from the parse callback to abort the parse at the first duplicate key.
+struct DuplicateKey {
+  std::string key;
+  std::string parent;
+};
+
+}  // namespace
+
+nlohmann::json parse_json_strict(
+    std::string_view text, const std::string& file,
+    const std::function<void(const std::string&, const std::string&)>& on_duplicate) {
+  // One key set per open object; a key stack names the parent in messages.
+  std::vector<std::set<std::string>> keys;
+  std::vector<std::string> path;  // key under which each open object sits
+  std::string last_key;
+  auto cb = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+        keys.emplace_back();
+        path.push_back(last_key);
+        break;
+      case E::object_end:
+        keys.pop_back();
+        path.pop_back();
+        break;
+      case E::key: {
+        const std::string& k = parsed.get_ref<const std::string&>();
+        if (!keys.back().insert(k).second) throw DuplicateKey{k, path.back()};
+        last_key = k;
+        break;
+      }
+      case E::array_start:
+        // Objects inside arrays have no key of their own.
+        last_key = "[]";
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
+  } catch (const DuplicateKey& d) {
+    if (on_duplicate) on_duplicate(d.parent, d.key);
+    std::string where = d.parent.empty() ? "the top-level object" : "object " + quote_str(d.parent);
+    throw FormatError(file, "", "duplicate-key",
+                      "key " + quote_str(d.key) + " appears more than once in " + where);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(file, "", "invalid-json", std::string("not valid JSON: ") + e.what());
+  }
+}
+
+bool valid_utf8(std::string_view s, size_t* bad_offset) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size(), i = 0;
+  auto fail = [&](size_t at) {
+    if (bad_offset) *bad_offset = at;
+    return false;
+  };
+  while (i < n) {
+    unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return fail(i);
+    }
+    if (i + len > n) return fail(i);
+    for (size_t k = 1; k < len; ++k) {
+      unsigned cc = p[i + k];
+      if ((cc & 0xC0) != 0x80) return fail(i);
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return fail(i);
+    }
+    i += len;
+  }
+  return true;
+}
+
+std::string quote_str(std::string_view s, size_t max_len) {
+  std::string out = "\"";
+  size_t count = 0;
+  for (unsigned char c : s) {
+    if (count++ >= max_len) {
+      out += "...";
+      break;
+    }
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          static const char* hex = "0123456789abcdef";
+          out += "\\x";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
+
+}  // namespace metaload

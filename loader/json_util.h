@@ -1,0 +1,28 @@
+// JSON helpers shared by the format layer and the identity code. Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace metaload {
+
+// Parses JSON text strictly: syntax errors (rule "invalid-json") and duplicate object keys at any
+// depth (rule "duplicate-key", naming the key and its parent) raise FormatError(file, "", rule),
+// since nlohmann would silently keep the last duplicate.
+// `on_duplicate(parent_key, key)` may throw a more specific error first ("" is the top level).
+nlohmann::json parse_json_strict(
+    std::string_view text, const std::string& file,
+    const std::function<void(const std::string&, const std::string&)>& on_duplicate = {});
+
+// Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF). On failure, *bad_offset
+// receives the offset of the first invalid byte.
+bool valid_utf8(std::string_view s, size_t* bad_offset = nullptr);
+
+// `s` quoted for an error message: JSON-escaped and cut to max_len characters.
+std::string quote_str(std::string_view s, size_t max_len = 120);
+
+}  // namespace metaload

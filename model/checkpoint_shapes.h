@@ -1,0 +1,21 @@
+// The tensors a published Hugging Face safetensors checkpoint holds for a config: names exactly
+// as stored (GPT-2 without the "transformer." prefix), shapes, one dtype. Used to make sparse
+// fixtures of real sizes (tests, bench/describe, make-checkpoint) without any model code.
+// Torch-free.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "loader/writer.h"
+
+namespace metaload {
+
+// model_type "gpt2", "llama", "mistral" or "qwen2". `with_buffers` adds the non-parameter buffers
+// older checkpoints carry (GPT-2's h.N.attn.bias causal masks, Llama's rotary_emb.inv_freq).
+// Tied embeddings (tie_word_embeddings, GPT-2 always) are stored once, as transformers saves them.
+// Throws FormatError(config, "", "unsupported-config", ...)
+// for another model_type or a missing field.
+std::vector<TensorSpec> checkpoint_tensor_specs(const nlohmann::json& config, DType dtype,
+                                                bool with_buffers = false);
+
+}  // namespace metaload

@@ -1,0 +1,121 @@
+#include "model/describe.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+
+#include "model/dtypes.h"
+#include "model/model_key.h"
+#include "model/tp.h"
+
+namespace metaload {
+namespace {
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         std::string_view(s).substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string last_component(const std::string& name) {
+  size_t dot = name.find_last_of('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+}  // namespace
+
+bool is_non_parameter_buffer(const TensorInfo& t) {
+  const std::string leaf = last_component(t.name);
+  const auto& s = t.shape;
+  if (leaf == "bias" && s.size() == 4 && s[0] == 1 && s[1] == 1 && s[2] == s[3]) return true;
+  if (leaf == "masked_bias" && s.empty()) return true;
+  if (ends_with(t.name, "rotary_emb.inv_freq") && s.size() == 1) return true;
+  return false;
+}
+
+CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std::string>& dtype) {
+  CheckpointInfo info;
+  info.revision = c.revision;
+  info.repo_id = c.repo_id;
+  info.dir = c.dir;
+  info.n_files = c.files.size();
+  uint64_t n_params = 0, param_bytes = 0;
+  std::optional<DType> stored;
+  bool mixed = false;
+  for (const auto& f : c.files) {
+    for (const auto& t : f.tensors) {
+      ++info.n_tensors;
+      info.stored_bytes += t.nbytes();
+      if (is_non_parameter_buffer(t)) {
+        info.n_buffer_elements += static_cast<uint64_t>(t.numel());
+        continue;
+      }
+      n_params += static_cast<uint64_t>(t.numel());
+      param_bytes += t.nbytes();
+      if (stored && *stored != t.dtype) mixed = true;
+      stored = t.dtype;
+    }
+  }
+  info.n_params = n_params;
+  if (dtype) {
+    const DTypeEntry& e = resolve_dtype_name(*dtype);
+    // Every table entry is a whole number of bits per element, so the ceiling is exact integer
+    // math.
+    const uint64_t bits = static_cast<uint64_t>(std::llround(e.bytes_per_element * 8));
+    const unsigned __int128 total_bits = static_cast<unsigned __int128>(n_params) * bits;
+    info.size_bytes = static_cast<uint64_t>((total_bits + 7) / 8);
+    info.dtype = *dtype;
+  } else {
+    info.size_bytes = param_bytes;
+    info.dtype = mixed ? "mixed" : stored ? dtype_name(*stored) : "none";
+  }
+  if (c.config_path) {
+    info.config = read_config_json(*c.config_path);
+    if (info.config->is_object()) {
+      try {
+        info.max_tp_size = max_tp_size(*info.config);
+      } catch (const Error&) {
+        // An odd config field leaves the TP degree unknown; describe still succeeds.
+      }
+    }
+  }
+  return info;
+}
+
+CheckpointInfo describe_checkpoint(const std::string& ref_or_key,
+                                   const std::optional<std::string>& dtype,
+                                   const std::optional<std::string>& revision) {
+  // Validate the dtype before touching any file, so a typo fails fast.
+  if (dtype) resolve_dtype_name(*dtype);
+  struct stat st;
+  if (::stat(ref_or_key.c_str(), &st) != 0 && ref_or_key.find(':') != std::string::npos) {
+    ModelKey key = from_model_key(ref_or_key);
+    std::optional<std::string> rev = key.revision;
+    if (revision) {
+      if (rev && *rev != *revision) {
+        throw ResolveError("model key pins revision \"" + *rev + "\" but revision \"" + *revision +
+                           "\" was asked for");
+      }
+      rev = revision;
+    }
+    return describe_checkpoint(open_checkpoint(key.repo_id, rev), dtype);
+  }
+  return describe_checkpoint(open_checkpoint(ref_or_key, revision), dtype);
+}
+
+nlohmann::json to_json(const CheckpointInfo& i) {
+  auto opt = [](const auto& o) { return o ? nlohmann::json(*o) : nlohmann::json(); };
+  return {{"size_bytes", opt(i.size_bytes)},
+          {"n_params", opt(i.n_params)},
+          {"config", i.config ? *i.config : nlohmann::json()},
+          {"revision", opt(i.revision)},
+          {"dtype", i.dtype},
+          {"repo_id", opt(i.repo_id)},
+          {"dir", i.dir},
+          {"n_files", i.n_files},
+          {"n_tensors", i.n_tensors},
+          {"n_buffer_elements", i.n_buffer_elements},
+          {"stored_bytes", i.stored_bytes},
+          {"max_tp_size", opt(i.max_tp_size)}};
+}
+
+}  // namespace metaload

@@ -1,0 +1,100 @@
+// Python operators of the remote identity: describe, model keys, TP degrees, dtype table.
+// The only torch translation unit of the identity code; the logic lives in torch-free files.
+#include <torch/library.h>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/json_util.h"
+#include "model/describe.h"
+#include "model/dtypes.h"
+#include "model/model_key.h"
+#include "model/registry.h"
+#include "model/tp.h"
+
+namespace metaload {
+namespace {
+
+std::optional<std::string> opt(const c10::optional<std::string>& s) {
+  return s ? std::optional<std::string>(*s) : std::nullopt;
+}
+
+nlohmann::json config_arg(const std::string& text) {
+  try {
+    return parse_json_strict(text, "<config>");
+  } catch (const FormatError& e) {
+    throw TPError("config is not valid JSON: " + e.detail());
+  }
+}
+
+std::string op_describe(std::string ref, c10::optional<std::string> dtype,
+                        c10::optional<std::string> revision) {
+  return to_json(describe_checkpoint(ref, opt(dtype), opt(revision))).dump();
+}
+
+std::string op_to_model_key(std::string class_path, std::string repo_id,
+                            c10::optional<std::string> revision) {
+  return to_model_key(ModelKey{class_path, repo_id, opt(revision), {}});
+}
+
+std::string op_from_model_key(std::string key) {
+  ModelKey k = from_model_key(key);
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : k.extra) extra[name] = value;
+  nlohmann::ordered_json out = {
+      {"class_path", k.class_path},
+      {"canonical_class", canonical_model_class(k.class_path)},
+      {"repo_id", k.repo_id},
+      {"revision", k.revision ? nlohmann::ordered_json(*k.revision) : nlohmann::ordered_json()},
+      {"extra", extra}};
+  return out.dump();
+}
+
+// -1 stands for "none": optional int returns are not supported by every libtorch release.
+int64_t op_max_tp_size(std::string config_json, bool expert_parallel) {
+  auto m = max_tp_size(config_arg(config_json), expert_parallel);
+  return m ? *m : -1;
+}
+
+int64_t op_tp_degree_for(std::string config_json, int64_t n, bool expert_parallel) {
+  return tp_degree_for(config_arg(config_json), n, expert_parallel);
+}
+
+double op_bytes_per_element(std::string name) {
+  return bytes_per_element(name);
+}
+
+std::string op_dtype_table() {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& e : dtype_table()) {
+    const char* kind = e.kind == DTypeKind::kQuantization ? "quantization"
+                       : e.kind == DTypeKind::kTorch      ? "torch"
+                                                          : "file";
+    rows.push_back({{"name", std::string(e.name)},
+                    {"bytes_per_element", e.bytes_per_element},
+                    {"kind", kind},
+                    {"torch_name", std::string(e.torch_name)}});
+  }
+  return rows.dump();
+}
+
+std::vector<std::string> op_model_classes() {
+  return known_model_classes();
+}
+
+}  // namespace
+}  // namespace metaload
+
+TORCH_LIBRARY_FRAGMENT(metaload, m) {
+  m.def("describe_checkpoint(str ref, str? dtype=None, str? revision=None) -> str",
+        &metaload::op_describe);
+  m.def("to_model_key(str class_path, str repo_id, str? revision=None) -> str",
+        &metaload::op_to_model_key);
+  m.def("from_model_key(str key) -> str", &metaload::op_from_model_key);
+  m.def("max_tp_size(str config_json, bool expert_parallel=False) -> int",
+        &metaload::op_max_tp_size);
+  m.def("tp_degree_for(str config_json, int n, bool expert_parallel=False) -> int",
+        &metaload::op_tp_degree_for);
+  m.def("bytes_per_element(str name) -> float", &metaload::op_bytes_per_element);
+  m.def("dtype_table() -> str", &metaload::op_dtype_table);
+  m.def("model_classes() -> str[]", &metaload::op_model_classes);
+}

@@ -1,0 +1,215 @@
+#include "model/model_key.h"
+
+#include <cctype>
+#include <cstdio>
+
+#include "loader/errors.h"
+#include "loader/json_util.h"
+#include "model/registry.h"
+
+namespace metaload {
+namespace {
+
+bool is_dotted_name(std::string_view s) {
+  if (s.empty()) return false;
+  bool start = true;
+  for (char c : s) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '.') {
+      if (start) return false;
+      start = true;
+    } else if (std::isalpha(u) || c == '_' || (!start && std::isdigit(u))) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;
+}
+
+void append_u16(std::string& out, unsigned v) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\u%04x", v);
+  out += buf;
+}
+
+// json.dumps' py_encode_basestring_ascii: everything outside ' '..'~' is escaped.
+void append_py_string(std::string& out, std::string_view s) {
+  out += '"';
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    unsigned c = p[i];
+    if (c < 0x80) {
+      switch (c) {
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        default:
+          if (c < 0x20 || c == 0x7F) {
+            append_u16(out, c);
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // Decode one UTF-8 sequence (validated by the caller).
+    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+    unsigned cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
+    i += len;
+    if (cp >= 0x10000) {  // astral: a UTF-16 surrogate pair, as Python writes it
+      cp -= 0x10000;
+      append_u16(out, 0xD800 + (cp >> 10));
+      append_u16(out, 0xDC00 + (cp & 0x3FF));
+    } else {
+      append_u16(out, cp);
+    }
+  }
+  out += '"';
+}
+
+void dump_py(std::string& out, const nlohmann::ordered_json& v) {
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out += ", ";
+        first = false;
+        append_py_string(out, it.key());
+        out += ": ";
+        dump_py(out, it.value());
+      }
+      out += '}';
+      break;
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      out += '[';
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ", ";
+        dump_py(out, v[i]);
+      }
+      out += ']';
+      break;
+    }
+    case nlohmann::ordered_json::value_t::string:
+      append_py_string(out, v.get_ref<const std::string&>());
+      break;
+    default:
+      // null, booleans and integers print identically; floats use the shortest round-trip form,
+      // as Python's repr does for the common cases.
+      out += v.dump();
+  }
+}
+
+}  // namespace
+
+std::string python_json_dumps(const nlohmann::ordered_json& value) {
+  std::string out;
+  dump_py(out, value);
+  return out;
+}
+
+std::string to_model_key(const ModelKey& key) {
+  if (!is_dotted_name(key.class_path)) {
+    throw ModelKeyError("class path \"" + key.class_path + "\" is not a dotted Python name (e.g. " +
+                        kTransformersModel + ")");
+  }
+  if (key.repo_id.empty()) throw ModelKeyError("empty repo_id");
+  if (!valid_utf8(key.repo_id)) throw ModelKeyError("repo_id is not valid UTF-8");
+  if (key.revision && !valid_utf8(*key.revision))
+    throw ModelKeyError("revision is not valid UTF-8");
+  std::string out = key.class_path + ":{\"repo_id\": ";
+  append_py_string(out, key.repo_id);
+  out += ", \"revision\": ";
+  if (key.revision) {
+    append_py_string(out, *key.revision);
+  } else {
+    out += "null";
+  }
+  for (const auto& [k, v] : key.extra) {
+    if (k == "repo_id" || k == "revision")
+      throw ModelKeyError("extra field \"" + k + "\" duplicates a key field");
+    if (!valid_utf8(k)) throw ModelKeyError("extra field name is not valid UTF-8");
+    out += ", ";
+    append_py_string(out, k);
+    out += ": ";
+    try {
+      dump_py(out, v);
+    } catch (const nlohmann::json::exception& e) {
+      throw ModelKeyError("extra field \"" + k + "\" cannot be written: " + e.what());
+    }
+  }
+  out += "}";
+  return out;
+}
+
+ModelKey from_model_key(std::string_view key) {
+  size_t colon = key.find(':');
+  if (colon == std::string_view::npos) {
+    throw ModelKeyError("model key " + quote_str(key) +
+                        " has no ':' between the class path and the JSON");
+  }
+  ModelKey k;
+  k.class_path = std::string(key.substr(0, colon));
+  std::string_view json = key.substr(colon + 1);
+  if (!is_dotted_name(k.class_path)) {
+    throw ModelKeyError("model key class path " + quote_str(k.class_path) +
+                        " is not a dotted Python name");
+  }
+  if (!find_model_class(k.class_path)) {
+    std::string known;
+    for (const auto& c : known_model_classes()) known += (known.empty() ? "" : ", ") + c;
+    throw ModelKeyError("unknown class " + quote_str(k.class_path) +
+                        " in model key; known: " + known);
+  }
+  nlohmann::ordered_json j;
+  try {
+    parse_json_strict(json, "model key");  // rejects duplicate keys, which ordered_json would keep
+    j = nlohmann::ordered_json::parse(json.begin(), json.end());
+  } catch (const FormatError& e) {
+    throw ModelKeyError("bad JSON after the class path of model key " + quote_str(key) + ": " +
+                        e.detail());
+  }
+  if (!j.is_object()) throw ModelKeyError("model key JSON is not an object: " + quote_str(json));
+  auto repo = j.find("repo_id");
+  if (repo == j.end()) throw ModelKeyError("model key JSON has no \"repo_id\": " + quote_str(json));
+  if (!repo->is_string() || repo->get_ref<const std::string&>().empty()) {
+    throw ModelKeyError("model key \"repo_id\" is not a non-empty string: " + quote_str(json));
+  }
+  k.repo_id = repo->get<std::string>();
+  auto rev = j.find("revision");
+  if (rev != j.end() && !rev->is_null()) {
+    if (!rev->is_string())
+      throw ModelKeyError("model key \"revision\" is neither a string nor null: " +
+                          quote_str(json));
+    k.revision = rev->get<std::string>();
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() != "repo_id" && it.key() != "revision") k.extra.emplace_back(it.key(), it.value());
+  }
+  return k;
+}
+
+}  // namespace metaload

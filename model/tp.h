@@ -1,0 +1,32 @@
+// Tensor-parallel degrees a model's config allows. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+namespace metaload {
+
+// A config field of the wrong type, or a TP degree the model cannot be split into.
+METALOAD_DEFINE_ERROR(TPError, Error);
+
+// The largest TP degree: gcd of num_attention_heads, num_key_value_heads and intermediate_size
+// (also under the names GPT-2 and others use: n_head, num_heads, num_kv_heads, n_inner, ffn_dim),
+// read from "text_config" when the config has one, else from the top level. Missing, null or zero
+// fields are skipped. With expert parallelism the expert count (num_local_experts, num_experts or
+// n_routed_experts) joins the gcd. nullopt when no field is present or the gcd is 1. Throws
+// TPError for a field that is not a non-negative integer.
+std::optional<int64_t> max_tp_size(const nlohmann::json& config, bool expert_parallel = false);
+
+// Every degree that works (the divisors of max_tp_size), ascending; empty when none does.
+std::vector<int64_t> tp_degrees(const nlohmann::json& config, bool expert_parallel = false);
+
+// The smallest working degree >= n. Throws TPError listing the degrees that work when none is
+// >= n, when the model cannot be split at all, or when n < 1.
+int64_t tp_degree_for(const nlohmann::json& config, int64_t n, bool expert_parallel = false);
+
+}  // namespace metaload

@@ -1,0 +1,118 @@
+// Helpers for torch-free format tests: scratch directories and hand-made files.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <typeinfo>
+
+#include <gtest/gtest.h>
+
+namespace metaload {
+namespace testing {
+
+// A fresh directory under TEST_TMPDIR (Bazel) or /tmp, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TEST_TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/metaload-test-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::string cmd = "rm -rf '" + path_ + "'";
+    if (std::system(cmd.c_str()) != 0) {
+      // Nothing sensible to do in a destructor; a leftover scratch dir is harmless.
+    }
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+inline void make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0) throw std::runtime_error("mkdir failed: " + path);
+}
+
+// u64 little-endian length prefix + header bytes as given + `data_bytes` zero bytes.
+inline std::string raw_safetensors(const std::string& header, uint64_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  out += header;
+  out.append(data_bytes, '\0');
+  return out;
+}
+
+// Where the source tree is (tests read committed fixtures from it).
+inline std::string source_dir() {
+  const char* s = std::getenv("METALOAD_SOURCE_DIR");
+  return s && *s ? s : ".";
+}
+
+// Runs f, which must throw exactly kind E (or a subclass); returns the caught error so the test can
+// check rule(), tensor(), file() and the message. Records a test failure otherwise.
+template <typename E, typename F>
+E expect_error(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected " << typeid(E).name() << ", got: " << e.what();
+    throw;
+  }
+  ADD_FAILURE() << "expected " << typeid(E).name() << ", nothing was thrown";
+  throw std::runtime_error("no exception");
+}
+
+// Sets an environment variable for a scope and restores the previous state.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace testing
+}  // namespace metaload

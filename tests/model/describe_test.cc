@@ -1,0 +1,183 @@
+// describe_checkpoint: exact parameter counts from headers, sizes per dtype, byte accounting.
+#include "model/describe.h"
+
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include "loader/writer.h"
+#include "model/checkpoint_shapes.h"
+#include "model/dtypes.h"
+#include "model/model_key.h"
+#include "model/registry.h"
+#include "tests/loader/test_util.h"
+
+namespace metaload {
+namespace {
+
+using testing::expect_error;
+using testing::ScopedEnv;
+using testing::TempDir;
+
+std::string config_text(const std::string& name) {
+  return testing::read_file(testing::source_dir() + "/tests/data/configs/" + name + ".json");
+}
+
+uint64_t numel_sum(const std::vector<TensorSpec>& specs) {
+  uint64_t n = 0;
+  for (const auto& s : specs) {
+    uint64_t k = 1;
+    for (int64_t d : s.shape) k *= static_cast<uint64_t>(d);
+    n += k;
+  }
+  return n;
+}
+
+// Writes a sparse checkpoint of the published layout of `config_name` into dir (holes, no data).
+void write_sparse(const std::string& dir, const std::string& config_name, DType dtype, bool buffers,
+                  int shards) {
+  std::string text = config_text(config_name);
+  testing::write_file(dir + "/config.json", text);
+  ShardOptions o;
+  o.num_shards = shards;
+  ShardedSafetensorsWriter w(dir, o);
+  for (const auto& s : checkpoint_tensor_specs(nlohmann::json::parse(text), dtype, buffers)) {
+    w.add(s.name, s.dtype, s.shape, nullptr);
+  }
+  w.write();
+}
+
+// The configs README's published parameter counts (tied weights counted once).
+TEST(Shapes, ReproducePublishedParameterCounts) {
+  const std::vector<std::pair<std::string, uint64_t>> published = {
+      {"gpt2", 124439808ull},          {"llama-2-7b", 6738415616ull},
+      {"llama-2-70b", 68976648192ull}, {"llama-3.2-1b", 1235814400ull},
+      {"qwen2.5-0.5b", 494032768ull},  {"mistral-7b-v0.1", 7241732096ull}};
+  for (const auto& [name, count] : published) {
+    auto specs = checkpoint_tensor_specs(nlohmann::json::parse(config_text(name)), DType::BF16);
+    EXPECT_EQ(numel_sum(specs), count) << name;
+  }
+  expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "bert"}}, DType::F32); });
+  expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "llama"}}, DType::F32); });
+}
+
+TEST(Describe, Gpt2PublishedLayoutCountsParametersNotMaskBuffers) {
+  TempDir dir;
+  // As the real openai-community/gpt2 model.safetensors: F32, 160 tensors incl. 12 h.N.attn.bias.
+  write_sparse(dir.path(), "gpt2", DType::F32, /*buffers=*/true, /*shards=*/0);
+  CheckpointInfo info = describe_checkpoint(dir.path());
+  EXPECT_EQ(info.n_params, 124439808u);
+  EXPECT_EQ(info.n_tensors, 160u);
+  EXPECT_EQ(info.n_buffer_elements, 12u * 1024 * 1024);
+  EXPECT_EQ(info.size_bytes, 124439808u * 4);
+  EXPECT_EQ(info.stored_bytes, (124439808u + 12u * 1024 * 1024) * 4);
+  EXPECT_EQ(info.dtype, "F32");
+  ASSERT_TRUE(info.config);
+  EXPECT_EQ((*info.config)["model_type"], "gpt2");
+  EXPECT_EQ(info.max_tp_size, 12);
+  EXPECT_FALSE(info.revision);
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("torch.bfloat16")).size_bytes,
+            124439808u * 2);
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("nf4")).size_bytes, 124439808u / 2);
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("int8")).size_bytes, 124439808u);
+}
+
+TEST(Describe, SizeIsTheCeilingOfParamsTimesBytesPerElement) {
+  TempDir dir;
+  SafetensorsWriter w(dir / "model.safetensors");
+  w.add("a", DType::F16, {3}, nullptr);
+  w.add("b", DType::F32, {2}, nullptr);
+  w.write();
+  CheckpointInfo info = describe_checkpoint(dir.path());
+  EXPECT_EQ(info.n_params, 5u);
+  EXPECT_EQ(info.dtype, "mixed");
+  EXPECT_EQ(info.size_bytes, 3u * 2 + 2u * 4);  // stored bytes when no dtype is given
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("nf4")).size_bytes, 3u);      // 2.5 -> 3
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("f6_e2m3")).size_bytes, 4u);  // 3.75 -> 4
+  // No config.json: config and TP degree are unknown, not empty.
+  EXPECT_FALSE(info.config);
+  EXPECT_FALSE(info.max_tp_size);
+  nlohmann::json j = to_json(info);
+  EXPECT_TRUE(j["config"].is_null());
+  EXPECT_TRUE(j["revision"].is_null());
+  EXPECT_EQ(j["n_params"], 5);
+}
+
+TEST(Describe, UnknownDTypeFailsBeforeAnyRead) {
+  TempDir dir;
+  write_sparse(dir.path(), "gpt2", DType::F32, false, 0);
+  reset_io_bytes_read();
+  expect_error<DTypeError>([&] { describe_checkpoint(dir.path(), std::string("fp5")); });
+  EXPECT_EQ(io_bytes_read(), 0u);
+}
+
+// The issue's acceptance test: a 140 GB sparse sharded Llama-2-70B is described from < 1 MB of
+// reads.
+TEST(Describe, SparseLlama70BShardedReadsUnderOneMegabyte) {
+  TempDir dir;
+  write_sparse(dir.path(), "llama-2-70b", DType::BF16, false, 15);
+  struct stat st;
+  ASSERT_EQ(::stat((dir / "model-00001-of-00015.safetensors").c_str(), &st), 0);
+  reset_io_bytes_read();
+  CheckpointInfo info = describe_checkpoint(dir.path());
+  const uint64_t read = io_bytes_read();
+  EXPECT_LT(read, 1u << 20);
+  EXPECT_GT(read, 15u * 8);  // it did read every header
+  EXPECT_EQ(info.n_params, 68976648192ull);
+  EXPECT_EQ(info.size_bytes, 68976648192ull * 2);
+  EXPECT_GT(info.stored_bytes, 137000000000ull);  // ~138 GB apparent
+  EXPECT_EQ(info.n_files, 15u);
+  EXPECT_EQ(info.n_tensors, 723u);
+  EXPECT_EQ(info.max_tp_size, 8);
+  EXPECT_EQ(describe_checkpoint(dir.path(), std::string("nf4")).size_bytes, 68976648192ull / 2);
+}
+
+TEST(Describe, ModelKeysResolveThroughTheHubCache) {
+  TempDir root;
+  const std::string hash = "89abcdef0123456789abcdef0123456789abcdef";
+  std::string repo = root / "models--openai-community--gpt2";
+  testing::make_dir(repo);
+  testing::make_dir(repo + "/refs");
+  testing::make_dir(repo + "/snapshots");
+  testing::make_dir(repo + "/snapshots/" + hash);
+  testing::write_file(repo + "/refs/main", hash);
+  write_sparse(repo + "/snapshots/" + hash, "gpt2", DType::F32, true, 0);
+  ScopedEnv cache("HF_HUB_CACHE", root.path().c_str());
+
+  // Minted as nnsight mints it: f"{cls.__module__}.{cls.__name__}:{json.dumps({...})}".
+  const std::string nnsight_key =
+      R"(nnsight.modeling.language.LanguageModel:{"repo_id": "openai-community/gpt2", "revision": null})";
+  CheckpointInfo info = describe_checkpoint(nnsight_key);
+  EXPECT_EQ(info.n_params, 124439808u);
+  EXPECT_EQ(info.revision, hash);
+  EXPECT_EQ(info.repo_id, "openai-community/gpt2");
+  std::string pinned = to_model_key({kTransformersModel, "openai-community/gpt2", hash, {}});
+  EXPECT_EQ(describe_checkpoint(pinned).revision, hash);
+  EXPECT_EQ(
+      describe_checkpoint("openai-community/gpt2", std::nullopt, std::string("main")).revision,
+      hash);
+  EXPECT_EQ(describe_checkpoint(nnsight_key, std::nullopt, hash).revision, hash);
+  expect_error<ResolveError>(
+      [&] { describe_checkpoint(pinned, std::nullopt, std::string("main")); });
+  expect_error<ModelKeyError>([] { describe_checkpoint(R"(unknown.Class:{"repo_id": "x"})"); });
+  expect_error<ResolveError>([] { describe_checkpoint("openai-community/missing"); });
+}
+
+TEST(Describe, BuffersAreRecognisedByNameAndShape) {
+  auto t = [](std::string name, std::vector<int64_t> shape) {
+    TensorInfo i;
+    i.name = std::move(name);
+    i.shape = std::move(shape);
+    return i;
+  };
+  EXPECT_TRUE(is_non_parameter_buffer(t("h.0.attn.bias", {1, 1, 1024, 1024})));
+  EXPECT_TRUE(is_non_parameter_buffer(t("gpt_neox.layers.0.attention.bias", {1, 1, 2048, 2048})));
+  EXPECT_TRUE(is_non_parameter_buffer(t("h.0.attn.masked_bias", {})));
+  EXPECT_TRUE(is_non_parameter_buffer(t("model.layers.0.self_attn.rotary_emb.inv_freq", {64})));
+  EXPECT_FALSE(is_non_parameter_buffer(t("h.0.attn.c_attn.bias", {2304})));
+  EXPECT_FALSE(is_non_parameter_buffer(t("h.0.attn.bias", {768})));
+  EXPECT_FALSE(is_non_parameter_buffer(t("x.bias", {1, 1, 3, 4})));
+}
+
+}  // namespace
+}  // namespace metaload

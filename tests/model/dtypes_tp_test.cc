@@ -1,0 +1,138 @@
+// bytes_per_element / the QUANTIZATIONS table, and the TP degree rules.
+#include <gtest/gtest.h>
+
+#include "loader/checkpoint.h"
+#include "model/dtypes.h"
+#include "model/tp.h"
+#include "tests/loader/test_util.h"
+
+namespace metaload {
+namespace {
+
+using testing::expect_error;
+
+nlohmann::json real_config(const std::string& name) {
+  return read_config_json(testing::source_dir() + "/tests/data/configs/" + name + ".json");
+}
+
+TEST(DTypes, QuantizationTableIsNnsights) {
+  std::vector<std::pair<std::string, double>> q;
+  for (const auto& e : QUANTIZATIONS) q.emplace_back(std::string(e.name), e.bytes_per_element);
+  EXPECT_EQ(q, (std::vector<std::pair<std::string, double>>{{"nf4", 0.5},
+                                                            {"int4", 0.5},
+                                                            {"4bit", 0.5},
+                                                            {"fp4", 0.5},
+                                                            {"int8", 1.0},
+                                                            {"8bit", 1.0},
+                                                            {"fp8", 1.0}}));
+  // The table is the start of the one dtype table.
+  for (size_t i = 0; i < QUANTIZATIONS.size(); ++i) {
+    EXPECT_EQ(dtype_table()[i].name, QUANTIZATIONS[i].name);
+    EXPECT_EQ(dtype_table()[i].kind, DTypeKind::kQuantization);
+  }
+}
+
+TEST(DTypes, BytesPerElementOfNames) {
+  EXPECT_EQ(bytes_per_element("nf4"), 0.5);
+  EXPECT_EQ(bytes_per_element("NF4"), 0.5);
+  EXPECT_EQ(bytes_per_element("4bit"), 0.5);
+  EXPECT_EQ(bytes_per_element("int8"), 1.0);
+  EXPECT_EQ(bytes_per_element("torch.int8"), 1.0);
+  EXPECT_EQ(bytes_per_element("torch.bfloat16"), 2.0);
+  EXPECT_EQ(bytes_per_element("TORCH.Float32"), 4.0);
+  EXPECT_EQ(bytes_per_element("float"), 4.0);
+  EXPECT_EQ(bytes_per_element("half"), 2.0);
+  EXPECT_EQ(bytes_per_element("double"), 8.0);
+  EXPECT_EQ(bytes_per_element("torch.complex128"), 16.0);
+  EXPECT_EQ(bytes_per_element("torch.float8_e4m3fn"), 1.0);
+  EXPECT_EQ(bytes_per_element("bool"), 1.0);
+  EXPECT_EQ(bytes_per_element("int64"), 8.0);
+  // The file format's names, any case.
+  EXPECT_EQ(bytes_per_element("BF16"), 2.0);
+  EXPECT_EQ(bytes_per_element("f8_e4m3"), 1.0);
+  EXPECT_EQ(bytes_per_element("F4"), 0.5);
+  EXPECT_EQ(bytes_per_element("F6_E2M3"), 0.75);
+  EXPECT_EQ(resolve_dtype_name("bf16").torch_name, "bfloat16");
+  EXPECT_EQ(resolve_dtype_name("torch.half").torch_name, "float16");
+  EXPECT_EQ(resolve_dtype_name("f8_e4m3").torch_name, "float8_e4m3fn");
+  EXPECT_EQ(resolve_dtype_name("float").file_dtype, DType::F32);
+}
+
+TEST(DTypes, SubByteAndUnknownNamesAreRefusedWithTheAcceptedList) {
+  for (const char* n : {"torch.uint4", "int3", "uint1", "torch.int7"}) {
+    auto e = expect_error<DTypeError>([&] { bytes_per_element(n); });
+    EXPECT_NE(std::string(e.what()).find("sub-byte"), std::string::npos) << n;
+  }
+  auto e = expect_error<DTypeError>([] { bytes_per_element("float13"); });
+  std::string m = e.what();
+  EXPECT_NE(m.find("[metaload.DTypeError] unknown dtype or quantization \"float13\""),
+            std::string::npos)
+      << m;
+  for (const char* n : {"nf4", "fp8", "bfloat16", "float8_e5m2", "bf16"})
+    EXPECT_NE(m.find(n), std::string::npos) << n;
+  expect_error<DTypeError>([] { bytes_per_element(""); });
+  expect_error<DTypeError>([] { bytes_per_element("torch."); });
+}
+
+nlohmann::json cfg(int heads, int kv, int inter) {
+  return {
+      {"num_attention_heads", heads}, {"num_key_value_heads", kv}, {"intermediate_size", inter}};
+}
+
+TEST(TP, TheIssueCases) {
+  EXPECT_EQ(max_tp_size(cfg(24, 8, 8192)), 8);
+  EXPECT_EQ(max_tp_size(cfg(14, 2, 4864)), 2);
+  EXPECT_EQ(max_tp_size(cfg(3, 1, 11)), std::nullopt);
+  EXPECT_EQ(max_tp_size(cfg(64, 8, 28672)), 8);
+}
+
+TEST(TP, RealConfigs) {
+  EXPECT_EQ(max_tp_size(real_config("llama-2-70b")), 8);
+  EXPECT_EQ(max_tp_size(real_config("llama-2-7b")), 32);  // 32 / 32 / 11008 = 32 x 344
+  EXPECT_EQ(max_tp_size(real_config("llama-3.2-1b")), 8);
+  EXPECT_EQ(max_tp_size(real_config("qwen2.5-0.5b")), 2);
+  EXPECT_EQ(max_tp_size(real_config("mistral-7b-v0.1")), 8);
+  // GPT-2 names its head count n_head and leaves n_inner null: gcd of 12 alone.
+  EXPECT_EQ(max_tp_size(real_config("gpt2")), 12);
+}
+
+TEST(TP, FieldsSkippedTextConfigAndExperts) {
+  EXPECT_EQ(max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"num_key_value_heads", 0}}),
+            16);
+  EXPECT_EQ(
+      max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"intermediate_size", nullptr}}), 16);
+  EXPECT_EQ(max_tp_size(nlohmann::json::object()), std::nullopt);
+  nlohmann::json mm = {{"num_attention_heads", 3}, {"text_config", cfg(32, 8, 14336)}};
+  EXPECT_EQ(max_tp_size(mm), 8);
+  nlohmann::json moe = cfg(32, 8, 14336);
+  moe["num_local_experts"] = 6;
+  EXPECT_EQ(max_tp_size(moe), 8);
+  EXPECT_EQ(max_tp_size(moe, /*expert_parallel=*/true), 2);
+  EXPECT_EQ(tp_degrees(moe, true), (std::vector<int64_t>{1, 2}));
+  auto bad = expect_error<TPError>([] {
+    max_tp_size(nlohmann::json{{"num_attention_heads", "32"}});
+  });
+  EXPECT_NE(std::string(bad.what()).find("num_attention_heads"), std::string::npos);
+  expect_error<TPError>([] { max_tp_size(nlohmann::json{{"num_attention_heads", -4}}); });
+  expect_error<TPError>([] { max_tp_size(nlohmann::json::array()); });
+}
+
+TEST(TP, DegreeForARequest) {
+  nlohmann::json c = cfg(24, 8, 8192);
+  EXPECT_EQ(tp_degrees(c), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(tp_degree_for(c, 1), 1);
+  EXPECT_EQ(tp_degree_for(c, 3), 4);
+  EXPECT_EQ(tp_degree_for(c, 8), 8);
+  auto e = expect_error<TPError>([&] { tp_degree_for(c, 9); });
+  EXPECT_NE(std::string(e.what()).find("degrees that work: 1, 2, 4, 8"), std::string::npos)
+      << e.what();
+  expect_error<TPError>([&] { tp_degree_for(c, 0); });
+  nlohmann::json none = cfg(3, 1, 11);
+  EXPECT_EQ(tp_degree_for(none, 1), 1);
+  EXPECT_NE(std::string(expect_error<TPError>([&] { tp_degree_for(none, 2); }).what())
+                .find("cannot be split"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace metaload

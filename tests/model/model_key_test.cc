@@ -1,0 +1,135 @@
+// Model keys (byte-identical to nnsight's, which uses json.dumps) and the class registry.
+#include "model/model_key.h"
+
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "model/registry.h"
+#include "tests/loader/test_util.h"
+
+namespace metaload {
+namespace {
+
+using testing::expect_error;
+
+// Expected suffixes were produced by CPython 3.11's json.dumps({"repo_id": s, "revision": None}).
+struct DumpsCase {
+  std::string repo_id;
+  std::string expected_json;
+};
+
+TEST(ModelKey, JsonSuffixMatchesPythonJsonDumps) {
+  const std::vector<DumpsCase> cases = {
+      {"openai-community/gpt2", R"({"repo_id": "openai-community/gpt2", "revision": null})"},
+      {"we\"ird\\name", R"({"repo_id": "we\"ird\\name", "revision": null})"},
+      {"tab\there\nnl\r\b\f", R"({"repo_id": "tab\there\nnl\r\b\f", "revision": null})"},
+      {"ctl\x01\x1f\x7f", R"({"repo_id": "ctl\u0001\u001f\u007f", "revision": null})"},
+      {"caf\xc3\xa9/\xc3\xbcn\xc3\xaf",
+       R"({"repo_id": "caf\u00e9/\u00fcn\u00ef", "revision": null})"},
+      {"\xe6\x97\xa5\xe6\x9c\xac/\xe3\x83\xa2\xe3\x83\x87\xe3\x83\xab",
+       R"({"repo_id": "\u65e5\u672c/\u30e2\u30c7\u30eb", "revision": null})"},
+      {"emoji\xf0\x9f\x98\x80/x", R"({"repo_id": "emoji\ud83d\ude00/x", "revision": null})"},
+  };
+  for (const auto& c : cases) {
+    std::string key = to_model_key({kTransformersModel, c.repo_id, std::nullopt, {}});
+    EXPECT_EQ(key, std::string(kTransformersModel) + ":" + c.expected_json);
+    ModelKey back = from_model_key(key);
+    EXPECT_EQ(back.repo_id, c.repo_id);
+    EXPECT_FALSE(back.revision);
+    EXPECT_EQ(to_model_key(back), key);
+  }
+}
+
+TEST(ModelKey, RevisionAndExtraFieldsRoundTrip) {
+  ModelKey k{"nnsight.modeling.language.LanguageModel", "a", std::string("v1.0"), {}};
+  k.extra.emplace_back("task", "text-generation");
+  k.extra.emplace_back("n", 3);
+  k.extra.emplace_back("b", true);
+  k.extra.emplace_back("l", nlohmann::ordered_json::array({1, nullptr, "\xc3\xa9"}));
+  k.extra.emplace_back("o", nlohmann::ordered_json::object());
+  const std::string expected =
+      "nnsight.modeling.language.LanguageModel:"
+      R"({"repo_id": "a", "revision": "v1.0", "task": "text-generation", "n": 3, "b": true, "l": [1, null, "\u00e9"], "o": {}})";
+  EXPECT_EQ(to_model_key(k), expected);
+  ModelKey back = from_model_key(expected);
+  EXPECT_EQ(back, k);
+}
+
+TEST(ModelKey, AcceptsOtherSpacingAndOrderAndWritesCanonicalForm) {
+  ModelKey k =
+      from_model_key(R"(metaload.TransformersModel:{ "revision" :"main","repo_id":"org/m" })");
+  EXPECT_EQ(k.repo_id, "org/m");
+  EXPECT_EQ(k.revision, "main");
+  EXPECT_EQ(to_model_key(k),
+            R"(metaload.TransformersModel:{"repo_id": "org/m", "revision": "main"})");
+  // An absent revision is unpinned.
+  EXPECT_FALSE(from_model_key(R"(metaload.TransformersModel:{"repo_id": "x"})").revision);
+  // The JSON may itself contain colons.
+  EXPECT_EQ(
+      from_model_key(R"(metaload.TransformersModel:{"repo_id": "x", "revision": "a:b"})").revision,
+      "a:b");
+}
+
+TEST(ModelKey, MalformedKeysSayWhatIsWrong) {
+  auto msg = [](const std::string& key) {
+    return std::string(expect_error<ModelKeyError>([&] { from_model_key(key); }).what());
+  };
+  EXPECT_NE(msg("metaload.TransformersModel").find("has no ':'"), std::string::npos);
+  EXPECT_NE(msg(R"(some.Unknown:{"repo_id": "x"})").find("unknown class \"some.Unknown\""),
+            std::string::npos);
+  EXPECT_NE(msg(R"(some.Unknown:{"repo_id": "x"})").find("nnsight.modeling.language.LanguageModel"),
+            std::string::npos);
+  EXPECT_NE(msg(R"(not a class:{"repo_id": "x"})").find("not a dotted Python name"),
+            std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"repo_id": )").find("bad JSON"), std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"repo_id": "a", "repo_id": "b"})").find("bad JSON"),
+            std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:["x"])").find("not an object"), std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"revision": null})").find("no \"repo_id\""),
+            std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"repo_id": ""})").find("non-empty string"),
+            std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"repo_id": 5})").find("non-empty string"),
+            std::string::npos);
+  EXPECT_NE(msg(R"(metaload.TransformersModel:{"repo_id": "x", "revision": 1})")
+                .find("neither a string nor null"),
+            std::string::npos);
+  EXPECT_EQ(expect_error<ModelKeyError>([] {
+              to_model_key({"metaload.X", "", std::nullopt, {}});
+            }).kind(),
+            std::string("ModelKeyError"));
+  expect_error<ModelKeyError>([] { to_model_key({"", "x", std::nullopt, {}}); });
+  expect_error<ModelKeyError>([] { to_model_key({"a.B", "bad\xff", std::nullopt, {}}); });
+}
+
+TEST(Registry, NnsightClassesAreAliasesOfTransformersModel) {
+  EXPECT_EQ(canonical_model_class("nnsight.modeling.language.LanguageModel"), kTransformersModel);
+  EXPECT_EQ(canonical_model_class("nnsight.modeling.transformers.TransformersModel"),
+            kTransformersModel);
+  EXPECT_EQ(canonical_model_class(kTransformersModel), kTransformersModel);
+  auto known = known_model_classes();
+  EXPECT_NE(std::find(known.begin(), known.end(), kTransformersModel), known.end());
+  EXPECT_NE(std::string(expect_error<ModelKeyError>([] { canonical_model_class("x.Y"); }).what())
+                .find("known:"),
+            std::string::npos);
+}
+
+TEST(Registry, FactoriesAttachThroughAliasesAndKeepTheirType) {
+  using Factory = std::function<int(const ModelKey&)>;
+  register_model_class("tests.Wrapper");
+  register_model_alias("tests.OldWrapper", "tests.Wrapper");
+  EXPECT_FALSE(model_factory<Factory>("tests.Wrapper"));
+  set_model_factory("tests.OldWrapper",
+                    Factory([](const ModelKey& k) { return static_cast<int>(k.repo_id.size()); }));
+  auto f = model_factory<Factory>("tests.Wrapper");
+  ASSERT_TRUE(f);
+  EXPECT_EQ((*f)(from_model_key(R"(tests.OldWrapper:{"repo_id": "abcd", "revision": null})")), 4);
+  EXPECT_FALSE(model_factory<std::function<void()>>("tests.Wrapper"));  // wrong type: none
+  expect_error<ModelKeyError>([] { register_model_alias("tests.Alias2", "tests.NotRegistered"); });
+  expect_error<ModelKeyError>([] { register_model_class("tests.OldWrapper"); });
+  expect_error<ModelKeyError>([] { set_model_factory("tests.Nope", 1); });
+}
+
+}  // namespace
+}  // namespace metaload

@@ -1,0 +1,90 @@
+// metaload describe REF [--dtype D] [--revision R] [--json]
+#include <iostream>
+#include <memory>
+
+#include "model/describe.h"
+#include "tools/cli/command.h"
+
+namespace metaload {
+namespace cli {
+namespace {
+
+struct Options {
+  std::string ref, dtype, revision;
+  bool json = false;
+  CLI::Option* dtype_opt = nullptr;
+  CLI::Option* revision_opt = nullptr;
+};
+
+std::string config_summary(const nlohmann::json& c) {
+  auto str = [&](const char* k) -> std::string {
+    auto it = c.find(k);
+    if (it == c.end()) return "";
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_array() && !it->empty() && it->front().is_string())
+      return it->front().get<std::string>();
+    if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+    return "";
+  };
+  auto first = [&](std::initializer_list<const char*> keys) {
+    for (const char* k : keys) {
+      if (std::string v = str(k); !v.empty()) return v;
+    }
+    return std::string();
+  };
+  std::string s = first({"model_type"});
+  if (std::string a = first({"architectures"}); !a.empty())
+    s += (s.empty() ? "" : " ") + ("(" + a + ")");
+  if (std::string l = first({"num_hidden_layers", "n_layer"}); !l.empty())
+    s += ", " + l + " layers";
+  if (std::string h = first({"hidden_size", "n_embd"}); !h.empty()) s += ", hidden " + h;
+  return s.empty() ? "present" : s;
+}
+
+int run(const Options& o) {
+  std::optional<std::string> dtype, revision;
+  if (*o.dtype_opt) dtype = o.dtype;
+  if (*o.revision_opt) revision = o.revision;
+  CheckpointInfo info = describe_checkpoint(o.ref, dtype, revision);
+  if (o.json) {
+    std::cout << to_json(info).dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::pair<std::string, std::string>> rows;
+  rows.emplace_back("checkpoint", info.repo_id ? *info.repo_id : o.ref);
+  rows.emplace_back("directory", info.dir);
+  rows.emplace_back("revision", info.revision ? *info.revision : "-");
+  rows.emplace_back("files", std::to_string(info.n_files));
+  rows.emplace_back("tensors", with_commas(info.n_tensors));
+  rows.emplace_back("parameters", info.n_params ? with_commas(*info.n_params) : "unknown");
+  rows.emplace_back("dtype", dtype ? info.dtype : info.dtype + " (as stored)");
+  rows.emplace_back("size", info.size_bytes ? gib_and_bytes(*info.size_bytes) : "unknown");
+  rows.emplace_back("stored", gib_and_bytes(info.stored_bytes));
+  if (info.n_buffer_elements) {
+    rows.emplace_back("buffers", with_commas(info.n_buffer_elements) +
+                                     " elements of non-parameter buffers (not counted)");
+  }
+  rows.emplace_back("config", info.config ? config_summary(*info.config) : "none (no config.json)");
+  rows.emplace_back("max TP degree", info.max_tp_size ? std::to_string(*info.max_tp_size) : "-");
+  print_rows(rows);
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> setup_describe(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("ref", o->ref,
+                 "checkpoint directory, .safetensors file, index.json, HF repo id or model key")
+      ->required();
+  o->dtype_opt = sub.add_option(
+      "--dtype", o->dtype,
+      "size for this dtype or quantization (bfloat16, nf4, ...); default: as stored");
+  o->revision_opt =
+      sub.add_option("--revision", o->revision, "branch, tag or commit hash of an HF repo id");
+  sub.add_flag("--json", o->json, "print JSON instead of a table");
+  return [o] { return run(*o); };
+}
+
+}  // namespace cli
+}  // namespace metaload

@@ -1,0 +1,70 @@
+// metaload key REF [--revision R] [--class C] [--json]
+//   REF a repo id: prints its model key. REF a model key: checks it and prints its parts.
+#include <iostream>
+#include <memory>
+
+#include "loader/hf_cache.h"
+#include "loader/json_util.h"
+#include "model/model_key.h"
+#include "model/registry.h"
+#include "tools/cli/command.h"
+
+namespace metaload {
+namespace cli {
+namespace {
+
+struct Options {
+  std::string ref, revision, class_path = kTransformersModel;
+  bool json = false;
+  CLI::Option* revision_opt = nullptr;
+};
+
+int run(const Options& o) {
+  ModelKey key;
+  if (o.ref.find(':') != std::string::npos) {
+    key = from_model_key(o.ref);
+    if (*o.revision_opt) {
+      if (key.revision && *key.revision != o.revision) {
+        throw ModelKeyError("the key pins revision " + quote_str(*key.revision) +
+                            " but --revision is " + quote_str(o.revision));
+      }
+      key.revision = o.revision;
+    }
+  } else {
+    if (!looks_like_repo_id(o.ref)) {
+      throw ModelKeyError(
+          quote_str(o.ref) +
+          " is neither a Hugging Face repo id (ORG/NAME) nor a model key (CLASS:JSON)");
+    }
+    canonical_model_class(o.class_path);  // an unknown class is an error here too
+    key = ModelKey{o.class_path, o.ref, std::nullopt, {}};
+    if (*o.revision_opt) key.revision = o.revision;
+  }
+  const std::string text = to_model_key(key);
+  if (o.json) {
+    nlohmann::json j = {
+        {"key", text},
+        {"class_path", key.class_path},
+        {"canonical_class", canonical_model_class(key.class_path)},
+        {"repo_id", key.repo_id},
+        {"revision", key.revision ? nlohmann::json(*key.revision) : nlohmann::json()}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << text << "\n";
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> setup_key(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("ref", o->ref, "an HF repo id (ORG/NAME), or a model key to check")->required();
+  o->revision_opt = sub.add_option("--revision", o->revision, "pin a branch, tag or commit hash");
+  sub.add_option("--class", o->class_path, "wrapper class path of the key")->capture_default_str();
+  sub.add_flag("--json", o->json, "print the key and its parts as JSON");
+  return [o] { return run(*o); };
+}
+
+}  // namespace cli
+}  // namespace metaload
