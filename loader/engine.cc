@@ -70,10 +70,15 @@ void validate_job(const CopyJob& j, size_t index, const std::vector<PlanFile>& f
     fail("row stride " + std::to_string(j.stride()) + " is smaller than the row (" +
          std::to_string(j.row_bytes) + " bytes)");
   }
+  if (j.rows > 1 && j.dst_pitch() < j.dst_row_bytes()) {
+    fail("destination row stride " + std::to_string(j.dst_pitch()) +
+         " is smaller than the destination row (" + std::to_string(j.dst_row_bytes()) + " bytes)");
+  }
   uint64_t span = 0, end = 0, dst = 0;
   if (j.rows == 0 || j.row_bytes == 0) return;
   if (mul_overflows(j.rows - 1, j.stride(), &span) || add_overflows(span, j.row_bytes, &span) ||
-      add_overflows(j.offset, span, &end) || mul_overflows(j.rows, j.dst_row_bytes(), &dst)) {
+      add_overflows(j.offset, span, &end) || mul_overflows(j.rows - 1, j.dst_pitch(), &dst) ||
+      add_overflows(dst, j.dst_row_bytes(), &dst)) {
     fail("byte range overflows 64 bits");
   }
   if (j.dst == nullptr) fail("no destination memory");
@@ -108,9 +113,11 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
   for (size_t i = 0; i < jobs.size(); ++i) {
     const CopyJob& j = jobs[i];
     if (j.rows == 0 || j.row_bytes == 0) continue;
-    const uint64_t dst_row = j.dst_row_bytes();
+    const uint64_t dst_row = j.dst_pitch();
     const bool identity = !j.convert;
-    const bool contiguous = j.rows == 1 || j.stride() == j.row_bytes;
+    // Rows back to back on both sides: one run.
+    const bool contiguous =
+        j.rows == 1 || (j.stride() == j.row_bytes && j.dst_pitch() == j.dst_row_bytes());
     if (contiguous) {
       segs.push_back({i, j.file, j.offset, 1, j.rows * j.row_bytes, j.row_bytes, 0,
                       identity && limits.direct_bytes > 0});
@@ -159,7 +166,6 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
   for (const Segment& s : segs) {
     const CopyJob& j = jobs[s.job];
     auto* slot = static_cast<unsigned char*>(j.dst);
-    const uint64_t dst_row = j.dst_row_bytes();
     if (s.rows > 1) {
       // A gather segment stays whole; it joins an open staged piece if the hole is small and the
       // piece stays within the staging size.
@@ -175,8 +181,8 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
       part.row_bytes = s.row_bytes;
       part.src_pitch = s.stride;
       part.dst = slot + s.dst_off;
-      part.dst_pitch = dst_row;
-      part.dst_bytes = s.rows * dst_row;
+      part.dst_pitch = j.dst_pitch();
+      part.dst_bytes = s.rows * j.dst_row_bytes();
       cur.parts.push_back(part);
       cur.length = std::max(cur.length, s.offset + fp - cur.offset);
       continue;
@@ -573,7 +579,7 @@ uint64_t max_staged_length(const std::vector<Piece>& pieces) {
 }
 
 void deliver_on_cpu(const PiecePart& part, const CopyJob& job, const unsigned char* buf) {
-  prefault(part.dst, part.rows * part.dst_pitch);
+  prefault(part.dst, (part.rows - 1) * part.dst_pitch + part.dst_bytes / part.rows);
   const unsigned char* src = buf + part.src;
   if (job.convert) {
     convert_cpu_2d(src, part.src_pitch, job.from, part.dst, part.dst_pitch, job.to, part.rows,

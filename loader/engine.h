@@ -49,8 +49,9 @@ METALOAD_DEFINE_ERROR(PlanError, LoadError);
 
 // One destination: `rows` runs of `row_bytes` bytes, `row_stride` bytes apart in file `file`,
 // starting at absolute offset `offset`. A whole tensor or a dim-0 slice is one row (or rows with
-// row_stride == row_bytes); a dim-1 slice has row_stride > row_bytes. The destination is compact:
-// row r lands at dst + r * dst_row_bytes().
+// row_stride == row_bytes); a dim-1 slice has row_stride > row_bytes. Row r lands at
+// dst + r * dst_pitch(): compact by default, wider when several jobs interleave into one slot (a
+// fused q|k|v tensor's per-rank sections).
 struct CopyJob {
   std::string name;  // for errors and progress
   size_t file = 0;   // index into the files given to the engine
@@ -64,12 +65,15 @@ struct CopyJob {
   bool convert = false;  // false: the bytes are copied as they are
   FloatFormat from = FloatFormat::kF32;
   FloatFormat to = FloatFormat::kF32;
-  void* dst = nullptr;  // host memory (CPU engine) or device memory (staged engine)
+  void* dst = nullptr;          // host memory (CPU engine) or device memory (staged engine)
+  uint64_t dst_row_stride = 0;  // bytes between destination rows; 0 = dst_row_bytes()
 
   uint64_t stride() const { return row_stride == 0 ? row_bytes : row_stride; }
   uint64_t dst_row_bytes() const {
     return convert ? row_bytes / float_format_size(from) * float_format_size(to) : row_bytes;
   }
+  uint64_t dst_pitch() const { return dst_row_stride == 0 ? dst_row_bytes() : dst_row_stride; }
+  // Bytes written into the slot.
   uint64_t dst_bytes() const { return rows * dst_row_bytes(); }
 };
 

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,8 @@ struct SlotSpec {
   std::vector<int64_t> stored_shape;  // as stored
   at::ScalarType stored_dtype = at::kFloat;
   at::ScalarType dtype = at::kFloat;  // of the slot; differs only among float32/float16/bfloat16
-  TpSlice slice;
+  TpSlice slice;                      // an even split of one dim ...
+  std::optional<TpShard> shard;       // ... or any shard a family's TP plan describes (wins)
 };
 
 struct SlotLoad {

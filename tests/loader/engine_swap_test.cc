@@ -219,6 +219,27 @@ TEST_F(LoadSlotsTest, StagedTwinFillsDeviceTensorsIdentically) {
   EXPECT_EQ(l.report.engine, "staged:sim");
 }
 
+TEST_F(LoadSlotsTest, FamilyShardsInterleaveSectionsAndPadTheVocabulary) {
+  // w_ as a GPT-2 Conv1D c_attn [in=8, out=6] with three sections of 2 (q|k|v), column-parallel
+  // (dim 1), rank 1 of 2; e_ as a vocabulary [10, 4] split by rows, rank 1 of 2, padded to 6.
+  SlotSpec qkv = spec("c_attn", 0, at::kFloat);
+  qkv.shard = TpShard{1, {{1, 2}, {3, 4}, {5, 6}}, {8, 3}};
+  SlotSpec vocab = spec("wte", 1, at::kBFloat16);
+  vocab.shard = TpShard{0, {{5, 10}}, {6, 4}};
+  const at::Tensor want_qkv = at::cat({w_.slice(1, 1, 2), w_.slice(1, 3, 4), w_.slice(1, 5, 6)}, 1);
+  const at::Tensor want_vocab =
+      at::cat({e_.slice(0, 5, 10), at::zeros({1, 4})}, 0).to(at::kBFloat16);
+  auto dev = make_sim_device_ops();
+  for (DeviceOps* staged : {static_cast<DeviceOps*>(nullptr), dev.get()}) {
+    SlotLoad l = load_slots({path_}, {qkv, vocab}, at::kCPU, quiet(), staged);
+    EXPECT_TRUE(at::equal(l.tensors[0], want_qkv)) << l.report.engine;
+    EXPECT_TRUE(at::equal(l.tensors[1], want_vocab)) << l.report.engine;
+  }
+  SlotSpec bad = qkv;
+  bad.shard->ranges.push_back({0, 7});
+  EXPECT_THROW(load_slots({path_}, {bad}, at::kCPU, quiet()), SliceError);
+}
+
 TEST_F(LoadSlotsTest, AFailedLoadFreesEverySlotAndLeavesTheModuleAsBefore) {
   at::Tensor w = meta({8, 6}).requires_grad_(true), e = meta({10, 4});
   const int64_t arenas = HostArena::live_count();

@@ -368,6 +368,46 @@ TEST_P(EngineTest, LoadsEveryKindOfJobWithAnyThreadsAndSizes) {
   }
 }
 
+TEST_P(EngineTest, JobsInterleaveIntoOneSlotThroughTheDestinationPitch) {
+  // A fused [in=64, out=3*48] tensor whose rank-1-of-2 slot takes columns [24, 48) of each of the
+  // three sections: three strided jobs writing 24 of every 72 slot columns.
+  Scenario s;
+  s.add_file(64 * 144 * 4, 5);
+  const uint64_t in = 64, sec = 48, take = 24;
+  for (bool convert : {false, true}) {
+    const uint64_t de = convert ? 2 : 4;
+    std::vector<unsigned char> slot(in * 3 * take * de + 64, 0xEE);
+    std::vector<CopyJob> jobs;
+    for (uint64_t q = 0; q < 3; ++q) {
+      CopyJob j = strided("c_attn." + std::to_string(q), 0, (q * sec + take) * 4, in, take * 4,
+                          3 * sec * 4);
+      if (convert) {
+        j.convert = true;
+        j.from = FloatFormat::kF32;
+        j.to = FloatFormat::kBF16;
+      }
+      j.dst = slot.data() + q * take * de;
+      j.dst_row_stride = 3 * take * de;
+      jobs.push_back(j);
+    }
+    EngineOptions opt;
+    opt.bar = ProgressBar::kOff;
+    opt.merge_gap = convert ? 1 << 20 : 0;  // gathered, and row by row
+    run_engine(GetParam(), s.files, jobs, opt);
+    for (uint64_t r = 0; r < in; ++r) {
+      for (uint64_t q = 0; q < 3; ++q) {
+        std::vector<unsigned char> want(take * de);
+        const unsigned char* src = s.data[0].data() + (r * 3 * sec + q * sec + take) * 4;
+        convert_cpu(src, FloatFormat::kF32, want.data(),
+                    convert ? FloatFormat::kBF16 : FloatFormat::kF32, take);
+        ASSERT_EQ(std::memcmp(slot.data() + (r * 3 + q) * take * de, want.data(), want.size()), 0)
+            << "row " << r << " section " << q << " convert " << convert;
+      }
+    }
+    EXPECT_EQ(slot[in * 3 * take * de], 0xEE);  // nothing past the slot
+  }
+}
+
 TEST_P(EngineTest, ReportsProgressUpToTheTotal) {
   Scenario s;
   build_mixed(s);
