@@ -6,3 +6,9 @@ add_test(NAME python_engine_swap
   COMMAND /usr/bin/python3 -m pytest ${PROJECT_SOURCE_DIR}/tests/python/test_engine_swap.py -q -p no:cacheprovider)
 set_tests_properties(python_engine_swap PROPERTIES ENVIRONMENT
   "METALOAD_LIB=$<TARGET_FILE:metaload>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python")
+metaload_test(loader_engine_load_test SOURCES engine_load_test.cc)
+# load_into from Python: resnet50 through the project's writer and back (tests/python/test_engine_load.py).
+add_test(NAME python_engine_load
+  COMMAND /usr/bin/python3 -m pytest ${PROJECT_SOURCE_DIR}/tests/python/test_engine_load.py -q -p no:cacheprovider)
+set_tests_properties(python_engine_load PROPERTIES ENVIRONMENT
+  "METALOAD_LIB=$<TARGET_FILE:metaload>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python")
