@@ -35,14 +35,16 @@
 #include <thread>
 #include <vector>
 
+#include "loader/checkpoint.h"
 #include "loader/engine.h"
 #include "loader/engine_device.h"
+#include "loader/plan.h"
 #include "loader/slots.h"
 #include "loader/slots_torch.h"
+#include "loader/torch_save.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using metaload::SlotSpec;
 
 namespace {
 
@@ -112,86 +114,45 @@ void fill_bf16(uint16_t* p, size_t n, uint64_t& state) {
 }
 
 struct Layout {
-  std::vector<std::string> files;
-  std::vector<SlotSpec> specs;  // stored as bf16
-  std::vector<int> tp_dims;
-  uint64_t bytes = 0;
-  uint64_t file_bytes = 0;
+  std::vector<std::string> files;  // the shards
+  std::vector<TensorDef> defs;
+  uint64_t bytes = 0;       // tensor data
+  uint64_t file_bytes = 0;  // shard files
 };
 
-// Reads back the shards' headers (the format layer is the checkpoint component's; this is the
-// bench's own minimal reader).
+// The shards as the format layer sees them.
 Layout read_layout(const std::string& dir, const std::vector<TensorDef>& defs) {
   Layout lay;
-  std::map<std::string, int> tp;
-  for (const TensorDef& d : defs) tp[d.name] = d.tp_dim;
-  for (int s = 0;; ++s) {
-    const std::string path = dir + "/model-0000" + std::to_string(s + 1) + ".safetensors";
-    if (!fs::exists(path)) break;
-    std::ifstream f(path, std::ios::binary);
-    uint64_t n = 0;
-    f.read(reinterpret_cast<char*>(&n), 8);
-    std::string hdr(n, ' ');
-    f.read(hdr.data(), static_cast<std::streamsize>(n));
-    const json j = json::parse(hdr);
-    lay.files.push_back(path);
-    lay.file_bytes += fs::file_size(path);
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (it.key() == "__metadata__") continue;
-      SlotSpec sp;
-      sp.name = it.key();
-      sp.file = lay.files.size() - 1;
-      sp.data_offset = 8 + n + it.value()["data_offsets"][0].get<uint64_t>();
-      sp.stored_shape = it.value()["shape"].get<std::vector<int64_t>>();
-      sp.stored_dtype = at::kBFloat16;
-      sp.dtype = at::kBFloat16;
-      lay.bytes += numel(sp.stored_shape) * 2;
-      lay.specs.push_back(sp);
-      lay.tp_dims.push_back(tp.count(sp.name) ? tp[sp.name] : -1);
-    }
+  lay.defs = defs;
+  const metaload::Checkpoint ck = metaload::open_checkpoint(dir);
+  for (const metaload::SafetensorsHeader& f : ck.files) {
+    lay.files.push_back(f.path);
+    lay.file_bytes += f.file_size;
   }
+  lay.bytes = ck.data_bytes();
   return lay;
 }
 
+// Writes the shards with the project's writer (4 shards + index) and, unless gpu_only, the same
+// weights as .pt files for the torch::load and torch.load anchors.
 void write_checkpoint(const Options& o, const std::vector<TensorDef>& defs) {
   fs::create_directories(o.dir);
-  uint64_t total = 0;
-  for (const TensorDef& d : defs) total += numel(d.shape) * 2;
-  const int shards = 4;
   uint64_t state = 0x9E3779B97F4A7C15ull;
-  std::vector<at::Tensor> all;  // for the .pt files
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const TensorDef& d : defs) {
+    at::Tensor t = at::empty(d.shape, at::kBFloat16);
+    fill_bf16(static_cast<uint16_t*>(t.data_ptr()), t.numel(), state);
+    named.push_back({d.name, t});
+  }
+  metaload::ShardOptions so;
+  so.num_shards = 4;
+  metaload::save_safetensors_sharded(o.dir, named, so);
+  if (o.gpu_only) return;
+  std::vector<at::Tensor> all;
   c10::Dict<std::string, at::Tensor> dict;
-  size_t next = 0;
-  for (int s = 0; s < shards && next < defs.size(); ++s) {
-    // Tensors go to shards in order until each holds ~total/shards bytes.
-    std::vector<const TensorDef*> mine;
-    uint64_t bytes = 0;
-    while (next < defs.size() && (bytes < total / shards || s == shards - 1)) {
-      mine.push_back(&defs[next]);
-      bytes += numel(defs[next].shape) * 2;
-      ++next;
-    }
-    json hdr = json::object();
-    uint64_t off = 0;
-    for (const TensorDef* d : mine) {
-      const uint64_t b = numel(d->shape) * 2;
-      hdr[d->name] = {{"dtype", "BF16"}, {"shape", d->shape}, {"data_offsets", {off, off + b}}};
-      off += b;
-    }
-    std::string h = hdr.dump();
-    while ((h.size() + 8) % 8) h += ' ';
-    const std::string path = o.dir + "/model-0000" + std::to_string(s + 1) + ".safetensors";
-    std::ofstream f(path, std::ios::binary);
-    const uint64_t n = h.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(h.data(), static_cast<std::streamsize>(n));
-    for (const TensorDef* d : mine) {
-      at::Tensor t = at::empty(d->shape, at::kBFloat16);
-      fill_bf16(static_cast<uint16_t*>(t.data_ptr()), t.numel(), state);
-      f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-      all.push_back(t);
-      dict.insert(d->name, t);
-    }
+  for (auto& [n, t] : named) {
+    all.push_back(t);
+    dict.insert(n, t);
   }
   torch::save(all, o.dir + "/model_cpp.pt");
   const std::vector<char> pickled = torch::pickle_save(c10::IValue(dict));
@@ -283,27 +244,41 @@ int run_child(const Options& o, const Layout& lay) {
     std::free(buf);
   } else if (o.child == "metaload" || o.child == "metaload_f32" || o.child == "metaload_tp2" ||
              o.child == "metaload_tp2_rows" || o.child == "metaload_cuda") {
-    std::vector<SlotSpec> specs = lay.specs;
-    if (o.child == "metaload_f32") {
-      for (SlotSpec& s : specs) s.dtype = at::kFloat;
+    // The public path: open the checkpoint, plan against a meta-built set of tensors, stream,
+    // swap in.
+    std::vector<metaload::LoadTarget> targets;
+    const bool tp = o.child.rfind("metaload_tp2", 0) == 0;
+    std::map<std::string, int> tp_dim;
+    for (const TensorDef& d : lay.defs) {
+      std::vector<int64_t> shape = d.shape;
+      if (tp && d.tp_dim >= 0) shape[d.tp_dim] /= 2;
+      tp_dim[d.name] = d.tp_dim;
+      targets.push_back(
+          {d.name, at::empty(shape, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta))});
     }
-    if (o.child.rfind("metaload_tp2", 0) == 0) {
-      for (size_t i = 0; i < specs.size(); ++i) specs[i].slice = {lay.tp_dims[i], 0, 2};
+    metaload::LoadOptions lo;
+    lo.engine = eo;
+    if (o.child == "metaload_f32") lo.dtype = at::kFloat;
+    if (o.child == "metaload_cuda") lo.device = at::Device("cuda:0");
+    if (tp) {
+      lo.tp_size = 2;
+      lo.names.tp_shard = [tp_dim](const std::string& n, const std::vector<int64_t>& shape,
+                                   int rank, int size) {
+        return metaload::even_shard(shape, {tp_dim.at(n), rank, size}, n);
+      };
       // Row-parallel rows one pread each instead of gathered through staging.
       if (o.child == "metaload_tp2_rows") {
-        eo.merge_gap = 0;
-        eo.direct_row_min = 1;
+        lo.engine.merge_gap = 0;
+        lo.engine.direct_row_min = 1;
       }
     }
-    at::Device dev = o.child == "metaload_cuda" ? at::Device("cuda:0") : at::Device(at::kCPU);
     const double t0 = now();
-    metaload::SlotLoad l = metaload::load_slots(lay.files, specs, dev, eo);
+    const metaload::LoadReport r = metaload::load_tensors(targets, o.dir, lo);
     const double secs = now() - t0;
-    print_result(secs, l.report.bytes, base);
+    print_result(secs, r.bytes, base);
     std::fprintf(stderr, "  [%s] engine %s, %llu reads, %.0f MB direct, peak staging %.0f MB\n",
-                 o.child.c_str(), l.report.engine.c_str(),
-                 static_cast<unsigned long long>(l.report.reads), l.report.direct_bytes / 1e6,
-                 l.report.peak_staging_bytes / 1e6);
+                 o.child.c_str(), r.engine.c_str(), static_cast<unsigned long long>(r.reads),
+                 r.direct_bytes / 1e6, r.peak_staging_bytes / 1e6);
   } else if (o.child == "torch_load_cpp") {
     std::vector<at::Tensor> v;
     const double t0 = now();
@@ -437,14 +412,17 @@ int main(int argc, char** argv) {
 
   const double tg = now();
   bool fresh = false;
-  if (!fs::exists(o.dir + "/model.pt")) {
+  if (!fs::exists(o.dir + "/model.safetensors.index.json") ||
+      (!o.gpu_only && !fs::exists(o.dir + "/model.pt"))) {
     write_checkpoint(o, defs);
     fresh = true;
   }
   Layout lay = read_layout(o.dir, defs);
   std::vector<std::string> all = lay.files;
-  all.push_back(o.dir + "/model.pt");
-  all.push_back(o.dir + "/model_cpp.pt");
+  if (!o.gpu_only) {
+    all.push_back(o.dir + "/model.pt");
+    all.push_back(o.dir + "/model_cpp.pt");
+  }
   warm(all);
   warm(all);
   const int threads =

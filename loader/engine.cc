@@ -578,8 +578,10 @@ uint64_t max_staged_length(const std::vector<Piece>& pieces) {
   return m;
 }
 
-void deliver_on_cpu(const PiecePart& part, const CopyJob& job, const unsigned char* buf) {
-  prefault(part.dst, (part.rows - 1) * part.dst_pitch + part.dst_bytes / part.rows);
+void deliver_on_cpu(const PiecePart& part, const CopyJob& job, const unsigned char* buf,
+                    bool fault_first) {
+  if (fault_first)
+    prefault(part.dst, (part.rows - 1) * part.dst_pitch + part.dst_bytes / part.rows);
   const unsigned char* src = buf + part.src;
   if (job.convert) {
     convert_cpu_2d(src, part.src_pitch, job.from, part.dst, part.dst_pitch, job.to, part.rows,
@@ -634,7 +636,9 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
           run.staging_add(staging_size);
         }
         run.read_piece(i, staging.get());
-        for (const PiecePart& part : p.parts) deliver_on_cpu(part, jobs[part.job], staging.get());
+        for (const PiecePart& part : p.parts) {
+          deliver_on_cpu(part, jobs[part.job], staging.get(), opt.prefault);
+        }
       }
       run.delivered(p);
     }

@@ -111,9 +111,11 @@ struct EngineOptions {
   // streams (at least 2 so copies overlap).
   int ring_buffers = 4;
   int streams = 2;
-  // CPU engine: fault slot pages in with MADV_POPULATE_WRITE just before a read fills them
-  // (measured faster than faulting inside the read; see slots.h).
-  bool prefault = true;
+  // CPU engine: fault slot pages in with MADV_POPULATE_WRITE just before a read fills them,
+  // instead of inside the read. Off by default: slower in most runs here (see slots.h).
+  bool prefault = false;
+  // CPU slots (load_slots): ask for transparent huge pages on the slot arena (see slots.h).
+  bool huge_pages = true;
   // Called on the calling thread, about 10 times a second and once at the end.
   std::function<void(const Progress&)> progress;
   ProgressBar bar = ProgressBar::kAuto;  // kAuto: a bar on stderr when it is a terminal

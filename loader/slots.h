@@ -1,13 +1,16 @@
 // Slot memory for CPU loads. Torch-free.
 //
-// Measured here (2 cores, warm page cache, 1 GiB, 2 reader threads; see bench/RESULTS.md): reading
-// into fresh 4 KiB pages runs at ~2 GB/s (a page fault per 4 KiB, as torch.empty gives), into a
-// pre-touched buffer at ~13 GB/s. The winner for fresh memory is one anonymous mapping, 2 MiB
-// aligned, with MADV_HUGEPAGE (THP is in "madvise" mode here, and torch 1.13's allocator never
-// asks), faulted in by each reader right before its read with MADV_POPULATE_WRITE (~6 GB/s: the
-// kernel must still zero every page). So a CPU load allocates all its slots in one HostArena,
-// laid out in file order so that tensors adjacent in a file are adjacent in memory and are read
-// with one pread.
+// Whoever allocates the slots decides the speed of a fresh load: the pages must be faulted in and
+// zeroed by the kernel before the bytes can land. Measured here (2 cores, a shared Firecracker VM,
+// warm page cache, 2.3 GB, 2 reader threads; bench/RESULTS.md): fresh 4 KiB pages (what
+// torch.empty / malloc give) load at ~0.6-1 GB/s; one anonymous mapping, 2 MiB aligned, with
+// MADV_HUGEPAGE (THP is in "madvise" mode here and torch 1.13's allocator never asks) at
+// ~1.3-4.7 GB/s, faulted by the reads themselves; pre-faulting each piece with
+// MADV_POPULATE_WRITE just before its read was slower in most runs (0.3-2.4 GB/s), so it is an
+// option (EngineOptions::prefault), off by default. Much of the spread is the VM: a guest page
+// touched for the first time costs a fault in the host too. So a CPU load allocates all its slots
+// in one HostArena with huge pages, laid out in file order so that tensors adjacent in a file are
+// adjacent in memory and are read with one pread.
 #pragma once
 
 #include <cstddef>

@@ -12,3 +12,5 @@ add_test(NAME python_engine_load
   COMMAND /usr/bin/python3 -m pytest ${PROJECT_SOURCE_DIR}/tests/python/test_engine_load.py -q -p no:cacheprovider)
 set_tests_properties(python_engine_load PROPERTIES ENVIRONMENT
   "METALOAD_LIB=$<TARGET_FILE:metaload>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python")
+# The staged engine on a GPU (skips itself without one; tools/gpu_check).
+metaload_test(loader_engine_cuda_test SOURCES engine_cuda_test.cc)
