@@ -80,3 +80,16 @@ def test_bad_requests_are_typed(resnet, tmp_path):
         with pytest.raises(_lib.Error):
             load_into(model, path, device="cuda", progress=False)
     assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_resnet50_onto_cuda(resnet):
+    ref, path = resnet
+    model = torchvision.models.resnet50().to("meta")
+    report = load_into(model, path, device="cuda", dtype=torch.bfloat16, progress=False)
+    assert report.engine.startswith("staged:cuda")
+    for name, t in model.state_dict().items():
+        assert t.is_cuda, name
+        want = ref.state_dict()[name]
+        want = want.to(torch.bfloat16) if want.is_floating_point() else want
+        assert torch.equal(t.cpu(), want), name
