@@ -275,6 +275,24 @@ TEST_P(EngineTest, ReportsProgressUpToTheTotal) {
   EXPECT_EQ(seen.back().bytes_total, r.bytes);
 }
 
+TEST_P(EngineTest, ProgressBarOnStderrOnlyWhenAskedOrATerminal) {
+  Scenario s;
+  build_mixed(s);
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOn;
+  ::testing::internal::CaptureStderr();
+  run_engine(GetParam(), s.files, s.jobs, opt);
+  const std::string bar = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(bar.find("metaload ["), std::string::npos) << bar;
+  EXPECT_NE(bar.find("GB/s"), std::string::npos) << bar;
+  EXPECT_NE(bar.find("ETA"), std::string::npos) << bar;
+  EXPECT_EQ(bar.back(), '\n');
+  opt.bar = ProgressBar::kAuto;  // stderr is a pipe here: silent
+  ::testing::internal::CaptureStderr();
+  run_engine(GetParam(), s.files, s.jobs, opt);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 TEST_P(EngineTest, ShortReadsAndInterruptedReadsAreResumed) {
   Scenario s;
   build_mixed(s);
