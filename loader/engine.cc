@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "loader/engine_device.h"
+#include "loader/slots.h"
 
 namespace metaload {
 
@@ -608,6 +609,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
   const std::vector<Piece> pieces = plan_pieces(jobs, files.plan_files(), limits);
   const uint64_t staging_size = max_staged_length(pieces);
 
+  const bool fault_first = resolve_slot_pages(opt.slot_pages) == SlotPages::kSmall;
   Run run(opt, jobs, pieces, files);
   const int used = std::max(1, std::min<int>(threads, static_cast<int>(pieces.size())));
   run.execute(used, [&](int) {
@@ -624,7 +626,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
       if (i >= pieces.size()) return;
       const Piece& p = pieces[i];
       if (p.direct) {
-        if (opt.prefault) prefault(p.direct_dst, p.length);
+        if (fault_first) prefault(p.direct_dst, p.length);
         run.read_piece(i, p.direct_dst);
         run.direct += p.length;
       } else {
@@ -637,7 +639,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
         }
         run.read_piece(i, staging.get());
         for (const PiecePart& part : p.parts) {
-          deliver_on_cpu(part, jobs[part.job], staging.get(), opt.prefault);
+          deliver_on_cpu(part, jobs[part.job], staging.get(), fault_first);
         }
       }
       run.delivered(p);

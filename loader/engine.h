@@ -97,6 +97,15 @@ struct EngineHooks {
 
 enum class ProgressBar { kAuto, kOn, kOff };
 
+// How fresh CPU slot memory is faulted in:
+//  kHuge: transparent huge pages, faulted by the reads themselves -- fastest where touching fresh
+//         memory is cheap (bare metal, most VMs);
+//  kSmall: 4 KiB pages, each read's destination pre-faulted with MADV_POPULATE_WRITE -- fastest in
+//         a VM that hands freed memory back to its host (virtio-balloon free page reporting), where
+//         fresh huge pages are the slowest of all to touch;
+//  kAuto: kSmall when this kernel reports free pages to a hypervisor, else kHuge.
+enum class SlotPages { kAuto, kHuge, kSmall };
+
 struct EngineOptions {
   int threads = 0;                       // reader threads; 0 = the machine's cores
   uint64_t chunk_bytes = 16ull << 20;    // largest single read
@@ -111,11 +120,8 @@ struct EngineOptions {
   // streams (at least 2 so copies overlap).
   int ring_buffers = 4;
   int streams = 2;
-  // CPU engine: fault slot pages in with MADV_POPULATE_WRITE just before a read fills them,
-  // instead of inside the read. Off by default: slower in most runs here (see slots.h).
-  bool prefault = false;
-  // CPU slots (load_slots): ask for transparent huge pages on the slot arena (see slots.h).
-  bool huge_pages = true;
+  // How CPU slot memory gets its pages (slots.h has the measurements).
+  SlotPages slot_pages = SlotPages::kAuto;
   // Called on the calling thread, about 10 times a second and once at the end.
   std::function<void(const Progress&)> progress;
   ProgressBar bar = ProgressBar::kAuto;  // kAuto: a bar on stderr when it is a terminal

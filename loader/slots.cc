@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <new>
 #include <numeric>
 
@@ -49,6 +51,28 @@ int64_t HostArena::live_count() {
 }
 int64_t HostArena::live_bytes() {
   return g_arena_bytes.load();
+}
+
+bool free_page_reporting_active() {
+  static const bool active = [] {
+    // Feature bit 5 (VIRTIO_BALLOON_F_REPORTING) of any bound balloon device; the features file
+    // is one '0'/'1' character per bit.
+    std::error_code ec;
+    const std::filesystem::path dir("/sys/bus/virtio/drivers/virtio_balloon");
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().filename().string().rfind("virtio", 0) != 0) continue;
+      std::string bits;
+      std::ifstream(e.path() / "features") >> bits;
+      if (bits.size() > 5 && bits[5] == '1') return true;
+    }
+    return false;
+  }();
+  return active;
+}
+
+SlotPages resolve_slot_pages(SlotPages requested) {
+  if (requested != SlotPages::kAuto) return requested;
+  return free_page_reporting_active() ? SlotPages::kSmall : SlotPages::kHuge;
 }
 
 std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uint64_t* total) {

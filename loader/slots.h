@@ -1,16 +1,20 @@
 // Slot memory for CPU loads. Torch-free.
 //
-// Whoever allocates the slots decides the speed of a fresh load: the pages must be faulted in and
-// zeroed by the kernel before the bytes can land. Measured here (2 cores, a shared Firecracker VM,
-// warm page cache, 2.3 GB, 2 reader threads; bench/RESULTS.md): fresh 4 KiB pages (what
-// torch.empty / malloc give) load at ~0.6-1 GB/s; one anonymous mapping, 2 MiB aligned, with
-// MADV_HUGEPAGE (THP is in "madvise" mode here and torch 1.13's allocator never asks) at
-// ~1.3-4.7 GB/s, faulted by the reads themselves; pre-faulting each piece with
-// MADV_POPULATE_WRITE just before its read was slower in most runs (0.3-2.4 GB/s), so it is an
-// option (EngineOptions::prefault), off by default. Much of the spread is the VM: a guest page
-// touched for the first time costs a fault in the host too. So a CPU load allocates all its slots
-// in one HostArena with huge pages, laid out in file order so that tensors adjacent in a file are
-// adjacent in memory and are read with one pread.
+// Whoever allocates the slots decides the speed of a fresh load: every page must be faulted in
+// and zeroed before the bytes land. One anonymous mapping holds all slots of a load (HostArena),
+// laid out in file order so that tensors adjacent in a file are adjacent in memory and share one
+// pread. How its pages come in is EngineOptions::slot_pages; measured on this project's machine
+// (2 cores, a Firecracker VM with virtio-balloon free page reporting, 2.3 GB, warm page cache,
+// fresh processes; bench/RESULTS.md):
+//   - memory touched for the first time after ~2 s idle is "cold": the guest reported it free and
+//     the host took it back, so every touch faults in the host too. Cold huge pages touch at
+//     ~0.3 GB/s, cold 4 KiB pages at ~0.9 GB/s; a load into 4 KiB pages pre-faulted per read with
+//     MADV_POPULATE_WRITE ran at 1.1-1.3 GB/s, into huge pages at 0.3-0.9 GB/s;
+//   - memory another process freed moments before is "hot": huge pages faulted by the reads ran at
+//     2.9-6.8 GB/s, 4 KiB pages at 1.2-2.3 GB/s.
+// Where the kernel does not report free pages (bare metal, most clouds), memory is always "hot",
+// and transparent huge pages (THP is in "madvise" mode here; torch 1.13's allocator never asks for
+// them) are the clear choice; kAuto picks by that.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +22,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "loader/engine.h"
 
 namespace metaload {
 
@@ -60,6 +66,13 @@ struct SlotRequest {
 // 64 bytes, except that a slot read directly which follows the previous direct slot in the same
 // file byte for byte is placed right after it (if its own alignment allows), so both come in one
 // read.
+// True when a virtio-balloon device with free page reporting is bound (fresh huge pages are then
+// slow to touch, see above). Read once from /sys.
+bool free_page_reporting_active();
+
+// kAuto made concrete for this machine.
+SlotPages resolve_slot_pages(SlotPages requested);
+
 std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uint64_t* total);
 
 }  // namespace metaload

@@ -106,7 +106,8 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
     const std::vector<uint64_t> offsets = layout_slots(req, &total);
     // Fresh anonymous memory is zero, so shard padding needs no fill. The tensors hold the arena;
     // if anything throws, `out` dies and with it the last reference.
-    std::shared_ptr<HostArena> arena = HostArena::create(total, options.huge_pages);
+    std::shared_ptr<HostArena> arena =
+        HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
     for (size_t i = 0; i < specs.size(); ++i) {
       out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
       place(plans[i], arena->data() + offsets[i], jobs);

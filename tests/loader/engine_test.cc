@@ -200,7 +200,8 @@ TEST_P(EngineTest, LoadsEveryKindOfJobWithAnyThreadsAndSizes) {
     opt.ring_buffers = c.ring;
     opt.streams = c.streams;
     opt.bar = ProgressBar::kOff;
-    opt.prefault = c.threads % 2 == 0;  // both ways of faulting slot pages in
+    // Both ways of faulting slot pages in.
+    opt.slot_pages = c.threads % 2 == 0 ? SlotPages::kSmall : SlotPages::kHuge;
     SCOPED_TRACE("threads " + std::to_string(c.threads) + " chunk " + std::to_string(c.chunk) +
                  " staging " + std::to_string(c.staging));
     LoadReport r = run_engine(GetParam(), s.files, s.jobs, opt);
@@ -644,6 +645,13 @@ TEST(SlotsTest, LayoutKeepsFileNeighboursAdjacent) {
   EXPECT_EQ(off[3], 1856u);
   EXPECT_EQ(total, 1956u);
   for (uint64_t o : off) EXPECT_EQ(o % 4, 0u);
+}
+
+TEST(SlotsTest, PageModeResolvesByFreePageReporting) {
+  EXPECT_EQ(resolve_slot_pages(SlotPages::kHuge), SlotPages::kHuge);
+  EXPECT_EQ(resolve_slot_pages(SlotPages::kSmall), SlotPages::kSmall);
+  EXPECT_EQ(resolve_slot_pages(SlotPages::kAuto),
+            free_page_reporting_active() ? SlotPages::kSmall : SlotPages::kHuge);
 }
 
 TEST(SlotsTest, ArenaIsHugePageAlignedAndCounted) {
