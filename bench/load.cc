@@ -457,6 +457,11 @@ int main(int argc, char** argv) {
       loadavg().c_str(), fresh ? "written in" : "reused, warmed in", now() - tg);
 
   const bool gpu = metaload::cuda_device_available();
+  if (o.gpu_only && !gpu) {
+    std::printf("no CUDA device: nothing to measure with --gpu-only\n");
+    if (!o.keep) fs::remove_all(o.dir);
+    return 1;
+  }
   struct Row {
     std::string name, mode, anchor, target;
     double want;   // target ratio, 0 = none

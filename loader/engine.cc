@@ -344,11 +344,18 @@ class ProgressPrinter {
                  total_ / 1e9, gbs, eta);
     if (final) std::fputc('\n', stderr);
     std::fflush(stderr);
+    shown_ = !final;
+  }
+  // Ends a bar left mid-line by a failed load, so the error starts on its own line.
+  void abandon() {
+    if (shown_) std::fputc('\n', stderr);
+    shown_ = false;
   }
 
  private:
   uint64_t total_;
   bool enabled_ = false;
+  bool shown_ = false;
 };
 
 // State shared by the reader threads of one run.
@@ -427,10 +434,12 @@ class Run {
   }
 
   std::string piece_names(const Piece& p) const {
+    std::vector<size_t> ids;
+    for (const PiecePart& part : p.parts) ids.push_back(part.job);
+    std::sort(ids.begin(), ids.end());
+    const size_t distinct = std::unique(ids.begin(), ids.end()) - ids.begin();
     std::string s = describe_job(jobs[p.parts.front().job]);
-    size_t others = 0;
-    for (const PiecePart& part : p.parts) others += part.job != p.parts.front().job;
-    if (others > 0) s += " and " + std::to_string(others) + " more";
+    if (distinct > 1) s += " and " + std::to_string(distinct - 1) + " more";
     return s;
   }
 
@@ -446,10 +455,11 @@ class Run {
                                         : ::pread(files.fd(p.file), buf + got, want, off);
       reads.fetch_add(1, std::memory_order_relaxed);
       if (r < 0) {
-        if (errno == EINTR) continue;
+        const int e = errno;
+        if (e == EINTR) continue;
         throw ReadError(files.path(p.file) + ": read of " + std::to_string(want) +
                         " bytes at offset " + std::to_string(off) + " failed (" + piece_names(p) +
-                        "): " + std::strerror(errno));
+                        "): " + std::strerror(e));
       }
       if (r == 0) {
         throw ReadError(files.path(p.file) + ": unexpected end of file at offset " +
@@ -512,6 +522,7 @@ class Run {
     }
     for (std::thread& t : pool) t.join();
     if (!error) report_progress(printer, true);
+    if (error) printer.abandon();
   }
 
   void report_progress(ProgressPrinter& printer, bool final) {
