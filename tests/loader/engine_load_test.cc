@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "loader/plan.h"
 #include "loader/slots.h"
@@ -268,6 +269,23 @@ TEST_F(LoadTest, TensorParallelRanksPutTogetherEqualTheFullModel) {
   LoadOptions o = options();
   o.tp_size = 2;
   EXPECT_THROW(load(m, path_, o), PlanError);  // no TP plan given
+}
+
+TEST_F(LoadTest, CorruptOrTruncatedCheckpointsFailBeforeAnyAllocation) {
+  const int64_t arenas = HostArena::live_count();
+  // Cut off the last tensor's bytes: the header no longer matches the file.
+  const std::string cut = dir_ + "/cut.safetensors";
+  fs::copy_file(path_, cut);
+  fs::resize_file(cut, fs::file_size(cut) - 10);
+  // Garbage where the header length should be.
+  const std::string junk = dir_ + "/junk.safetensors";
+  std::ofstream(junk, std::ios::binary) << "this is not a safetensors file at all";
+  for (const std::string& p : {cut, junk}) {
+    Tiny m;
+    EXPECT_THROW(load(m, p, options()), FormatError) << p;
+    for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+    EXPECT_EQ(HostArena::live_count(), arenas);
+  }
 }
 
 TEST_F(LoadTest, MissingCheckpointIsAResolveError) {
