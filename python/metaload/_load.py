@@ -9,6 +9,7 @@ requires_grad is kept); nothing changes unless every tensor was read and checked
 with the checkpoint (missing, unexpected, mismatched tensors) is one metaload.MismatchError listing
 them all.
 """
+import contextlib
 import json
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
@@ -59,10 +60,15 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     bar on stderr when it is a terminal. Returns a LoadReport.
     """
     ops = _lib.load()
+    try:  # the meta mode (metaload.meta()) would turn the call's device into meta
+        from ._mode import real
+    except ImportError:
+        real = contextlib.nullcontext
     state = module.state_dict(keep_vars=True)  # the Parameters themselves; ties appear twice
     names = list(state.keys())
     tensors = list(state.values())
     dev = torch.device(device) if device is not None else None
-    out = ops.load_into(tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
-                        staging_bytes, strict, progress)
+    with real():
+        out = ops.load_into(tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size,
+                            threads, staging_bytes, strict, progress)
     return _report(out)

@@ -93,3 +93,19 @@ def test_resnet50_onto_cuda(resnet):
         want = ref.state_dict()[name]
         want = want.to(torch.bfloat16) if want.is_floating_point() else want
         assert torch.equal(t.cpu(), want), name
+
+
+def test_load_into_inside_the_meta_mode(resnet):
+    import metaload
+    if not hasattr(metaload, "meta"):
+        pytest.skip("this tree has no metaload.meta() (c10_ext)")
+    ref, path = resnet
+    with metaload.meta():
+        model = torchvision.models.resnet50()
+        assert model.conv1.weight.is_meta
+        load_into(model, path, progress=False)  # real data even inside meta()
+    model.eval()
+    assert model.conv1.weight.device.type == "cpu"
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
