@@ -11,16 +11,36 @@ package is a thin layer over torch.ops.metaload.
 """
 from ._lib import Error, error_class, library_path, load
 from ._fake import fake, is_fake, scan
+from ._load import FileReport, LoadReport, load_into
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
+from . import checkpoint
+from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint, from_model_key,
+                         max_tp_size, save_safetensors, to_model_key, tp_degree_for)
 
 ops = load()
 DataDependentError = error_class("DataDependentError")
 ModeError = error_class("ModeError")
+MismatchError = error_class("MismatchError")
+LoadError = error_class("LoadError")
 
 __all__ = [
+    "CheckpointInfo",
     "DataDependentError",
     "Error",
+    "FileReport",
+    "LoadError",
+    "LoadReport",
+    "MismatchError",
     "ModeError",
+    "bytes_per_element",
+    "checkpoint",
+    "describe_checkpoint",
+    "from_model_key",
+    "load_into",
+    "max_tp_size",
+    "save_safetensors",
+    "to_model_key",
+    "tp_degree_for",
     "fake",
     "forcing_stats",
     "is_fake",

@@ -1,0 +1,335 @@
+#include "loader/plan.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "loader/swap.h"
+
+namespace metaload {
+
+std::optional<at::ScalarType> torch_dtype_of(DType d) {
+  // By name, so dtypes only newer libtorch releases have (float8, uint16, ...) need no version
+  // checks: where this build lacks one, no ScalarType answers to its name.
+  static const std::map<DType, std::string> names = {
+      {DType::BOOL, "Bool"},
+      {DType::U8, "Byte"},
+      {DType::I8, "Char"},
+      {DType::I16, "Short"},
+      {DType::U16, "UInt16"},
+      {DType::I32, "Int"},
+      {DType::U32, "UInt32"},
+      {DType::I64, "Long"},
+      {DType::U64, "UInt64"},
+      {DType::F16, "Half"},
+      {DType::BF16, "BFloat16"},
+      {DType::F32, "Float"},
+      {DType::F64, "Double"},
+      {DType::C64, "ComplexFloat"},
+      {DType::F8_E4M3, "Float8_e4m3fn"},
+      {DType::F8_E5M2, "Float8_e5m2"},
+      {DType::F8_E4M3FNUZ, "Float8_e4m3fnuz"},
+      {DType::F8_E5M2FNUZ, "Float8_e5m2fnuz"},
+      {DType::F8_E8M0, "Float8_e8m0fnu"},
+  };
+  auto it = names.find(d);
+  if (it == names.end()) return std::nullopt;
+  for (int i = 0; i < static_cast<int>(at::ScalarType::NumOptions); ++i) {
+    const auto t = static_cast<at::ScalarType>(i);
+    if (it->second == c10::toString(t)) return t;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << at::IntArrayRef(s);
+  return o.str();
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool convertible(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+std::string list_block(const char* title, const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += std::string("\n  ") + title + ": " + i;
+  return s;
+}
+
+}  // namespace
+
+LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
+                   const LoadOptions& opt) {
+  if (opt.tp_size < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size) {
+    throw PlanError("tensor-parallel rank " + std::to_string(opt.tp_rank) + " of " +
+                    std::to_string(opt.tp_size) + " does not exist");
+  }
+  if (opt.tp_size > 1 && !opt.names.tp_shard) {
+    throw PlanError("tp_size " + std::to_string(opt.tp_size) +
+                    " needs the model family's TP plan (LoadOptions::names.tp_shard)");
+  }
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!by_name.emplace(targets[i].name, i).second) {
+      throw PlanError("two targets are named '" + targets[i].name + "'");
+    }
+  }
+
+  // Checkpoint tensor for each target, by the family's renames.
+  std::vector<const TensorInfo*> source(targets.size(), nullptr);
+  std::vector<size_t> source_file(targets.size(), 0);
+  std::vector<std::string> source_name(targets.size());
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const std::string& cname : ckpt.tensor_names()) {
+    std::optional<std::string> mname = cname;
+    if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
+    if (!mname) continue;  // ignored by the family
+    auto it = by_name.find(*mname);
+    const TensorRef& ref = ckpt.lookup.at(cname);
+    if (it == by_name.end()) {
+      if (opt.strict) {
+        unexpected.push_back(cname + (*mname != cname ? " (as " + *mname + ")" : "") + " in " +
+                             base_name(ckpt.files[ref.file].path));
+      }
+      continue;
+    }
+    if (source[it->second] != nullptr) {
+      mismatched.push_back(*mname + ": both '" + source_name[it->second] + "' and '" + cname +
+                           "' in the checkpoint map to it");
+      continue;
+    }
+    source[it->second] = &ckpt.tensor(ref);
+    source_file[it->second] = ref.file;
+    source_name[it->second] = cname;
+  }
+
+  // Ties: targets that are one tensor object, and the family's tied groups. A target without its
+  // own checkpoint tensor takes its group's.
+  std::vector<int> group(targets.size(), -1);
+  std::unordered_map<const c10::TensorImpl*, int> impl_group;
+  int groups = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!targets[i].tensor.defined()) continue;
+    auto [it, fresh] = impl_group.emplace(targets[i].tensor.unsafeGetTensorImpl(), groups);
+    if (fresh) ++groups;
+    group[i] = it->second;
+  }
+  for (const std::vector<std::string>& names : opt.names.tied) {
+    int g = -1;
+    for (const std::string& n : names) {
+      auto it = by_name.find(n);
+      if (it == by_name.end()) continue;
+      if (g < 0) {
+        g = group[it->second];
+        continue;
+      }
+      const int old = group[it->second];
+      for (int& x : group) x = x == old ? g : x;
+    }
+  }
+  std::map<int, size_t> group_source;  // group -> a target with a checkpoint tensor
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (source[i] != nullptr && group[i] >= 0) group_source.emplace(group[i], i);
+  }
+
+  LoadPlan plan;
+  for (const SafetensorsHeader& f : ckpt.files) plan.files.push_back(f.path);
+  plan.spec_of_target.assign(targets.size(), -1);
+  std::map<size_t, int> spec_of_source;  // owner target -> spec
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const LoadTarget& t = targets[i];
+    if (opt.names.skip && opt.names.skip(t.name)) continue;
+    if (!t.tensor.defined()) {
+      mismatched.push_back(t.name + ": undefined tensor in the module");
+      continue;
+    }
+    size_t owner = i;
+    if (source[i] == nullptr) {
+      auto g = group[i] >= 0 ? group_source.find(group[i]) : group_source.end();
+      if (g == group_source.end()) {
+        missing.push_back(t.name + " " + shape_str(t.tensor.sizes().vec()));
+        continue;
+      }
+      owner = g->second;
+    }
+    auto known = spec_of_source.find(owner);
+    if (known != spec_of_source.end()) {
+      plan.spec_of_target[i] = known->second;
+      const SlotSpec& s = plan.specs[known->second];
+      if (t.tensor.sizes().vec() != (s.shard ? s.shard->shape : s.stored_shape)) {
+        mismatched.push_back(t.name + ": shape " + shape_str(t.tensor.sizes().vec()) +
+                             " but it is tied to '" + targets[owner].name + "' " +
+                             shape_str(s.shard ? s.shard->shape : s.stored_shape));
+      }
+      continue;
+    }
+    const TensorInfo& info = *source[owner];
+    const std::string where =
+        "'" + source_name[owner] + "' in " + base_name(ckpt.files[source_file[owner]].path);
+    const std::optional<at::ScalarType> stored = torch_dtype_of(info.dtype);
+    if (!stored) {
+      mismatched.push_back(t.name + ": " + where + " is " + dtype_name(info.dtype) +
+                           ", which this libtorch has no dtype for");
+      continue;
+    }
+    at::ScalarType want = t.tensor.scalar_type();
+    if (opt.dtype && convertible(*stored)) want = *opt.dtype;
+    if (opt.dtype && !convertible(*stored)) want = *stored;
+    if (want != *stored && !(convertible(want) && convertible(*stored))) {
+      mismatched.push_back(t.name + ": dtype " + c10::toString(want) + " in the module but " +
+                           where + " is " + c10::toString(*stored) +
+                           " (conversions exist among Float, Half and BFloat16)");
+      continue;
+    }
+    SlotSpec spec;
+    spec.name = source_name[owner];
+    spec.file = source_file[owner];
+    spec.data_offset = ckpt.files[source_file[owner]].data_start + info.begin;
+    spec.stored_shape = info.shape;
+    spec.stored_dtype = *stored;
+    spec.dtype = want;
+    std::vector<int64_t> shape = info.shape;
+    if (opt.tp_size > 1) {
+      try {
+        TpShard shard = opt.names.tp_shard(t.name, info.shape, opt.tp_rank, opt.tp_size);
+        if (shard.dim >= 0) {
+          shard_copies(info.shape, 1, 0, shard, spec.name);  // validates
+          shape = shard.shape;
+          spec.shard = shard;
+        }
+      } catch (const std::exception& e) {
+        mismatched.push_back(t.name + ": no TP shard for rank " + std::to_string(opt.tp_rank) +
+                             " of " + std::to_string(opt.tp_size) + ": " + e.what());
+        continue;
+      }
+    }
+    if (t.tensor.sizes().vec() != shape) {
+      mismatched.push_back(t.name + ": shape " + shape_str(t.tensor.sizes().vec()) +
+                           " in the module but " + where + " gives " + shape_str(shape) +
+                           (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
+                                                  std::to_string(opt.tp_size) + ")"
+                                            : ""));
+      continue;
+    }
+    spec_of_source[owner] = static_cast<int>(plan.specs.size());
+    plan.spec_of_target[i] = static_cast<int>(plan.specs.size());
+    plan.specs.push_back(std::move(spec));
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string msg = "checkpoint '" + ckpt.ref +
+                      "' does not fit: " + std::to_string(missing.size()) + " missing, " +
+                      std::to_string(unexpected.size()) + " unexpected, " +
+                      std::to_string(mismatched.size()) + " mismatched";
+    msg += list_block("missing", missing) + list_block("unexpected", unexpected) +
+           list_block("mismatched", mismatched);
+    throw MismatchError(msg, missing, unexpected, mismatched);
+  }
+  return plan;
+}
+
+LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::string& ref,
+                        const LoadOptions& opt) {
+  const Checkpoint ckpt = open_checkpoint(ref, opt.revision);
+  const LoadPlan plan = plan_load(targets, ckpt, opt);
+  EngineOptions eo = opt.engine;
+  if (opt.threads > 0) eo.threads = opt.threads;
+  if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
+  if (opt.progress) eo.progress = opt.progress;
+  SlotLoad slots;
+  {
+    // Slots must be real memory even when a meta mode is active on this thread (a DeferredInit
+    // or Fake key included): exclude both while they are made.
+    c10::impl::ExcludeDispatchKeyGuard real(
+        c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
+    slots = load_slots(plan.files, plan.specs, opt.device, eo, opt.staged);
+  }
+  std::vector<at::Tensor> dst, src;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (plan.spec_of_target[i] < 0) continue;
+    dst.push_back(targets[i].tensor);
+    src.push_back(slots.tensors[plan.spec_of_target[i]]);
+    names.push_back(targets[i].name);
+  }
+  swap_in(dst, src, names);
+  return slots.report;
+}
+
+LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOptions& opt) {
+  std::vector<LoadTarget> targets;
+  for (const auto& kv : module.named_parameters(/*recurse=*/true)) {
+    targets.push_back({kv.key(), kv.value()});
+  }
+  for (const auto& kv : module.named_buffers(/*recurse=*/true)) {
+    targets.push_back({kv.key(), kv.value()});
+  }
+  return load_tensors(targets, ref, opt);
+}
+
+namespace {
+
+// Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
+// package passes module.state_dict(keep_vars=True): the Parameters and persistent buffers
+// themselves, so they change in place.
+std::string load_into_op(at::TensorList targets, std::vector<std::string> names, std::string ref,
+                         c10::optional<std::string> revision, c10::optional<at::Device> device,
+                         c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
+                         int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar) {
+  if (targets.size() != names.size()) {
+    throw PlanError(std::to_string(targets.size()) + " tensors but " +
+                    std::to_string(names.size()) + " names");
+  }
+  std::vector<LoadTarget> t;
+  for (size_t i = 0; i < targets.size(); ++i) t.push_back({names[i], targets[i]});
+  LoadOptions opt;
+  if (device) opt.device = *device;
+  if (dtype) opt.dtype = *dtype;
+  if (revision) opt.revision = *revision;
+  opt.tp_rank = static_cast<int>(tp_rank);
+  opt.tp_size = static_cast<int>(tp_size);
+  opt.threads = static_cast<int>(threads);
+  opt.staging_bytes = static_cast<uint64_t>(std::max<int64_t>(staging_bytes, 0));
+  opt.strict = strict;
+  opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
+  const LoadReport r = load_tensors(t, ref, opt);
+  nlohmann::json j = {{"bytes", r.bytes},
+                      {"slot_bytes", r.slot_bytes},
+                      {"seconds", r.seconds},
+                      {"peak_staging_bytes", r.peak_staging_bytes},
+                      {"peak_device_staging_bytes", r.peak_device_staging_bytes},
+                      {"reads", r.reads},
+                      {"direct_bytes", r.direct_bytes},
+                      {"threads", r.threads},
+                      {"engine", r.engine},
+                      {"files", nlohmann::json::array()}};
+  for (const FileReport& f : r.files) {
+    j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"seconds", f.seconds}});
+  }
+  return j.dump();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(metaload, m) {
+  m.def(
+      "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
+      "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
+      "int staging_bytes=0, bool strict=True, bool progress_bar=True) -> str",
+      &load_into_op);
+}
+
+}  // namespace metaload

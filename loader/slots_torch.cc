@@ -1,0 +1,141 @@
+#include "loader/slots_torch.h"
+
+#include <memory>
+
+#include "loader/slots.h"
+#include "loader/swap.h"
+
+namespace metaload {
+
+bool float_format_of(at::ScalarType t, FloatFormat* out) {
+  switch (t) {
+    case at::kFloat:
+      *out = FloatFormat::kF32;
+      return true;
+    case at::kHalf:
+      *out = FloatFormat::kF16;
+      return true;
+    case at::kBFloat16:
+      *out = FloatFormat::kBF16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// The copy jobs of one spec (one per shard range), with destinations as byte offsets into the
+// slot (stored in CopyJob::dst until the slot exists).
+struct SpecPlan {
+  std::vector<CopyJob> jobs;
+  std::vector<int64_t> shape;
+  bool padded = false;
+};
+
+SpecPlan plan_spec(const SlotSpec& s) {
+  const uint64_t elem = c10::elementSize(s.stored_dtype);
+  const uint64_t dst_elem = c10::elementSize(s.dtype);
+  CopyJob base;
+  base.name = s.name;
+  base.file = s.file;
+  base.unit = static_cast<uint32_t>(elem);
+  if (s.dtype != s.stored_dtype) {
+    if (!float_format_of(s.stored_dtype, &base.from) || !float_format_of(s.dtype, &base.to)) {
+      throw PlanError("tensor '" + s.name + "': cannot convert " +
+                      std::string(c10::toString(s.stored_dtype)) + " to " +
+                      std::string(c10::toString(s.dtype)) +
+                      " (conversions exist among Float, Half and BFloat16)");
+    }
+    base.convert = true;
+  }
+  const TpShard shard = s.shard ? *s.shard : even_shard(s.stored_shape, s.slice, s.name);
+  SpecPlan p;
+  p.shape = shard.dim < 0 ? s.stored_shape : shard.shape;
+  p.padded = shard_has_padding(shard);
+  for (const ShardCopy& c : shard_copies(s.stored_shape, elem, s.data_offset, shard, s.name)) {
+    CopyJob j = base;
+    apply_region(j, c.src);
+    j.dst = reinterpret_cast<void*>(static_cast<uintptr_t>(c.dst_offset_elems * dst_elem));
+    if (j.rows > 1) j.dst_row_stride = c.dst_row_stride_elems * dst_elem;
+    p.jobs.push_back(j);
+  }
+  return p;
+}
+
+uint64_t numel_of(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// Turns the jobs' slot-relative destinations into addresses.
+void place(SpecPlan& p, void* slot, std::vector<CopyJob>& all) {
+  for (CopyJob& j : p.jobs) {
+    j.dst = static_cast<unsigned char*>(slot) + reinterpret_cast<uintptr_t>(j.dst);
+    all.push_back(j);
+  }
+}
+
+}  // namespace
+
+SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
+                    at::Device device, const EngineOptions& options, DeviceOps* staged) {
+  std::vector<SpecPlan> plans;
+  plans.reserve(specs.size());
+  for (const SlotSpec& s : specs) plans.push_back(plan_spec(s));
+
+  SlotLoad out;
+  out.tensors.reserve(specs.size());
+  std::vector<CopyJob> jobs;
+  if (staged == nullptr && device.is_cpu()) {
+    std::vector<SlotRequest> req;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const SpecPlan& p = plans[i];
+      SlotRequest r;
+      r.bytes = numel_of(p.shape) * c10::elementSize(specs[i].dtype);
+      r.align = c10::elementSize(specs[i].dtype);
+      r.file = specs[i].file;
+      r.file_offset = p.jobs.empty() ? 0 : p.jobs[0].offset;
+      // One contiguous run copied as it is can share a read with its file neighbours.
+      r.read_direct = p.jobs.size() == 1 && !p.jobs[0].convert &&
+                      (p.jobs[0].rows == 1 || p.jobs[0].stride() == p.jobs[0].row_bytes);
+      req.push_back(r);
+    }
+    uint64_t total = 0;
+    const std::vector<uint64_t> offsets = layout_slots(req, &total);
+    // Fresh anonymous memory is zero, so shard padding needs no fill. The tensors hold the arena;
+    // if anything throws, `out` dies and with it the last reference.
+    std::shared_ptr<HostArena> arena =
+        HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
+      place(plans[i], arena->data() + offsets[i], jobs);
+    }
+    arena.reset();
+    out.report = run_cpu_engine(files, jobs, options);
+    return out;
+  }
+
+  std::unique_ptr<DeviceOps> owned;
+  DeviceOps* ops = staged;
+  if (ops == nullptr) {
+    if (!device.is_cuda()) {
+      throw PlanError("cannot load onto device " + device.str() +
+                      ": only cpu and cuda are supported");
+    }
+    owned = make_cuda_device_ops(device.has_index() ? device.index() : 0);
+    ops = owned.get();
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto opts = at::TensorOptions().dtype(specs[i].dtype).device(device);
+    // Padding rows (a vocabulary padded for TP) are zero, as the families' shards say.
+    out.tensors.push_back(plans[i].padded ? at::zeros(plans[i].shape, opts)
+                                          : at::empty(plans[i].shape, opts));
+    place(plans[i], out.tensors.back().data_ptr(), jobs);
+  }
+  out.report = run_staged_engine(files, jobs, *ops, options);
+  return out;
+}
+
+}  // namespace metaload

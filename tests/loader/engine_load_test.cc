@@ -1,0 +1,298 @@
+// metaload::load end to end: safetensors checkpoints written by the project's writer, loaded into
+// torch::nn modules built on meta (or holding previous weights): the planner's one error listing
+// every problem, a family's renames / ties / computed buffers / TP shards, dtype conversion,
+// sharded checkpoints, the staged engine's twin, and all-or-nothing under faults.
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "loader/plan.h"
+#include "loader/slots.h"
+#include "loader/torch_save.h"
+
+namespace metaload {
+namespace {
+
+namespace fs = std::filesystem;
+
+at::Tensor meta(at::IntArrayRef sizes, at::ScalarType t = at::kFloat) {
+  return at::empty(sizes, at::TensorOptions().dtype(t).device(at::kMeta));
+}
+
+// A module tree from dotted names (torch::nn names may not contain dots: every prefix becomes a
+// submodule).
+class Tree : public torch::nn::Module {
+ public:
+  at::Tensor add(const std::string& dotted, at::Tensor t, bool buffer = false) {
+    torch::nn::Module* m = this;
+    size_t start = 0, dot;
+    while ((dot = dotted.find('.', start)) != std::string::npos) {
+      const std::string part = dotted.substr(start, dot - start);
+      auto kids = m->named_children();
+      torch::nn::Module* next = kids.contains(part) ? kids[part].get() : nullptr;
+      if (next == nullptr) {
+        next = m->register_module(part, std::make_shared<torch::nn::Module>()).get();
+      }
+      m = next;
+      start = dot + 1;
+    }
+    const std::string leaf = dotted.substr(start);
+    return buffer ? m->register_buffer(leaf, t) : m->register_parameter(leaf, t);
+  }
+};
+
+// A small GPT-2-like tree: embedding (tied to the head), two blocks, a computed buffer.
+struct Tiny : Tree {
+  explicit Tiny(bool on_meta = true) {
+    auto make = [&](at::IntArrayRef s) { return on_meta ? meta(s) : at::zeros(s); };
+    wte = add("transformer.wte.weight", make({16, 8}));
+    for (int i = 0; i < 2; ++i) {
+      add("transformer.h" + std::to_string(i) + ".weight", make({8, 8}));
+      add("transformer.h" + std::to_string(i) + ".bias", make({8}));
+    }
+    head = add("lm_head.weight", wte);  // tied: the same tensor
+    mask = add("transformer.mask", on_meta ? meta({4, 4}) : at::zeros({4, 4}), true);
+  }
+  at::Tensor wte, head, mask;
+};
+
+class LoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    std::string tmpl = std::string(base ? base : "/tmp") + "/metaload_load_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    torch::manual_seed(1);
+    // The checkpoint as transformers saves the base model: no "transformer." prefix, the tied
+    // head stored once (as wte), a causal-mask buffer the family ignores.
+    weights_ = {{"wte.weight", at::randn({16, 8})}, {"h0.weight", at::randn({8, 8})},
+                {"h0.bias", at::randn({8})},        {"h1.weight", at::randn({8, 8})},
+                {"h1.bias", at::randn({8})},        {"h0.attn.bias", at::ones({4, 4})}};
+    path_ = dir_ + "/model.safetensors";
+    save_safetensors(path_, weights_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  at::Tensor w(const std::string& name) {
+    for (auto& [n, t] : weights_) {
+      if (n == name) return t;
+    }
+    return {};
+  }
+
+  // The family's knowledge of this tree.
+  NameMapping family() {
+    NameMapping m;
+    m.checkpoint_to_module = [](const std::string& n) -> std::optional<std::string> {
+      if (n.find(".attn.bias") != std::string::npos) return std::nullopt;
+      return "transformer." + n;
+    };
+    m.tied = {{"transformer.wte.weight", "lm_head.weight"}};
+    m.skip = [](const std::string& n) { return n == "transformer.mask"; };
+    return m;
+  }
+  LoadOptions options() {
+    LoadOptions o;
+    o.names = family();
+    o.engine.bar = ProgressBar::kOff;
+    return o;
+  }
+
+  std::string dir_, path_;
+  std::vector<std::pair<std::string, at::Tensor>> weights_;
+};
+
+TEST_F(LoadTest, MetaModuleTakesTheCheckpointInPlace) {
+  Tiny m;
+  at::Tensor held = m.named_parameters()["transformer.h0.weight"];  // held across the load
+  LoadReport r = load(m, path_, options());
+  EXPECT_TRUE(at::equal(held, w("h0.weight")));
+  EXPECT_TRUE(held.requires_grad());
+  auto p = m.named_parameters();
+  EXPECT_TRUE(at::equal(p["transformer.h1.bias"], w("h1.bias")));
+  EXPECT_TRUE(at::equal(m.wte, w("wte.weight")));
+  EXPECT_TRUE(at::equal(m.head, w("wte.weight")));
+  EXPECT_EQ(m.head.data_ptr(), m.wte.data_ptr());  // still one tensor
+  EXPECT_TRUE(m.mask.is_meta());                   // computed buffer: not loaded
+  EXPECT_EQ(r.engine, "cpu");
+  EXPECT_EQ(r.files.size(), 1u);
+  EXPECT_EQ(r.slot_bytes, (16 * 8 + 2 * (64 + 8)) * 4u);
+}
+
+TEST_F(LoadTest, OneErrorListsEveryProblemAndChangesNothing) {
+  Tree m;
+  m.add("transformer.wte.weight", meta({16, 9}));                 // shape
+  m.add("transformer.h0.weight", meta({8, 8}, at::kLong), true);  // dtype (a buffer)
+  m.add("transformer.h0.bias", meta({8}));
+  m.add("transformer.extra", meta({3}));  // missing
+  // h1.* absent: unexpected
+  try {
+    load(m, path_, options());
+    FAIL();
+  } catch (const MismatchError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("[metaload.MismatchError] checkpoint '" + path_ +
+                       "' does not fit: 1 missing, 2 unexpected, 2 mismatched"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("missing: transformer.extra [3]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unexpected: h1.bias (as transformer.h1.bias) in model.safetensors"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("mismatched: transformer.wte.weight: shape [16, 9] in the module but "
+                       "'wte.weight' in model.safetensors gives [16, 8]"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("mismatched: transformer.h0.weight: dtype Long in the module"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(e.missing().size(), 1u);
+  }
+  for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+  // Not strict: the unexpected ones are ignored, the rest still counts.
+  LoadOptions o = options();
+  o.strict = false;
+  try {
+    load(m, path_, o);
+    FAIL();
+  } catch (const MismatchError& e) {
+    EXPECT_TRUE(e.unexpected().empty());
+    EXPECT_EQ(e.mismatched().size(), 2u);
+  }
+}
+
+TEST_F(LoadTest, DtypesConvertToTheModulesOrToTheAskedOne) {
+  // A bf16 checkpoint into a float module: converted to float, bit-exact with torch's .to().
+  std::vector<std::pair<std::string, at::Tensor>> bf;
+  for (auto& [n, t] : weights_) bf.push_back({n, t.to(at::kBFloat16)});
+  const std::string p = dir_ + "/bf16.safetensors";
+  save_safetensors(p, bf);
+  Tiny m;
+  load(m, p, options());
+  EXPECT_EQ(m.wte.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(m.wte, w("wte.weight").to(at::kBFloat16).to(at::kFloat)));
+  // dtype=f16: every floating tensor becomes f16.
+  Tiny h;
+  LoadOptions o = options();
+  o.dtype = at::kHalf;
+  load(h, p, o);
+  EXPECT_EQ(h.wte.scalar_type(), at::kHalf);
+  EXPECT_TRUE(at::equal(h.wte, w("wte.weight").to(at::kBFloat16).to(at::kHalf)));
+}
+
+TEST_F(LoadTest, ShardedCheckpointsAndTheStagedTwin) {
+  ShardOptions so;
+  so.num_shards = 3;
+  save_safetensors_sharded(dir_, weights_, so);
+  auto dev = make_sim_device_ops();
+  for (DeviceOps* staged : {static_cast<DeviceOps*>(nullptr), dev.get()}) {
+    Tiny m;
+    LoadOptions o = options();
+    o.staged = staged;
+    LoadReport r = load(m, dir_ + "/model.safetensors.index.json", o);
+    EXPECT_EQ(r.files.size(), 3u);
+    EXPECT_TRUE(at::equal(m.named_parameters()["transformer.h1.weight"], w("h1.weight")));
+    EXPECT_TRUE(at::equal(m.head, w("wte.weight")));
+  }
+}
+
+TEST_F(LoadTest, PreviousWeightsSurviveAFailedLoad) {
+  Tiny m(/*on_meta=*/false);
+  load(m, path_, options());
+  const at::Tensor before = m.wte.clone();
+  const int64_t arenas = HostArena::live_count();
+  // Each failure kind after the plan: a read fault, a cancel, a mismatch found late.
+  std::atomic<bool> cancel{false};
+  std::vector<std::function<void(LoadOptions&)>> faults = {
+      [](LoadOptions& o) {
+        o.engine.hooks.pread = [](int, void*, size_t, uint64_t) -> ssize_t {
+          errno = EIO;
+          return -1;
+        };
+      },
+      [&](LoadOptions& o) {
+        cancel = true;
+        o.engine.cancel = &cancel;
+      },
+      [](LoadOptions& o) { o.engine.hooks.before_verify = [] { throw VerifyError("late"); }; },
+  };
+  std::vector<std::pair<std::string, at::Tensor>> other;
+  for (auto& [n, t] : weights_) other.push_back({n, t + 1});
+  const std::string p = dir_ + "/other.safetensors";
+  save_safetensors(p, other);
+  for (auto& fault : faults) {
+    LoadOptions o = options();
+    fault(o);
+    EXPECT_THROW(load(m, p, o), LoadError);
+    EXPECT_TRUE(at::equal(m.wte, before));
+    EXPECT_EQ(HostArena::live_count(), arenas);
+  }
+  load(m, p, options());
+  EXPECT_TRUE(at::equal(m.wte, before + 1));
+}
+
+TEST_F(LoadTest, TensorParallelRanksPutTogetherEqualTheFullModel) {
+  // Column-parallel h*.weight / h*.bias (dim 0), row-parallel wte (dim 1): every rank's module is
+  // built with its shard shapes.
+  auto tp = [](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
+    const int dim = name.find("wte") != std::string::npos ? 1 : 0;
+    return even_shard(shape, {dim, rank, size}, name);
+  };
+  for (int size : {1, 2, 4}) {
+    std::vector<at::Tensor> h0w, wte;
+    for (int rank = 0; rank < size; ++rank) {
+      Tree m;
+      m.add("transformer.wte.weight", meta({16, 8 / size}));
+      m.add("transformer.h0.weight", meta({8 / size, 8}));
+      m.add("transformer.h0.bias", meta({8 / size}));
+      m.add("transformer.h1.weight", meta({8 / size, 8}));
+      m.add("transformer.h1.bias", meta({8 / size}));
+      LoadOptions o = options();
+      o.names.tied.clear();
+      o.names.tp_shard = tp;
+      o.tp_rank = rank;
+      o.tp_size = size;
+      load(m, path_, o);
+      h0w.push_back(m.named_parameters()["transformer.h0.weight"]);
+      wte.push_back(m.named_parameters()["transformer.wte.weight"]);
+    }
+    EXPECT_TRUE(at::equal(at::cat(h0w, 0), w("h0.weight"))) << size;
+    EXPECT_TRUE(at::equal(at::cat(wte, 1), w("wte.weight"))) << size;
+  }
+  Tiny m;
+  LoadOptions o = options();
+  o.tp_size = 2;
+  EXPECT_THROW(load(m, path_, o), PlanError);  // no TP plan given
+}
+
+TEST_F(LoadTest, CorruptOrTruncatedCheckpointsFailBeforeAnyAllocation) {
+  const int64_t arenas = HostArena::live_count();
+  // Cut off the last tensor's bytes: the header no longer matches the file.
+  const std::string cut = dir_ + "/cut.safetensors";
+  fs::copy_file(path_, cut);
+  fs::resize_file(cut, fs::file_size(cut) - 10);
+  // Garbage where the header length should be.
+  const std::string junk = dir_ + "/junk.safetensors";
+  std::ofstream(junk, std::ios::binary) << "this is not a safetensors file at all";
+  for (const std::string& p : {cut, junk}) {
+    Tiny m;
+    EXPECT_THROW(load(m, p, options()), FormatError) << p;
+    for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+    EXPECT_EQ(HostArena::live_count(), arenas);
+  }
+}
+
+TEST_F(LoadTest, MissingCheckpointIsAResolveError) {
+  Tiny m;
+  EXPECT_THROW(load(m, dir_ + "/nowhere", options()), ResolveError);
+  for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta());
+}
+
+}  // namespace
+}  // namespace metaload
