@@ -75,7 +75,10 @@ OpInfo classify(const c10::FunctionSchema& schema) {
       info.self = static_cast<int8_t>(i);
     }
   }
-  if (name == "aten::lift_fresh" || name == "aten::lift" || name == "aten::lift_fresh_copy") {
+  if (is_own_op(schema)) {
+    info.kind = OpKind::kPassthrough;
+  } else if (name == "aten::lift_fresh" || name == "aten::lift" ||
+             name == "aten::lift_fresh_copy") {
     info.kind = OpKind::kLift;
   } else if (name == "aten::to" && overload == "other") {
     info.kind = OpKind::kToOther;

@@ -15,3 +15,13 @@ inline bool is_device_type(const c10::Type& t) {
 }
 
 }  // namespace metaload
+
+namespace metaload {
+
+// metaload's own operators (torch.ops.metaload.*) run as they are inside every mode: their device
+// arguments are instructions to metaload, not tensors to redirect.
+inline bool is_own_op(const c10::FunctionSchema& schema) {
+  return schema.name().rfind("metaload::", 0) == 0;
+}
+
+}  // namespace metaload

@@ -40,10 +40,12 @@ c10::Device normalize(c10::Device d) {
 struct OpInfo {
   int8_t device = -1;      // index of a `device` argument (factories, _to_copy)
   int8_t pin_memory = -1;  // index of a `pin_memory` argument
+  bool own = false;        // a torch.ops.metaload operator: runs as it is
 };
 
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
+  info.own = is_own_op(schema);
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
     if (args[i].name() == "device" && is_device_type(*args[i].type())) {
@@ -180,6 +182,10 @@ struct KernelScope {
 void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const OpInfo& info = op_info(op);
+  if (info.own) {
+    c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+    return op.callBoxed(stack);
+  }
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
   auto& s = *stack;
