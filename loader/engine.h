@@ -122,6 +122,10 @@ struct EngineOptions {
   int streams = 2;
   // How CPU slot memory gets its pages (slots.h has the measurements).
   SlotPages slot_pages = SlotPages::kAuto;
+  // CPU, zero-copy: tensors stored as they are loaded (no dtype conversion, whole or a dim-0
+  // slice) point into a copy-on-write mapping of the checkpoint file instead of being read into
+  // fresh memory (FileMapping in slots.h). The rest goes through the engine as usual.
+  bool map_files = false;
   // Called on the calling thread, about 10 times a second and once at the end.
   std::function<void(const Progress&)> progress;
   ProgressBar bar = ProgressBar::kAuto;  // kAuto: a bar on stderr when it is a terminal
@@ -144,6 +148,7 @@ struct LoadReport {
   uint64_t peak_device_staging_bytes = 0;  // staged engine: device scratch for conversions
   uint64_t reads = 0;                      // read calls issued
   uint64_t direct_bytes = 0;               // bytes read straight into slots
+  uint64_t mapped_bytes = 0;               // bytes served from file mappings (map_files)
   int threads = 0;
   std::string engine;  // "cpu", or "staged:<device>"
   std::vector<FileReport> files;

@@ -249,6 +249,7 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
   if (opt.threads > 0) eo.threads = opt.threads;
   if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
   if (opt.progress) eo.progress = opt.progress;
+  eo.map_files = opt.map_files.value_or(eo.map_files || ckpt.repo_id.has_value());
   SlotLoad slots;
   {
     // Slots must be real memory even when a meta mode is active on this thread (a DeferredInit
@@ -288,7 +289,8 @@ namespace {
 std::string load_into_op(at::TensorList targets, std::vector<std::string> names, std::string ref,
                          c10::optional<std::string> revision, c10::optional<at::Device> device,
                          c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
-                         int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar) {
+                         int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar,
+                         c10::optional<bool> map_files) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -305,6 +307,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   opt.staging_bytes = static_cast<uint64_t>(std::max<int64_t>(staging_bytes, 0));
   opt.strict = strict;
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
+  if (map_files) opt.map_files = *map_files;
   const LoadReport r = load_tensors(t, ref, opt);
   nlohmann::json j = {{"bytes", r.bytes},
                       {"slot_bytes", r.slot_bytes},
@@ -313,6 +316,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                       {"peak_device_staging_bytes", r.peak_device_staging_bytes},
                       {"reads", r.reads},
                       {"direct_bytes", r.direct_bytes},
+                      {"mapped_bytes", r.mapped_bytes},
                       {"threads", r.threads},
                       {"engine", r.engine},
                       {"files", nlohmann::json::array()}};
@@ -328,7 +332,7 @@ TORCH_LIBRARY_FRAGMENT(metaload, m) {
   m.def(
       "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
-      "int staging_bytes=0, bool strict=True, bool progress_bar=True) -> str",
+      "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None) -> str",
       &load_into_op);
 }
 

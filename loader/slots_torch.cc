@@ -1,6 +1,9 @@
 #include "loader/slots_torch.h"
 
+#include <chrono>
+#include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "loader/slots.h"
 #include "loader/swap.h"
@@ -69,6 +72,71 @@ uint64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The specs whose bytes can be used where they lie in the file: one contiguous run, stored dtype,
+// no padding, element-aligned. Those become tensors over copy-on-write file mappings (the rest stay
+// undefined here). Pages are faulted in before returning, in parallel, so read errors surface now.
+std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
+                                  const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
+                                  const EngineOptions& options, LoadReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> out(specs.size());
+  std::vector<std::shared_ptr<FileMapping>> maps(files.size());
+  struct Range {
+    const FileMapping* map;
+    uint64_t offset, length;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SpecPlan& p = plans[i];
+    if (p.jobs.size() != 1 || p.padded) continue;
+    const CopyJob& j = p.jobs[0];
+    const uint64_t elem = c10::elementSize(specs[i].dtype);
+    if (j.convert || (j.rows > 1 && j.stride() != j.row_bytes) || j.offset % elem != 0) continue;
+    if (!maps[j.file]) {
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(files[j.file], ec);
+      if (ec) throw ReadError(files[j.file] + ": " + ec.message());
+      maps[j.file] = FileMapping::open(files[j.file], size);
+    }
+    const uint64_t bytes = j.rows * j.row_bytes;
+    if (j.offset + bytes > maps[j.file]->size()) {
+      throw ReadError(files[j.file] + ": tensor '" + specs[i].name + "' ends at byte " +
+                      std::to_string(j.offset + bytes) + " past the end of the file");
+    }
+    std::shared_ptr<FileMapping> keep = maps[j.file];
+    out[i] = at::from_blob(
+        maps[j.file]->data() + j.offset, p.shape, [keep](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(specs[i].dtype).device(at::kCPU));
+    ranges.push_back({maps[j.file].get(), j.offset, bytes});
+    report->mapped_bytes += bytes;
+  }
+  // Fault the pages in with the engine's threads (page-table work; no copy).
+  const int n = std::max(
+      1, std::min<int>(options.threads > 0 ? options.threads : std::thread::hardware_concurrency(),
+                       static_cast<int>(ranges.size())));
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (size_t r = t; r < ranges.size(); r += n) {
+          ranges[r].map->populate(ranges[r].offset, ranges[r].length);
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);  // `out` (and with it every mapping) dies with the throw
+  }
+  report->bytes += report->mapped_bytes;
+  report->slot_bytes += report->mapped_bytes;
+  report->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
 // Turns the jobs' slot-relative destinations into addresses.
 void place(SpecPlan& p, void* slot, std::vector<CopyJob>& all) {
   for (CopyJob& j : p.jobs) {
@@ -89,6 +157,10 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
   out.tensors.reserve(specs.size());
   std::vector<CopyJob> jobs;
   if (staged == nullptr && device.is_cpu()) {
+    // Zero-copy where asked and possible; those specs are then done.
+    std::vector<at::Tensor> mapped = options.map_files
+                                         ? map_slots(files, specs, plans, options, &out.report)
+                                         : std::vector<at::Tensor>(specs.size());
     std::vector<SlotRequest> req;
     for (size_t i = 0; i < specs.size(); ++i) {
       const SpecPlan& p = plans[i];
@@ -109,11 +181,21 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
     std::shared_ptr<HostArena> arena =
         HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
     for (size_t i = 0; i < specs.size(); ++i) {
+      if (mapped[i].defined()) {
+        out.tensors.push_back(std::move(mapped[i]));
+        continue;
+      }
       out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
       place(plans[i], arena->data() + offsets[i], jobs);
     }
     arena.reset();
+    const LoadReport mapping = out.report;
     out.report = run_cpu_engine(files, jobs, options);
+    out.report.mapped_bytes = mapping.mapped_bytes;
+    out.report.bytes += mapping.bytes;
+    out.report.slot_bytes += mapping.slot_bytes;
+    out.report.seconds += mapping.seconds;
+    if (mapping.mapped_bytes > 0) out.report.engine += "+mapped";
     return out;
   }
 

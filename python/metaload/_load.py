@@ -32,6 +32,7 @@ class LoadReport(NamedTuple):
     peak_device_staging_bytes: int
     reads: int
     direct_bytes: int  # bytes read straight into the tensors (no staging copy)
+    mapped_bytes: int  # bytes served from copy-on-write file mappings (mmap=True)
     threads: int
     engine: str
     files: List[FileReport]
@@ -51,13 +52,17 @@ def _report(text: str) -> LoadReport:
 def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device, None] = None,
               dtype: Optional[torch.dtype] = None, *, tp_rank: int = 0, tp_size: int = 1,
               threads: int = 0, staging_bytes: int = 0, strict: bool = True,
-              revision: Optional[str] = None, progress: bool = True) -> LoadReport:
+              revision: Optional[str] = None, progress: bool = True,
+              mmap: Optional[bool] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
     device: where the tensors go (default cpu). dtype: floating-point tensors load as this dtype
     (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert). progress: a
-    bar on stderr when it is a terminal. Returns a LoadReport.
+    bar on stderr when it is a terminal. mmap: on cpu, tensors stored as they are loaded point
+    into copy-on-write mappings of the checkpoint files instead of being copied (no fresh memory;
+    the files must not be rewritten in place while the model lives); default: on for checkpoints
+    in the Hugging Face cache (immutable blobs), off for other files. Returns a LoadReport.
     """
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
@@ -70,5 +75,5 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     dev = torch.device(device) if device is not None else None
     with real():
         out = ops.load_into(tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size,
-                            threads, staging_bytes, strict, progress)
+                            threads, staging_bytes, strict, progress, mmap)
     return _report(out)

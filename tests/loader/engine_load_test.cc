@@ -296,3 +296,116 @@ TEST_F(LoadTest, MissingCheckpointIsAResolveError) {
 
 }  // namespace
 }  // namespace metaload
+
+namespace metaload {
+namespace {
+
+// Zero-copy (map_files): tensors stored as loaded point into copy-on-write file mappings.
+TEST_F(LoadTest, MappedLoadEqualsACopiedLoadAndNeverWritesTheFile) {
+  Tiny copied;
+  load(copied, path_, options());
+  Tiny mapped;
+  at::Tensor held = mapped.named_parameters()["transformer.h0.weight"];
+  LoadOptions o = options();
+  o.engine.map_files = true;
+  const auto before = fs::last_write_time(path_);
+  std::ifstream f(path_, std::ios::binary);
+  const std::string bytes_before((std::istreambuf_iterator<char>(f)), {});
+  LoadReport r = load(mapped, path_, o);
+  EXPECT_EQ(r.engine, "cpu+mapped");
+  EXPECT_EQ(r.mapped_bytes, r.slot_bytes);  // every tensor here is stored as loaded
+  EXPECT_EQ(r.direct_bytes, 0u);
+  for (const auto& item : copied.named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), mapped.named_parameters()[item.key()])) << item.key();
+  }
+  EXPECT_TRUE(at::equal(held, w("h0.weight")));
+  EXPECT_EQ(FileMapping::live_count(), 1);
+  // A write to a weight copies its page; the checkpoint never changes.
+  {
+    at::NoGradGuard no_grad;
+    held.fill_(42.0f);
+  }
+  EXPECT_EQ(held.sum().item<float>(), 42.0f * 64);
+  std::ifstream g(path_, std::ios::binary);
+  const std::string bytes_after((std::istreambuf_iterator<char>(g)), {});
+  EXPECT_EQ(bytes_after, bytes_before);
+  EXPECT_EQ(fs::last_write_time(path_), before);
+}
+
+TEST_F(LoadTest, MappedLoadConvertsWhatNeedsConvertingThroughTheEngine) {
+  Tiny mapped;
+  LoadOptions o = options();
+  o.engine.map_files = true;
+  o.dtype = at::kHalf;  // every tensor converts: nothing can be mapped
+  LoadReport r = load(mapped, path_, o);
+  EXPECT_EQ(r.mapped_bytes, 0u);
+  EXPECT_EQ(r.engine, "cpu");
+  EXPECT_TRUE(at::equal(mapped.wte, w("wte.weight").to(at::kHalf)));
+}
+
+TEST_F(LoadTest, MappedLoadOfATruncatedFileFailsAndLeavesNothingBehind) {
+  // The header promises more data than the file holds: mapping would SIGBUS on access, so the
+  // load checks sizes and faults pages in before anything is swapped.
+  const auto size = fs::file_size(path_);
+  fs::resize_file(path_, size - 100);
+  Tiny m;
+  LoadOptions o = options();
+  o.engine.map_files = true;
+  EXPECT_THROW(load(m, path_, o), Error);
+  EXPECT_TRUE(m.wte.is_meta());
+  EXPECT_EQ(FileMapping::live_count(), 0);
+}
+
+TEST(FileMappingTest, PopulatingPagesPastTheEndIsAReadErrorNotASignal) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(base ? base : "/tmp") + "/metaload_mapping_test.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::string page(1 << 16, 'x');
+    out << page;
+  }
+  auto map = FileMapping::open(path, 1 << 16);
+  map->populate(0, 1 << 16);
+  EXPECT_EQ(map->data()[100], 'x');
+  fs::resize_file(path, 4096);  // another process truncates the file under the mapping
+  EXPECT_THROW(map->populate(0, 1 << 16), ReadError);
+  EXPECT_THROW(FileMapping::open(path, 1 << 16), ReadError);  // the size no longer matches
+  map.reset();
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace metaload
+
+namespace metaload {
+namespace {
+
+TEST_F(LoadTest, MappingIsTheDefaultForHuggingFaceCacheBlobsOnly) {
+  // A Hugging Face cache holding this checkpoint as a content-addressed blob.
+  const std::string cache = dir_ + "/hub";
+  const std::string repo = cache + "/models--org--tiny";
+  const std::string commit = "0123456789abcdef0123456789abcdef01234567";
+  fs::create_directories(repo + "/blobs");
+  fs::create_directories(repo + "/refs");
+  fs::create_directories(repo + "/snapshots/" + commit);
+  fs::copy_file(path_, repo + "/blobs/feedface");
+  fs::create_symlink("../../blobs/feedface", repo + "/snapshots/" + commit + "/model.safetensors");
+  std::ofstream(repo + "/refs/main") << commit;
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  Tiny from_cache;
+  LoadReport r = load(from_cache, "org/tiny", options());
+  ::unsetenv("HF_HUB_CACHE");
+  EXPECT_EQ(r.engine, "cpu+mapped");
+  EXPECT_TRUE(at::equal(from_cache.wte, w("wte.weight")));
+  Tiny from_dir;
+  EXPECT_EQ(load(from_dir, path_, options()).engine, "cpu");  // a plain file may be rewritten
+  LoadOptions never = options();
+  never.map_files = false;
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  Tiny copied;
+  EXPECT_EQ(load(copied, "org/tiny", never).engine, "cpu");
+  ::unsetenv("HF_HUB_CACHE");
+}
+
+}  // namespace
+}  // namespace metaload

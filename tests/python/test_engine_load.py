@@ -109,3 +109,19 @@ def test_load_into_inside_the_meta_mode(resnet):
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(model(x), ref(x))
+
+
+def test_resnet50_zero_copy_same_outputs_and_file_untouched(resnet):
+    ref, path = resnet
+    with open(path, "rb") as f:
+        before = f.read()
+    model = torchvision.models.resnet50().to("meta")
+    report = load_into(model, path, progress=False, mmap=True)
+    assert report.engine == "cpu+mapped" and report.mapped_bytes == report.slot_bytes
+    model.eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+        model.conv1.weight.mul_(2)  # copy-on-write: the checkpoint file never changes
+    with open(path, "rb") as f:
+        assert f.read() == before
