@@ -3,12 +3,16 @@
 // Pointwise ops run ATen's own TensorIterator over the meta operands, with outputs allocated
 // directly on meta (as the generated structured Meta kernels do): broadcasting, type promotion and
 // the output's stride order are then exactly the CPU kernel's.
+#include <ATen/Dispatch.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/util/irange.h>
 
 #include <bitset>
 #include <climits>
+
+#include <cmath>
+#include <limits>
 
 #include "kernels/meta_common.h"
 
@@ -817,11 +821,90 @@ std::tuple<Tensor, Tensor> std_mean_correction(const Tensor& self, at::OptionalI
   return var_mean_like("std_mean", self, dim, keepdim);
 }
 
+// ---- factories whose dtype comes from their values
+// ------------------------------------------------ libtorch's own kernels (composite) are right;
+// torch 1.13's Python meta kernels for these (torch/_meta_registrations.py) are not: arange(16.)
+// comes out int64 and full((2,), 7) float32. Python's go on top of libtorch's, so without these
+// every meta build from Python gets them.
+
+ScalarType arange_dtype(c10::optional<ScalarType> dtype, const at::Scalar& start,
+                        const at::Scalar& end, const at::Scalar& step) {
+  if (dtype) return *dtype;
+  if (start.isIntegral(true) && end.isIntegral(true) && step.isIntegral(true)) return at::kLong;
+  return c10::get_default_dtype_as_scalartype();
+}
+
+// The element count at::arange_out computes, with its argument checks.
+int64_t arange_size(ScalarType dtype, const at::Scalar& start, const at::Scalar& end,
+                    const at::Scalar& step) {
+  double size_d;
+  if (c10::isIntegralType(dtype, /*includeBool=*/false)) {
+    const int64_t s = start.to<int64_t>(), e = end.to<int64_t>(), st = step.to<int64_t>();
+    META_CHECK(st != 0, "arange", "step must be nonzero");
+    META_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "arange",
+               "upper bound and larger bound inconsistent with step sign");
+    size_d = std::ceil(static_cast<double>(e - s) / static_cast<double>(st));
+  } else {
+    const double s = start.to<double>(), e = end.to<double>(), st = step.to<double>();
+    META_CHECK(std::isfinite(s) && std::isfinite(e), "arange", "unsupported range: ", s, " -> ", e);
+    META_CHECK(st != 0, "arange", "step must be nonzero");
+    META_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "arange",
+               "upper bound and larger bound inconsistent with step sign");
+    size_d = std::ceil((e - s) / st);
+  }
+  META_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()),
+             "arange", "invalid size, possible overflow?");
+  return static_cast<int64_t>(size_d);
+}
+
+Tensor arange_start_step(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                         c10::optional<ScalarType> dtype, c10::optional<at::Layout>,
+                         c10::optional<at::Device>, c10::optional<bool>) {
+  const ScalarType t = arange_dtype(dtype, start, end, step);
+  return new_meta({arange_size(t, start, end, step)}, t);
+}
+
+Tensor arange_start(const at::Scalar& start, const at::Scalar& end, c10::optional<ScalarType> dtype,
+                    c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                    c10::optional<bool> pin_memory) {
+  return arange_start_step(start, end, 1, dtype, layout, device, pin_memory);
+}
+
+Tensor arange_end(const at::Scalar& end, c10::optional<ScalarType> dtype,
+                  c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                  c10::optional<bool> pin_memory) {
+  return arange_start_step(0, end, 1, dtype, layout, device, pin_memory);
+}
+
+// full's dtype when none is given: bool, long or the default dtype (complex default for complex).
+Tensor full(c10::SymIntArrayRef size, const at::Scalar& fill_value, c10::optional<ScalarType> dtype,
+            c10::optional<at::Layout>, c10::optional<at::Device>, c10::optional<bool>) {
+  ScalarType t = c10::get_default_dtype_as_scalartype();
+  if (dtype) {
+    t = *dtype;
+  } else if (fill_value.isBoolean()) {
+    t = at::kBool;
+  } else if (fill_value.isIntegral(false)) {
+    t = at::kLong;
+  } else if (fill_value.isComplex()) {
+    t = c10::toComplexType(t);
+  }
+  for (int64_t d : concrete(size)) META_CHECK(d >= 0, "full", "negative dimension ", d);
+  // The value must fit the dtype, as fill_ checks it on a real run (Scalar::to checks overflow).
+  AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kBool, at::kHalf, at::kBFloat16, t, "full",
+                                         [&] { (void)fill_value.to<scalar_t>(); });
+  return new_meta(concrete(size), t);
+}
+
 }  // namespace
 
 const std::vector<KernelDef>& pointwise_index_kernels() {
   static const std::vector<KernelDef> table = {
       METALOAD_META_KERNEL("relu", relu),
+      METALOAD_META_KERNEL("arange", arange_end),
+      METALOAD_META_KERNEL("arange.start", arange_start),
+      METALOAD_META_KERNEL("arange.start_step", arange_start_step),
+      METALOAD_META_KERNEL("full", full),
       METALOAD_META_KERNEL("hardswish", hardswish),
       METALOAD_META_KERNEL("hardtanh", hardtanh),
       METALOAD_META_KERNEL("where.self", where_self),

@@ -692,3 +692,57 @@ TEST(MetaReduce, FullAndDimReductionsMatchCpu) {
 
 }  // namespace
 }  // namespace metaload::testing
+
+namespace metaload {
+namespace {
+
+// Factories whose dtype depends on their values (torch 1.13's Python meta kernels get it wrong).
+TEST(MetaFactories, ArangeAndFullMatchCpu) {
+  const auto cpu = at::TensorOptions().device(at::kCPU);
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  // Both succeed with the same sizes, strides and dtype, or both fail.
+  auto same_impl = [](const std::function<at::Tensor()>& c, const std::function<at::Tensor()>& m,
+                      const std::string& what) {
+    at::Tensor ct, mt;
+    bool c_ok = true, m_ok = true;
+    try {
+      ct = c();
+    } catch (const std::exception&) {
+      c_ok = false;
+    }
+    try {
+      mt = m();
+    } catch (const std::exception&) {
+      m_ok = false;
+    }
+    ASSERT_EQ(c_ok, m_ok) << what << (c_ok ? ": only meta failed" : ": only cpu failed");
+    if (!c_ok) return;
+    EXPECT_EQ(ct.sizes(), mt.sizes()) << what;
+    EXPECT_EQ(ct.strides(), mt.strides()) << what;
+    EXPECT_EQ(ct.scalar_type(), mt.scalar_type()) << what;
+  };
+#define same(c, m, what) same_impl([&] { return c; }, [&] { return m; }, what)
+  const std::vector<std::tuple<at::Scalar, at::Scalar, at::Scalar>> ranges = {
+      {0, 16, 1},      {0, 16.0, 1}, {0, 2.5, 1}, {1, 10, 3},  {10, 1, -3},
+      {0.5, 3.7, 0.4}, {-5, 5, 2},   {0, 0, 1},   {true, 5, 1}};
+  for (const auto& [start, end, step] : ranges) {
+    const std::string what = c10::str("arange(", start, ", ", end, ", ", step, ")");
+    same(at::arange(start, end, step, cpu), at::arange(start, end, step, meta), what);
+    same(at::arange(start, end, cpu), at::arange(start, end, meta), what + " start");
+    same(at::arange(end, cpu), at::arange(end, meta), what + " end");
+    same(at::arange(start, end, step, cpu.dtype(at::kHalf)),
+         at::arange(start, end, step, meta.dtype(at::kHalf)), what + " half");
+  }
+  EXPECT_THROW(at::arange(0, 10, 0, meta), ShapeError);
+  EXPECT_THROW(at::arange(10, 0, 1, meta), ShapeError);
+  for (const at::Scalar& v :
+       {at::Scalar(7), at::Scalar(1.5), at::Scalar(true), at::Scalar(c10::complex<double>(1, 2))}) {
+    const std::string what = c10::str("full(", v, ")");
+    same(at::full({2, 3}, v, cpu), at::full({2, 3}, v, meta), what);
+    same(at::full({4}, v, cpu.dtype(at::kInt)), at::full({4}, v, meta.dtype(at::kInt)), what);
+  }
+#undef same
+}
+
+}  // namespace
+}  // namespace metaload

@@ -235,3 +235,14 @@ def test_building_resnet50_grows_rss_by_less_than_8_mb():
     growth = int(r.stdout.strip().splitlines()[-1])
     print(f"resnet50 under metaload.meta(): RSS +{growth / 2**20:.2f} MiB")
     assert growth < 8 * 2**20
+
+
+def test_value_typed_factories_get_the_dtypes_of_a_real_run():
+    # torch 1.13's own Python meta kernels say int64 for arange(16.) and float32 for full(.., 7).
+    with metaload.meta():
+        forced = [torch.arange(16.), torch.arange(0, 2.5), torch.arange(5), torch.full((2,), 7),
+                  torch.full((2,), True), torch.full((2,), 1.5)]
+    real = [torch.arange(16.), torch.arange(0, 2.5), torch.arange(5), torch.full((2,), 7),
+            torch.full((2,), True), torch.full((2,), 1.5)]
+    for f, r in zip(forced, real):
+        assert f.is_meta and (f.dtype, f.shape) == (r.dtype, r.shape)
