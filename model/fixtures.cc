@@ -26,6 +26,15 @@ namespace metaload {
 namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// Embeddings small next to what the layers add (their outputs are O(1)): with a tied head, a
+// large embedding makes every position predict its own token again (measured on gpt2: std 1
+// repeated the last prompt token forever), while this still spreads the logits (std ~ 0.25 *
+// sqrt(hidden)).
+constexpr float kEmbeddingStd = 0.25f;
+// Matrices: std kMatrixGain / sqrt(fan_in). At 1 the layers of gpt2 were close to linear and
+// greedy decoding repeated one token; at 2 (as test_families' reference weights) it conditions on
+// its input.
+constexpr double kMatrixGain = 2.0;
 
 inline uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -79,7 +88,7 @@ TensorGen plan_tensor(const std::string& name, const std::vector<int64_t>& shape
     g.theta = rope_theta;
   } else if (ends_with(n, "wte.weight") || ends_with(n, "wpe.weight") ||
              ends_with(n, "embed_tokens.weight")) {
-    g.scale = std::sqrt(3.0f);  // uniform(-a, a) has std a / sqrt(3)
+    g.scale = kEmbeddingStd * std::sqrt(3.0f);  // uniform(-a, a) has std a / sqrt(3)
   } else if (shape.size() == 1 && (ends_with(n, "norm.weight") || ends_with(n, "ln_1.weight") ||
                                    ends_with(n, "ln_2.weight") || ends_with(n, "ln_f.weight"))) {
     g.offset = 1.0f;
@@ -90,7 +99,7 @@ TensorGen plan_tensor(const std::string& name, const std::vector<int64_t>& shape
     // Conv1D (GPT-2) stores [in, out]; Linear and the lm_head [out, in].
     const bool in_first = model_type == "gpt2" && !ends_with(n, "lm_head.weight");
     const double fan_in = static_cast<double>(in_first ? shape[0] : shape[1]);
-    g.scale = static_cast<float>(std::sqrt(3.0 / std::max(fan_in, 1.0)));
+    g.scale = static_cast<float>(kMatrixGain * std::sqrt(3.0 / std::max(fan_in, 1.0)));
   } else {
     g.scale = 0.1f;
   }

@@ -102,12 +102,12 @@ TEST(Fixtures, ValuesAreTheDocumentedOnes) {
     const double mean = s / v.size();
     return std::make_pair(mean, std::sqrt(s2 / v.size() - mean * mean));
   };
-  // Embeddings: std 1; Conv1D [in, out] = [64, 192]: std 1/sqrt(64); norms around 1.
+  // Embeddings: std 0.25; Conv1D [in, out] = [64, 192]: std 2/sqrt(64); norms around 1.
   auto [m_e, s_e] = stats(stored_floats(c, "wte.weight"));
-  EXPECT_NEAR(m_e, 0, 0.05);
-  EXPECT_NEAR(s_e, 1.0, 0.05);
+  EXPECT_NEAR(m_e, 0, 0.02);
+  EXPECT_NEAR(s_e, 0.25, 0.01);
   auto [m_w, s_w] = stats(stored_floats(c, "h.0.attn.c_attn.weight"));
-  EXPECT_NEAR(s_w, 1.0 / 8, 0.01);
+  EXPECT_NEAR(s_w, 2.0 / 8, 0.01);
   auto [m_n, s_n] = stats(stored_floats(c, "h.0.ln_1.weight"));
   EXPECT_NEAR(m_n, 1.0, 0.05);
   // The causal mask: 1 on and below the diagonal.
