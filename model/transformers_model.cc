@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -384,13 +385,14 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
   }
   ModelScan out;
   out.device = where;
-  std::map<std::string, size_t> index;
-  std::map<std::string, std::string> classes;
-  for (const auto& item : module_->named_modules("", /*include_self=*/true))
-    classes[item.key()] = item.value()->name();
+  if (classes_.empty()) {  // once per model: the tree never changes
+    for (const auto& item : module_->named_modules("", /*include_self=*/true))
+      classes_[item.key()] = item.value()->name();
+  }
+  std::unordered_map<std::string, size_t> index;
   auto record = [&](const std::string& path, const at::Tensor& t) {
     auto [it, fresh] = index.emplace(path, out.modules.size());
-    if (fresh) out.modules.push_back(ModuleShape{path, classes[path], {}, at::kFloat, where, 0});
+    if (fresh) out.modules.push_back(ModuleShape{path, classes_[path], {}, at::kFloat, where, 0});
     ModuleShape& m = out.modules[it->second];
     m.sizes = t.sizes().vec();  // the last output wins (a module called twice reports twice)
     m.dtype = t.scalar_type();
@@ -402,10 +404,8 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
       install_observer({});
       return;
     }
-    install_observer([&, observer](const std::string& path, const at::Tensor& t) {
-      observer(path, t);
-      record(path, t);
-    });
+    // Recorded here, in execution order with class names; ScanResult::modules stays unused.
+    install_observer(record);
   };
   ScanResult r = metaload::scan(
       [this](const std::vector<at::Tensor>& in) {

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -199,6 +200,7 @@ class TransformersModel {
   bool dispatched_ = false;
   std::optional<LoadReport> report_;
   std::vector<std::weak_ptr<Capture::State>> captures_;
+  std::unordered_map<std::string, std::string> classes_;  // module path -> class name
 };
 
 // torch's Python spelling of a dtype ("float32", "bfloat16", "int64"), for tables and JSON.
