@@ -146,3 +146,23 @@ def test_the_library_is_loaded_only_for_torch_subcommands(tmp_path):
     for sub in ("make-checkpoint", "scan", "run", "demo", "describe"):
         assert sub in helped.stdout
     assert cli("scan", "--help").returncode == 0
+
+
+def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
+    args = ["demo", "--data", tmp_path / "data", "--repo", "org/gpt2-tiny", "--config",
+            "gpt2-tiny", "--batch", "2", "--seq", "8", "--new-tokens", "4", "--prompt", "1,2,3"]
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    out = first.stdout
+    assert "Creating the embedded default once" in out
+    for section in ("== describe org/gpt2-tiny", "== model key", "== tensor parallelism",
+                    "== meta build", "== scan of a [2, 8] batch", "== dispatch to cpu",
+                    "== greedy generation of 4 tokens", "== summary"):
+        assert section in out, section
+    assert 'metaload.TransformersModel:{"repo_id": "org/gpt2-tiny", "revision": null}' in out
+    assert "all on meta" in out and "GB/s" in out and "now on cpu, real" in out
+    # The second run reuses the checkpoint.
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "Creating" not in again.stdout
+    expect_usage_error(cli(*args[:-1], "1,x"), "--prompt", "'x'")

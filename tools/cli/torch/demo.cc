@@ -50,6 +50,22 @@ std::string ms(double s) {
 
 int run(const Options& o) {
   const auto t_all = std::chrono::steady_clock::now();
+  std::vector<int64_t> prompt;  // checked before any work
+  {
+    std::stringstream ss(o.prompt);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      size_t used = 0;
+      try {
+        prompt.push_back(std::stoll(item, &used));
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() || prompt.back() < 0)
+        throw UsageError(fmt::format("--prompt: '{}' is not a token id", item));
+    }
+  }
+  if (prompt.empty()) throw UsageError("--prompt: no token ids");
   std::vector<std::pair<std::string, std::string>> summary;  // step -> what was measured
 
   // The demo's own hub cache: repo ids resolve there (and nowhere else) in this process.
@@ -179,12 +195,6 @@ int run(const Options& o) {
                                    report.seconds, gbps, human_bytes(rss_bytes())));
 
   heading(fmt::format("greedy generation of {} tokens", o.new_tokens));
-  std::vector<int64_t> prompt;
-  {
-    std::stringstream ss(o.prompt);
-    std::string item;
-    while (std::getline(ss, item, ',')) prompt.push_back(std::stoll(item));
-  }
   const at::Tensor ids = at::tensor(prompt, at::kLong).unsqueeze(0);
   auto capture = model->capture("");  // the logits of every step
   t = std::chrono::steady_clock::now();
