@@ -173,20 +173,28 @@ bool is_container(const torch::nn::Module& m) {
   return dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
 }
 
-std::shared_ptr<TransformersModel> factory(const ModelKey& key, const ModelOptions& options) {
-  ModelOptions o = options;
-  if (key.revision) {
-    if (o.revision && *o.revision != *key.revision)
-      throw ModelKeyError(fmt::format("the key pins revision \"{}\" but the options ask for \"{}\"",
-                                      *key.revision, *o.revision));
-    o.revision = key.revision;
-  }
+// The checkpoint a model key names (its repo id); the key's revision joins `revision` (they must
+// agree when both are given).
+std::string key_target(const ModelKey& key, std::optional<std::string>& revision) {
+  if (canonical_model_class(key.class_path) != kTransformersModel)
+    throw ModelKeyError(
+        fmt::format("the key's class {} is not {}", key.class_path, kTransformersModel));
   if (!key.extra.empty())
     throw ModelKeyError(fmt::format(
-        "model key field \"{}\" is not supported: metaload.TransformersModel builds causal "
-        "language models from repo_id and revision only",
-        key.extra.front().first));
-  return std::make_shared<TransformersModel>(key.repo_id, o);
+        "model key field \"{}\" is not supported: {} builds causal language models from "
+        "repo_id and revision only",
+        key.extra.front().first, kTransformersModel));
+  if (key.revision && revision && *revision != *key.revision)
+    throw ModelKeyError(fmt::format("the key pins revision \"{}\" but the options ask for \"{}\"",
+                                    *key.revision, *revision));
+  if (key.revision) revision = key.revision;
+  return key.repo_id;
+}
+
+std::shared_ptr<TransformersModel> factory(const ModelKey& key, const ModelOptions& options) {
+  ModelOptions o = options;
+  const std::string target = key_target(key, o.revision);
+  return std::make_shared<TransformersModel>(target, o);
 }
 
 [[maybe_unused]] const bool kFactoryRegistered = [] {
@@ -213,20 +221,7 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
   bool exists = ::stat(target.c_str(), &st) == 0;
   if (!exists && ref.find(':') != std::string::npos) {
     // A model key: its repo id (and revision) name the checkpoint.
-    const ModelKey key = metaload::from_model_key(ref);
-    if (canonical_model_class(key.class_path) != kTransformersModel)
-      throw ModelKeyError(
-          fmt::format("the key's class {} is not {}", key.class_path, kTransformersModel));
-    if (!key.extra.empty())
-      throw ModelKeyError(fmt::format(
-          "model key field \"{}\" is not supported: {} builds causal language models from "
-          "repo_id and revision only",
-          key.extra.front().first, kTransformersModel));
-    if (key.revision && revision && *revision != *key.revision)
-      throw ModelKeyError(fmt::format("the key pins revision \"{}\" but the options ask for \"{}\"",
-                                      *key.revision, *revision));
-    if (key.revision) revision = key.revision;
-    target = key.repo_id;
+    target = key_target(metaload::from_model_key(ref), revision);
     exists = ::stat(target.c_str(), &st) == 0;
   }
   revision_ = revision;

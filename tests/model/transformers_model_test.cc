@@ -189,8 +189,9 @@ TEST(TransformersModel, DispatchFillsTheSameParametersOnce) {
       EXPECT_TRUE(held[i].equal(want[names[i]])) << config << " " << names[i];
     }
     // Ties survive: lm_head is the embedding's tensor.
-    if (config == "gpt2-tiny")
+    if (config == "gpt2-tiny") {
       EXPECT_TRUE(m.parameter("lm_head.weight").is_same(m.parameter("transformer.wte.weight")));
+    }
     // Non-persistent buffers equal an eager real build's.
     auto eager_buffers = eager->named_buffers();
     for (const auto& b : m.module().named_buffers()) {
