@@ -49,6 +49,8 @@ void gpt2(const nlohmann::json& c, DType dt, bool buffers, std::vector<TensorSpe
   }
   out.push_back({"ln_f.weight", dt, {e}});
   out.push_back({"ln_f.bias", dt, {e}});
+  // GPT-2 ties its head by default; an untied variant stores it (named as in the full model).
+  if (!flag(c, "tie_word_embeddings", true)) out.push_back({"lm_head.weight", dt, {vocab, e}});
 }
 
 void llama(const nlohmann::json& c, DType dt, bool buffers, bool qkv_bias,

@@ -1,56 +1,55 @@
-"""The Python half of tools/demo: models built with no weight memory."""
-import gc
+"""The Python half of tools/demo: the embedded default through metaload.TransformersModel, and a
+torchvision model built under metaload.meta(). Run by tools/demo (HF_HUB_CACHE points at the demo's
+cache); every number is measured here."""
 import time
 import warnings
 
 import torch
-import torchvision
 
 import metaload
 
 warnings.simplefilter("ignore")
+REPO = "openai-community/gpt2"
 
 
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+def ms(seconds):
+    return f"{seconds * 1e3:.1f} ms"
 
 
-def gib(n):
-    return n / 2**30
+print("== Python: metaload.TransformersModel")
+t = time.perf_counter()
+model = metaload.TransformersModel(REPO)
+built = time.perf_counter() - t
+print(f"TransformersModel({REPO!r}): {model.info['class']}, "
+      f"{model.info['num_parameters']:,} parameters on meta, built in {ms(built)}")
+print(f"key: {model.to_model_key()}")
 
+t = time.perf_counter()
+scan = model.scan(batch=8, seq=1024)  # the whole context of GPT-2
+scanned = time.perf_counter() - t
+logits = scan.modules[""]
+print(f"scan of [8, 1024]: logits {logits.shape} {logits.dtype}, "
+      f"{len(scan.modules)} modules, {scan.total_bytes / 2**30:.2f} GiB of activations, "
+      f"in {ms(scanned)}; dispatched: {model.dispatched}")
 
-print("== torchvision models built under metaload.meta() (Python):")
-print(f"{'model':<22}{'params':>14}{'fp32 GiB':>10}{'build ms':>10}{'RSS +MiB':>10}  device")
-for name in ["resnet50", "vit_b_16", "vit_h_14", "maskrcnn_resnet50_fpn", "raft_large"]:
-    builder = torchvision.models.get_model_builder(name)
-    kwargs = {"weights": None}
-    if name.startswith("maskrcnn"):
-        kwargs["weights_backbone"] = None
-    gc.collect()
-    before = rss()
-    t0 = time.perf_counter()
-    with metaload.meta():
-        model = builder(**kwargs)
-    dt = time.perf_counter() - t0
-    grew = rss() - before
-    n = sum(p.numel() for p in model.parameters())
-    devices = {t.device.type for t in list(model.parameters()) + list(model.buffers())}
-    print(f"{name:<22}{n:>14,}{gib(4 * n):>10.2f}{dt * 1e3:>10.1f}{grew / 2**20:>10.1f}  "
-          f"{','.join(sorted(devices))}")
-    del model
+held = model.parameter("transformer.h.11.mlp.c_proj.weight")
+layer = model.capture("transformer.h.5")
+ids = torch.tensor([[464, 2068, 7586, 21831, 18045]])
+t = time.perf_counter()
+out = model(ids)  # the first real forward dispatches
+first = time.perf_counter() - t
+report = model.dispatch()  # idempotent: the report of the load that already happened
+print(f"first real forward: {ms(first)}, of which loading {report.bytes / 2**20:.0f} MiB at "
+      f"{report.gb_per_s:.2f} GB/s")
+print(f"the tensor held before: now on {held.device}, the same object: "
+      f"{model.parameter('transformer.h.11.mlp.c_proj.weight') is held}; "
+      f"captured transformer.h.5: {tuple(layer.value.shape)}; next token {out[0, -1].argmax().item()}")
 
-print("\n== metaload.real() opens a real window inside the meta build:")
+import torchvision  # noqa: E402  (after the model part: its import costs ~1 s)
+
+t = time.perf_counter()
 with metaload.meta():
-    head = torch.nn.Linear(4096, 32000)
-    with metaload.real():
-        vocab_ids = torch.arange(8)
-print(f"Linear(4096, 32000).weight on {head.weight.device}; arange(8) on {vocab_ids.device}: "
-      f"{vocab_ids.tolist()}")
-try:
-    with metaload.meta():
-        torch.zeros(3).sum().item()
-except metaload.DataDependentError as e:
-    print(f"reading a value of a meta tensor: metaload.DataDependentError: {str(e)[:100]}...")
-tensors, nbytes = metaload.forcing_stats()
-print(f"\nthis process so far: {tensors} tensors forced onto meta, {gib(nbytes):.2f} GiB not allocated")
+    vit = torchvision.models.vit_h_14()
+print(f"torchvision vit_h_14 under metaload.meta(): "
+      f"{sum(p.numel() for p in vit.parameters()):,} parameters in {ms(time.perf_counter() - t)}, "
+      f"on {next(vit.parameters()).device}")

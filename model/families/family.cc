@@ -25,6 +25,8 @@ bool has_real_cpu_data(const at::Tensor& t) {
     return t.device().is_cpu() && !t.is_meta() && t.has_storage() && t.storage().data() != nullptr;
   } catch (const c10::Error&) {
     return false;  // a tensor subclass that forbids storage access
+  } catch (const Error&) {
+    return false;  // a fake tensor on cpu (a scan): DataDependentError
   }
 }
 

@@ -13,6 +13,7 @@ from ._lib import Error, error_class, library_path, load
 from ._fake import fake, is_fake, scan
 from ._load import FileReport, LoadReport, load_into
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
+from .model import TransformersModel, make_checkpoint
 from . import checkpoint
 from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint, from_model_key,
                          max_tp_size, save_safetensors, to_model_key, tp_degree_for)
@@ -32,11 +33,13 @@ __all__ = [
     "LoadReport",
     "MismatchError",
     "ModeError",
+    "TransformersModel",
     "bytes_per_element",
     "checkpoint",
     "describe_checkpoint",
     "from_model_key",
     "load_into",
+    "make_checkpoint",
     "max_tp_size",
     "save_safetensors",
     "to_model_key",

@@ -1,5 +1,7 @@
 // The metaload command line: every subcommand is one entry of the table in commands.cc, defined in
-// its own file, so adding one (scan, run, make-checkpoint, ...) touches no other subcommand.
+// its own file, so adding one touches no other subcommand. The tool itself links no libtorch
+// (describe, key and tp start in milliseconds); the subcommands that need torch (kTorchCommands)
+// live in libmetaload.so (tools/cli/torch/), which the tool loads only for them.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,24 @@ struct Command {
 
 // Every subcommand, in the order `metaload --help` lists them.
 const std::vector<Command>& commands();
+
+// The subcommands that run inside libmetaload.so: metaload_cli_torch_main(argc, argv) there, with
+// argv[1] the subcommand.
+struct TorchCommand {
+  const char* name;
+  const char* help;
+};
+inline constexpr TorchCommand kTorchCommands[] = {
+    {"make-checkpoint",
+     "Write a deterministic checkpoint (HF layout, optionally a hub cache tree) of a config"},
+    {"scan", "Every module's output shape and activation bytes, without loading weights"},
+    {"run", "Load a checkpoint and generate tokens greedily"},
+    {"demo", "The main job: describe, key, TP, meta build, scan, dispatch, generate"},
+};
+// Loads libmetaload.so (METALOAD_LIB, else next to this program or one or two levels up, where
+// the Bazel and CMake builds put it) and runs argv[1] there. Exit code 2 with one line on stderr
+// when the library cannot be loaded.
+int run_torch_command(int argc, char** argv);
 
 // Output helpers shared by the subcommands.
 std::string with_commas(uint64_t n);        // 1234567 -> "1,234,567"

@@ -19,6 +19,12 @@ std::string one_line(std::string s) {
 
 int main(int argc, char** argv) {
   using metaload::cli::commands;
+  using metaload::cli::kTorchCommands;
+  // Subcommands that need libtorch parse their own arguments inside libmetaload.so.
+  if (argc >= 2) {
+    for (const auto& t : kTorchCommands)
+      if (std::string(argv[1]) == t.name) return metaload::cli::run_torch_command(argc, argv);
+  }
   CLI::App app{"metaload: checkpoints and models without loading them"};
   app.require_subcommand(1);
   std::map<const CLI::App*, std::function<int()>> runners;
@@ -26,6 +32,8 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     runners[sub] = c.setup(*sub);
   }
+  for (const auto& t : kTorchCommands)  // listed in --help; never parsed here
+    app.add_subcommand(t.name, std::string(t.help) + " (loads libmetaload.so)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

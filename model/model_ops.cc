@@ -1,0 +1,238 @@
+// Python side of the model layer: torch.classes.metaload.TransformersModel and .Capture, wrapped
+// by python/metaload/model.py. Structured results travel as JSON text, tensors as tensors.
+#include <fmt/format.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <nlohmann/json.hpp>
+
+#include "model/dtypes.h"
+#include "model/fixtures.h"
+#include "model/transformers_model.h"
+
+namespace metaload {
+namespace {
+
+at::ScalarType scalar_type_named(const std::string& name) {
+  const DTypeEntry& e = resolve_dtype_name(name);  // DTypeError lists the accepted names
+  if (e.torch_name == "float32") return at::kFloat;
+  if (e.torch_name == "float16") return at::kHalf;
+  if (e.torch_name == "bfloat16") return at::kBFloat16;
+  if (e.torch_name == "float64") return at::kDouble;
+  throw DTypeError(fmt::format(
+      "'{}' is not a dtype a model can run in (float32, float16, bfloat16, float64)", name));
+}
+
+nlohmann::json opt_json(const std::optional<std::string>& s) {
+  return s ? nlohmann::json(*s) : nlohmann::json();
+}
+
+nlohmann::json report_json(const LoadReport& r) {
+  nlohmann::json j = {{"bytes", r.bytes},
+                      {"slot_bytes", r.slot_bytes},
+                      {"seconds", r.seconds},
+                      {"peak_staging_bytes", r.peak_staging_bytes},
+                      {"peak_device_staging_bytes", r.peak_device_staging_bytes},
+                      {"reads", r.reads},
+                      {"direct_bytes", r.direct_bytes},
+                      {"threads", r.threads},
+                      {"engine", r.engine},
+                      {"files", nlohmann::json::array()}};
+  for (const FileReport& f : r.files)
+    j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"seconds", f.seconds}});
+  return j;
+}
+
+std::string scan_json(const ModelScan& s) {
+  nlohmann::json modules = nlohmann::json::array();
+  for (const ModuleShape& m : s.modules)
+    modules.push_back({{"path", m.path},
+                       {"class", m.class_name},
+                       {"shape", m.sizes},
+                       {"dtype", torch_dtype_name(m.dtype)},
+                       {"device", m.device.str()},
+                       {"calls", m.calls},
+                       {"bytes", m.bytes()}});
+  return nlohmann::json{{"device", s.device.str()},
+                        {"seconds", s.seconds},
+                        {"total_bytes", s.total_bytes()},
+                        {"modules", modules}}
+      .dump();
+}
+
+struct CaptureHolder : torch::CustomClassHolder {
+  explicit CaptureHolder(Capture c) : capture(std::move(c)) {}
+  Capture capture;
+};
+
+struct ModelHolder : torch::CustomClassHolder {
+  explicit ModelHolder(std::shared_ptr<TransformersModel> m) : model(std::move(m)) {}
+  std::shared_ptr<TransformersModel> model;
+};
+
+c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::string> revision,
+                                           std::string device, c10::optional<std::string> dtype,
+                                           int64_t tp_rank, int64_t tp_size, int64_t threads,
+                                           bool dispatch, bool progress_bar) {
+  ModelOptions o;
+  o.device = at::Device(device);
+  if (dtype) o.dtype = scalar_type_named(*dtype);
+  if (revision) o.revision = *revision;
+  o.tp_rank = static_cast<int>(tp_rank);
+  o.tp_size = static_cast<int>(tp_size);
+  o.threads = static_cast<int>(threads);
+  o.dispatch = dispatch;
+  o.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
+  return c10::make_intrusive<ModelHolder>(std::make_shared<TransformersModel>(ref, o));
+}
+
+std::string info(const c10::intrusive_ptr<ModelHolder>& self) {
+  const TransformersModel& m = *self->model;
+  const ModelOptions& o = m.options();
+  return nlohmann::json{{"reference", m.reference()},
+                        {"checkpoint", m.checkpoint()},
+                        {"config_path", m.config_path()},
+                        {"repo_id", opt_json(m.repo_id())},
+                        {"revision", opt_json(m.revision())},
+                        {"commit", opt_json(m.commit())},
+                        {"dispatched", m.dispatched()},
+                        {"build_seconds", m.build_seconds()},
+                        {"class", m.module().name()},
+                        {"device", o.device.str()},
+                        {"dtype", torch_dtype_name(o.dtype.value_or(at::kFloat))},
+                        {"tp_rank", o.tp_rank},
+                        {"tp_size", o.tp_size},
+                        {"num_parameters", m.module().num_parameters()},
+                        {"config", m.config().raw}}
+      .dump();
+}
+
+template <typename Items>
+std::vector<std::string> keys_of(const Items& items) {
+  std::vector<std::string> out;
+  for (const auto& item : items) out.push_back(item.key());
+  return out;
+}
+
+template <typename Items>
+std::vector<at::Tensor> values_of(const Items& items) {
+  std::vector<at::Tensor> out;
+  for (const auto& item : items) out.push_back(item.value());
+  return out;
+}
+
+// make_checkpoint for tests and the Python package; returns FixtureResult as JSON.
+std::string make_checkpoint_op(std::string arch, std::string config, std::string dtype,
+                               int64_t shards, int64_t seed, std::string layout, bool buffers,
+                               std::string hf_cache, std::string repo, std::string out) {
+  FixtureOptions o;
+  o.arch = arch;
+  o.config = config;
+  const DTypeEntry& e = resolve_dtype_name(dtype);
+  if (!e.file_dtype) throw FixtureError(fmt::format("dtype '{}' has no safetensors dtype", dtype));
+  o.dtype = *e.file_dtype;
+  o.shards = static_cast<int>(shards);
+  o.seed = static_cast<uint64_t>(seed);
+  if (layout == "published") {
+    o.layout = FixtureLayout::kPublished;
+  } else if (layout == "saved") {
+    o.layout = FixtureLayout::kSaved;
+  } else {
+    throw FixtureError(fmt::format("layout '{}' is neither 'published' nor 'saved'", layout));
+  }
+  o.buffers = buffers;
+  o.hf_cache = hf_cache;
+  o.repo = repo;
+  const FixtureResult r = make_checkpoint(o, out);
+  return nlohmann::json{{"dir", r.dir},
+                        {"files", r.files},
+                        {"commit", opt_json(r.commit)},
+                        {"config_name", r.config_name},
+                        {"n_tensors", r.n_tensors},
+                        {"n_params", r.n_params},
+                        {"data_bytes", r.data_bytes},
+                        {"seconds", r.seconds}}
+      .dump();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(metaload, m) {
+  m.def(
+      "make_checkpoint(str arch, str config, str dtype='float32', int shards=1, int seed=0, "
+      "str layout='published', bool buffers=False, str hf_cache='', str repo='', str out='') -> "
+      "str",
+      &make_checkpoint_op);
+
+  m.class_<CaptureHolder>("Capture")
+      .def("path",
+           [](const c10::intrusive_ptr<CaptureHolder>& self) { return self->capture.path(); })
+      .def("has_value",
+           [](const c10::intrusive_ptr<CaptureHolder>& self) { return self->capture.has_value(); })
+      .def("value",
+           [](const c10::intrusive_ptr<CaptureHolder>& self) { return self->capture.value(); })
+      .def("count",
+           [](const c10::intrusive_ptr<CaptureHolder>& self) { return self->capture.count(); })
+      .def("reset", [](const c10::intrusive_ptr<CaptureHolder>& self) { self->capture.reset(); });
+
+  m.class_<ModelHolder>("TransformersModel")
+      .def(torch::init(&make_model))
+      .def("info", &info)
+      .def("to_model_key",
+           [](const c10::intrusive_ptr<ModelHolder>& self) { return self->model->to_model_key(); })
+      .def("dispatched",
+           [](const c10::intrusive_ptr<ModelHolder>& self) { return self->model->dispatched(); })
+      .def("dispatch",
+           [](const c10::intrusive_ptr<ModelHolder>& self) {
+             return report_json(self->model->dispatch()).dump();
+           })
+      .def("load_report",
+           [](const c10::intrusive_ptr<ModelHolder>& self) -> std::string {
+             auto r = self->model->load_report();
+             return r ? report_json(*r).dump() : "";
+           })
+      .def("scan",
+           [](const c10::intrusive_ptr<ModelHolder>& self, int64_t batch, int64_t seq,
+              c10::optional<std::string> device) {
+             std::optional<at::Device> d;
+             if (device) d = at::Device(*device);
+             return scan_json(self->model->scan(batch, seq, d));
+           })
+      .def("scan_ids",
+           [](const c10::intrusive_ptr<ModelHolder>& self, at::Tensor ids,
+              c10::optional<std::string> device) {
+             std::optional<at::Device> d;
+             if (device) d = at::Device(*device);
+             return scan_json(self->model->scan({ids}, d));
+           })
+      .def("forward", [](const c10::intrusive_ptr<ModelHolder>& self,
+                         at::Tensor ids) { return self->model->forward(ids); })
+      .def("generate", [](const c10::intrusive_ptr<ModelHolder>& self, at::Tensor ids,
+                          int64_t n) { return self->model->generate(ids, n); })
+      .def("parameter_names",
+           [](const c10::intrusive_ptr<ModelHolder>& self) {
+             return keys_of(self->model->module().named_parameters(/*recurse=*/true));
+           })
+      .def("parameters",
+           [](const c10::intrusive_ptr<ModelHolder>& self) {
+             return values_of(self->model->module().named_parameters(/*recurse=*/true));
+           })
+      .def("buffer_names",
+           [](const c10::intrusive_ptr<ModelHolder>& self) {
+             return keys_of(self->model->module().named_buffers(/*recurse=*/true));
+           })
+      .def("buffers",
+           [](const c10::intrusive_ptr<ModelHolder>& self) {
+             return values_of(self->model->module().named_buffers(/*recurse=*/true));
+           })
+      .def("parameter", [](const c10::intrusive_ptr<ModelHolder>& self,
+                           std::string name) { return self->model->parameter(name); })
+      .def("module_paths",
+           [](const c10::intrusive_ptr<ModelHolder>& self) { return self->model->module_paths(); })
+      .def("module_class", [](const c10::intrusive_ptr<ModelHolder>& self,
+                              std::string path) { return self->model->at(path)->name(); })
+      .def("capture", [](const c10::intrusive_ptr<ModelHolder>& self, std::string path) {
+        return c10::make_intrusive<CaptureHolder>(self->model->capture(path));
+      });
+}
+
+}  // namespace metaload

@@ -1,0 +1,557 @@
+#include "model/transformers_model.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "c10_ext/meta_mode.h"
+#include "fake_mode/fake_tensor.h"
+#include "fake_mode/scan.h"
+#include "loader/checkpoint.h"
+#include "loader/hf_cache.h"
+#include "loader/plan.h"
+#include "model/registry.h"
+
+namespace metaload {
+
+struct Capture::State {
+  explicit State(std::string p) : path(std::move(p)) {}
+  const std::string path;
+  mutable std::mutex mu;
+  at::Tensor value;
+  int64_t count = 0;
+};
+
+const std::string& Capture::path() const {
+  return state_->path;
+}
+
+bool Capture::has_value() const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->value.defined();
+}
+
+at::Tensor Capture::value() const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  if (!state_->value.defined())
+    throw ModelError(fmt::format(
+        "no output of '{}' captured yet: the module has not run since the capture began (or "
+        "returns no single tensor, as rotary_emb's (cos, sin) pair)",
+        state_->path));
+  return state_->value;
+}
+
+int64_t Capture::count() const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  return state_->count;
+}
+
+void Capture::reset() {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->value = at::Tensor();
+}
+
+std::string torch_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
+  }
+}
+
+uint64_t ModuleShape::bytes() const {
+  uint64_t n = 1;
+  for (int64_t s : sizes) n *= static_cast<uint64_t>(s);
+  return n * c10::elementSize(dtype);
+}
+
+const ModuleShape* ModelScan::find(const std::string& path) const {
+  for (const ModuleShape& m : modules)
+    if (m.path == path) return &m;
+  return nullptr;
+}
+
+uint64_t ModelScan::total_bytes() const {
+  uint64_t total = 0;
+  for (const ModuleShape& m : modules) total += m.bytes();
+  return total;
+}
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// "cuda" means cuda:0, as metaload.fake and torch's default device do.
+at::Device normalized(at::Device d) {
+  if (d.is_cuda() && !d.has_index()) return at::Device(at::kCUDA, 0);
+  return d;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Up to `n` names closest to `wanted` by edit distance (ties in the given order).
+std::string closest(const std::string& wanted, const std::vector<std::string>& names, size_t n) {
+  std::vector<std::pair<size_t, size_t>> scored;  // distance, index
+  for (size_t i = 0; i < names.size(); ++i) scored.emplace_back(edit_distance(wanted, names[i]), i);
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  for (size_t i = 0; i < std::min(n, scored.size()); ++i)
+    out += (i ? ", " : "") + (names[scored[i].second].empty() ? std::string("\"\" (the model)")
+                                                              : names[scored[i].second]);
+  return out;
+}
+
+// The family's names as the loader wants them.
+NameMapping name_mapping(const FamilyConfig& config) {
+  NameMapping names;
+  names.checkpoint_to_module = [config](const std::string& n) {
+    return map_checkpoint_name(config, n);
+  };
+  names.tied = tied_parameter_groups(config);
+  std::unordered_set<std::string> computed;
+  for (const BufferSpec& b : buffer_specs(config))
+    if (!b.persistent) computed.insert(b.name);
+  names.skip = [computed](const std::string& n) { return computed.count(n) > 0; };
+  names.tp_shard = [plan = tp_plan(config)](const std::string& name,
+                                            const std::vector<int64_t>& shape, int rank, int size) {
+    const TPShard s = tp_shard(tp_rule_for(plan, name), shape, rank, size);
+    TpShard out;
+    out.dim = s.dim;
+    out.ranges = s.ranges;
+    out.shape = s.shape;
+    return out;
+  };
+  return names;
+}
+
+bool is_container(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
+}
+
+// The checkpoint a model key names (its repo id); the key's revision joins `revision` (they must
+// agree when both are given).
+std::string key_target(const ModelKey& key, std::optional<std::string>& revision) {
+  if (canonical_model_class(key.class_path) != kTransformersModel)
+    throw ModelKeyError(
+        fmt::format("the key's class {} is not {}", key.class_path, kTransformersModel));
+  if (!key.extra.empty())
+    throw ModelKeyError(fmt::format(
+        "model key field \"{}\" is not supported: {} builds causal language models from "
+        "repo_id and revision only",
+        key.extra.front().first, kTransformersModel));
+  if (key.revision && revision && *revision != *key.revision)
+    throw ModelKeyError(fmt::format("the key pins revision \"{}\" but the options ask for \"{}\"",
+                                    *key.revision, *revision));
+  if (key.revision) revision = key.revision;
+  return key.repo_id;
+}
+
+std::shared_ptr<TransformersModel> factory(const ModelKey& key, const ModelOptions& options) {
+  ModelOptions o = options;
+  const std::string target = key_target(key, o.revision);
+  return std::make_shared<TransformersModel>(target, o);
+}
+
+[[maybe_unused]] const bool kFactoryRegistered = [] {
+  set_model_factory(kTransformersModel, ModelFactory(&factory));
+  return true;
+}();
+
+}  // namespace
+
+TransformersModel::TransformersModel(const std::string& ref, ModelOptions options)
+    : options_(std::move(options)), reference_(ref) {
+  const auto t0 = std::chrono::steady_clock::now();
+  options_.device = normalized(options_.device);
+  if (options_.tp_size < 1 || options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
+    throw ModelError(fmt::format("tensor-parallel rank {} of {} does not exist", options_.tp_rank,
+                                 options_.tp_size));
+  if (options_.threads < 0)
+    throw ModelError(fmt::format("threads must be >= 0, got {}", options_.threads));
+  if (ref.empty()) throw ResolveError("empty model reference");
+
+  std::string target = ref;
+  std::optional<std::string> revision = options_.revision;
+  struct stat st;
+  bool exists = ::stat(target.c_str(), &st) == 0;
+  if (!exists && ref.find(':') != std::string::npos) {
+    // A model key: its repo id (and revision) name the checkpoint.
+    target = key_target(metaload::from_model_key(ref), revision);
+    exists = ::stat(target.c_str(), &st) == 0;
+  }
+  revision_ = revision;
+  std::string dir;
+  if (exists) {
+    if (revision)
+      throw ResolveError(fmt::format(
+          "revision \"{}\" given for the local path {}: revisions are for Hugging Face repo ids",
+          *revision, target));
+    char resolved[PATH_MAX];
+    load_ref_ = ::realpath(target.c_str(), resolved) ? std::string(resolved) : target;
+    if (S_ISDIR(st.st_mode)) {
+      dir = load_ref_;
+    } else {
+      const size_t slash = load_ref_.find_last_of('/');
+      dir = slash == std::string::npos ? "." : load_ref_.substr(0, slash);
+    }
+  } else if (looks_like_repo_id(target)) {
+    const HubSnapshot snap = resolve_hf_snapshot(target, revision);  // ResolveError if absent
+    repo_id_ = target;
+    commit_ = snap.commit;
+    // Dispatch loads this snapshot even if the branch moves meanwhile.
+    load_ref_ = snap.snapshot_dir;
+    dir = snap.snapshot_dir;
+  } else {
+    throw ResolveError(fmt::format(
+        "'{}' is neither an existing file or directory, a Hugging Face repo id (ORG/NAME) nor a "
+        "model key (CLASS:JSON)",
+        target));
+  }
+  config_path_ = dir + "/config.json";
+  if (::stat(config_path_.c_str(), &st) != 0)
+    throw ResolveError(
+        fmt::format("{} has no config.json: the model's architecture and sizes come from it", dir));
+  // config.json is all that is read: no safetensors header, no weight byte.
+  const FamilyConfig config = parse_family_config(read_config_json(config_path_), config_path_);
+  BuildOptions build;
+  build.dtype = options_.dtype.value_or(at::kFloat);
+  build.device = at::kMeta;
+  build.init_weights = false;
+  module_ = build_causal_lm(config, build);
+  build_seconds_ = since(t0);
+  if (options_.dispatch) dispatch();
+}
+
+TransformersModel::TransformersModel(std::shared_ptr<CausalLM> module, ModelOptions options)
+    : options_(std::move(options)), module_(std::move(module)) {
+  if (!module_) throw ModelError("the module is null");
+  for (const auto& p : module_->parameters())
+    if (p.is_meta())
+      throw ModelError(
+          "the module is a skeleton (meta parameters) and no checkpoint was named: construct "
+          "the model from a checkpoint reference instead");
+  options_.device = module_->parameters().front().device();
+  reference_ = fmt::format("<{} module>", module_->name());
+  dispatched_ = true;
+}
+
+TransformersModel::~TransformersModel() {
+  // The observer points at this object; the module may outlive it (module_ptr()).
+  if (module_) module_->set_output_observer({});
+}
+
+std::shared_ptr<TransformersModel> TransformersModel::from_model_key(std::string_view key,
+                                                                     ModelOptions options) {
+  const ModelKey parsed = metaload::from_model_key(key);
+  const std::string canonical = canonical_model_class(parsed.class_path);
+  const auto make = model_factory<ModelFactory>(canonical);
+  if (!make)
+    throw ModelKeyError(
+        fmt::format("no factory builds class {} (key {})", canonical, std::string(key)));
+  return (*make)(parsed, options);
+}
+
+std::string TransformersModel::to_model_key() const {
+  if (load_ref_.empty())
+    throw ModelError(
+        fmt::format("{} was built from a module: it has no repo id for a key", reference_));
+  return metaload::to_model_key(
+      ModelKey{kTransformersModel, repo_id_ ? *repo_id_ : load_ref_, revision_, {}});
+}
+
+bool TransformersModel::dispatched() const {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return dispatched_;
+}
+
+std::optional<LoadReport> TransformersModel::load_report() const {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return report_;
+}
+
+void TransformersModel::install_observer(const OutputObserver& extra) {
+  captures_.erase(
+      std::remove_if(captures_.begin(), captures_.end(), [](const auto& w) { return w.expired(); }),
+      captures_.end());
+  if (captures_.empty() && !extra) {
+    module_->set_output_observer({});  // nothing observed: the forward pays nothing
+    return;
+  }
+  module_->set_output_observer([this, extra](const std::string& path, const at::Tensor& out) {
+    if (extra) extra(path, out);
+    deliver(path, out);
+  });
+}
+
+void TransformersModel::deliver(const std::string& path, const at::Tensor& output) {
+  for (const auto& w : captures_) {
+    std::shared_ptr<Capture::State> s = w.lock();
+    if (!s || s->path != path) continue;
+    std::lock_guard<std::mutex> g(s->mu);
+    s->value = output;
+    ++s->count;
+  }
+}
+
+void TransformersModel::check_runnable(const char* what) const {
+  if (options_.tp_size > 1)
+    throw ModelError(fmt::format(
+        "{}: rank {} of a tensor-parallel split holds shards of the weights and cannot run the "
+        "model alone (metaload has no collectives); scan the whole model, or dispatch with "
+        "tp_size 1",
+        what, options_.tp_rank));
+}
+
+ModelScan TransformersModel::scan(const std::vector<at::Tensor>& inputs,
+                                  std::optional<at::Device> device) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return scan_locked(inputs, device);
+}
+
+ModelScan TransformersModel::scan(int64_t batch, int64_t seq, std::optional<at::Device> device) {
+  if (batch < 1 || seq < 1)
+    throw ModelError(
+        fmt::format("scan: batch ({}) and sequence length ({}) must be >= 1", batch, seq));
+  const at::Tensor ids =
+      at::zeros({batch, seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return scan_locked({ids}, device);
+}
+
+ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
+                                         std::optional<at::Device> device) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (dispatched_) check_runnable("scan");
+  if (inputs.size() != 1)
+    throw ModelError(
+        fmt::format("scan takes one input, the token ids [batch, seq]; got {}", inputs.size()));
+  at::Device where = options_.device;
+  if (device) {
+    where = normalized(*device);
+  } else if (dispatched_) {
+    where = module_->parameters().front().device();
+  } else if (inputs[0].defined() && is_fake(inputs[0])) {
+    where = claimed_device(inputs[0]);
+  }
+  ModelScan out;
+  out.device = where;
+  if (classes_.empty()) {  // once per model: the tree never changes
+    for (const auto& item : module_->named_modules("", /*include_self=*/true))
+      classes_[item.key()] = item.value()->name();
+  }
+  std::unordered_map<std::string, size_t> index;
+  auto record = [&](const std::string& path, const at::Tensor& t) {
+    auto [it, fresh] = index.emplace(path, out.modules.size());
+    if (fresh) out.modules.push_back(ModuleShape{path, classes_[path], {}, at::kFloat, where, 0});
+    ModuleShape& m = out.modules[it->second];
+    m.sizes = t.sizes().vec();  // the last output wins (a module called twice reports twice)
+    m.dtype = t.scalar_type();
+    m.device = claimed_device(t);
+    ++m.calls;
+  };
+  auto attach = [&](ModuleObserver observer) {
+    if (!observer) {
+      install_observer({});
+      return;
+    }
+    // Recorded here, in execution order with class names; ScanResult::modules stays unused.
+    install_observer(record);
+  };
+  ScanResult r = metaload::scan(
+      [this](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{module_->forward(in[0])};
+      },
+      inputs, where, attach);
+  out.logits = r.outputs.at(0);
+  out.seconds = since(t0);
+  return out;
+}
+
+LoadReport TransformersModel::dispatch() {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return dispatch_locked();
+}
+
+LoadReport TransformersModel::dispatch_locked() {
+  if (dispatched_) return report_.value_or(LoadReport{});
+  if (load_ref_.empty())
+    throw ModelError(fmt::format("{} has no checkpoint to dispatch from", reference_));
+  const FamilyConfig& config = module_->config();
+  LoadOptions lo;
+  lo.device = options_.device;
+  lo.tp_rank = options_.tp_rank;
+  lo.tp_size = options_.tp_size;
+  lo.threads = options_.threads;
+  lo.staging_bytes = options_.staging_bytes;
+  lo.engine = options_.engine;
+  lo.names = name_mapping(config);
+
+  // A tensor-parallel rank holds shards: its skeleton takes the shard shapes first (undone if the
+  // load fails), so the loader's shape checks compare like with like.
+  std::vector<std::pair<at::Tensor, std::vector<int64_t>>> reshaped;
+  auto undo = [&] {
+    for (auto& [t, shape] : reshaped) t.set_data(at::empty(shape, t.options()));
+  };
+  if (options_.tp_size > 1) {
+    const std::vector<TPRule> plan = tp_plan(config);
+    std::unordered_set<const void*> seen;
+    std::vector<std::string> problems;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      at::Tensor t = item.value();
+      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+      try {
+        const TPShard s = tp_shard(tp_rule_for(plan, item.key()), t.sizes().vec(), options_.tp_rank,
+                                   options_.tp_size);
+        if (s.dim >= 0 && s.shape != t.sizes().vec()) {
+          reshaped.emplace_back(t, t.sizes().vec());
+          t.set_data(at::empty(s.shape, t.options()));
+        }
+      } catch (const FamilyError& e) {
+        problems.push_back(item.key() + ": " + e.message());
+      }
+    }
+    if (!problems.empty()) {
+      undo();
+      std::string msg = fmt::format("{} cannot be split into {} tensor-parallel ranks: {} problems",
+                                    reference_, options_.tp_size, problems.size());
+      for (const auto& p : problems) msg += "\n  mismatched: " + p;
+      throw MismatchError(msg, {}, {}, problems);
+    }
+  }
+  LoadReport report;
+  try {
+    RealGuard real;  // the slots and buffers are real even inside a user's metaload.meta()
+    report = metaload::load(*module_, load_ref_, lo);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  {
+    RealGuard real;
+    module_->init_nonpersistent_buffers(options_.device);
+  }
+  report_ = report;
+  dispatched_ = true;
+  return report;
+}
+
+at::Tensor TransformersModel::forward(const at::Tensor& ids) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (!ids.defined()) throw ModelError("forward: the input ids are undefined");
+  if (ids.is_meta() || is_fake(ids)) return scan_locked({ids}, std::nullopt).logits;
+  check_runnable("forward");
+  dispatch_locked();
+  install_observer({});
+  RealGuard real;
+  at::NoGradGuard no_grad;
+  return module_->forward(ids);
+}
+
+at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (!ids.defined()) throw ModelError("generate: the input ids are undefined");
+  if (ids.is_meta() || is_fake(ids))
+    throw ModelError(
+        "generate: the ids are meta or fake tensors; choosing tokens needs values (a scan "
+        "has none): pass real ids");
+  check_runnable("generate");
+  dispatch_locked();
+  install_observer({});
+  RealGuard real;
+  return module_->generate(ids, n);
+}
+
+std::vector<std::string> TransformersModel::module_paths() const {
+  std::vector<std::string> out;
+  for (const auto& item : module_->named_modules("", /*include_self=*/true))
+    out.push_back(item.key());
+  return out;
+}
+
+void TransformersModel::throw_unknown_path(const std::string& path, const char* what) const {
+  throw ModulePathError(fmt::format("{}: no module '{}' in {} ({}); closest: {}", what, path,
+                                    module_->name(), module_->config().source,
+                                    closest(path, module_paths(), 5)));
+}
+
+std::shared_ptr<torch::nn::Module> TransformersModel::at(const std::string& path) const {
+  for (const auto& item : module_->named_modules("", /*include_self=*/true))
+    if (item.key() == path) return item.value();
+  throw_unknown_path(path, "at");
+}
+
+at::Tensor TransformersModel::parameter(const std::string& name) const {
+  std::vector<std::string> names;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.key() == name) return item.value();
+    names.push_back(item.key());
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    if (item.key() == name) return item.value();
+    names.push_back(item.key());
+  }
+  throw ModulePathError(fmt::format("parameter: no parameter or buffer '{}' in {}; closest: {}",
+                                    name, module_->name(), closest(name, names, 5)));
+}
+
+Capture TransformersModel::capture(const std::string& path) {
+  std::shared_ptr<torch::nn::Module> m = at(path);  // ModulePathError for a wrong path
+  if (is_container(*m)) {
+    throw ModelError(fmt::format(
+        "capture: '{}' is a container ({}): it produces no output of its own; capture one of "
+        "its entries, e.g. '{}.0'",
+        path, m->name(), path));
+  }
+  auto state = std::make_shared<Capture::State>(path);
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  captures_.push_back(state);
+  install_observer({});
+  return Capture(state);
+}
+
+}  // namespace metaload

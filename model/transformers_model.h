@@ -1,0 +1,213 @@
+// metaload::TransformersModel: the meta policy for the causal-LM families. Name a model (a
+// checkpoint directory, a Hugging Face repo id in the local cache, or a model key) and get its
+// module tree at once, with no weight memory; scan it for every module's output shape; and have
+// the real weights stream into the very same tree on dispatch() or on the first real forward.
+//
+//   metaload::TransformersModel model("openai-community/gpt2");       // config.json only, ~ms
+//   auto shapes = model.scan(/*batch=*/2, /*seq=*/16);                // never loads weights
+//   at::Tensor w = model.parameter("transformer.h.0.attn.c_attn.weight");  // meta for now
+//   auto h = model.capture("transformer.h.3");
+//   at::Tensor logits = model.forward(ids);   // dispatches first: w now holds the weights
+//   h.value();                                // transformer.h.3's output of that forward
+//
+// Key class path "metaload.TransformersModel" (registered as the registry's factory for it, so
+// metaload::from_model_key(key) keys build one). Thread-safe: one forward / scan / dispatch runs
+// at a time per model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "base/error.h"
+#include "loader/engine.h"
+#include "model/families/family.h"
+#include "model/model_key.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
+namespace metaload {
+
+// The model cannot do what was asked in its current state (forward of a TP shard, a module tree
+// given as a skeleton with nothing to load, no repo id for a key, ...).
+METALOAD_DEFINE_ERROR(ModelError, Error);
+// A dotted module path that does not exist; the message lists the closest existing ones.
+METALOAD_DEFINE_ERROR(ModulePathError, ModelError);
+
+struct ModelOptions {
+  // Placement: accepted at construction, ignored by the meta build (which allocates nothing
+  // anywhere), applied by dispatch().
+  at::Device device = at::kCPU;
+  // The parameters' dtype (the skeleton has it too, so scans report the real activation dtypes).
+  // Default float32, as transformers; float16 / bfloat16 checkpoints are converted on load.
+  std::optional<at::ScalarType> dtype;
+  int tp_rank = 0;
+  int tp_size = 1;
+  int threads = 0;             // loader threads; 0: the machine's cores
+  uint64_t staging_bytes = 0;  // loader staging bound; 0: the engine's default
+  // For repo ids: a branch, tag or commit (a model key's own revision wins when they agree).
+  std::optional<std::string> revision;
+  // Load at construction instead of on first use.
+  bool dispatch = false;
+  // The rest of the loader's knobs: progress callback and bar, hooks, chunk sizes.
+  EngineOptions engine;
+};
+
+// One module's output seen by a scan.
+struct ModuleShape {
+  std::string path;        // dotted path; "" is the whole model (the logits)
+  std::string class_name;  // transformers' class name ("GPT2Attention", "Linear", ...)
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t calls = 0;  // outputs the module produced in the scan
+  // Bytes of the output: elements x element size.
+  uint64_t bytes() const;
+};
+
+struct ModelScan {
+  c10::Device device = c10::Device(c10::kCPU);
+  std::vector<ModuleShape> modules;  // in the order the modules first produced output
+  at::Tensor logits;                 // a fake tensor claiming `device`
+  double seconds = 0;
+  // The module at `path`, or nullptr.
+  const ModuleShape* find(const std::string& path) const;
+  // Bytes of every module's output, summed (each module once).
+  uint64_t total_bytes() const;
+};
+
+// A module's output, kept while the handle lives: real tensors during real forwards, fake ones
+// during scans. Copies share the state; the model stops capturing when the last copy is gone.
+class Capture {
+ public:
+  const std::string& path() const;
+  bool has_value() const;
+  // The latest output; ModelError when the module has produced none since the capture began.
+  at::Tensor value() const;
+  // Outputs seen so far (a generation step produces one per step).
+  int64_t count() const;
+  // Forgets the value (capturing goes on).
+  void reset();
+
+  struct State;
+
+ private:
+  friend class TransformersModel;
+  explicit Capture(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+class TransformersModel {
+ public:
+  // `ref`: a checkpoint directory (with config.json), a .safetensors / index file, a Hugging Face
+  // repo id in the local hub cache (at options.revision), or a model key "<class>:<json>". Reads
+  // config.json and nothing else (no safetensors header, no weight byte); builds the skeleton.
+  // Throws ResolveError (nothing found), FormatError / ConfigError (bad config.json: unknown
+  // model_type, missing field), ModelKeyError (bad key); with options.dispatch, whatever loading
+  // throws.
+  explicit TransformersModel(const std::string& ref, ModelOptions options = {});
+  // A ready module (real weights): dispatched from the start; there is nothing to load.
+  explicit TransformersModel(std::shared_ptr<CausalLM> module, ModelOptions options = {});
+  ~TransformersModel();
+  TransformersModel(const TransformersModel&) = delete;
+  TransformersModel& operator=(const TransformersModel&) = delete;
+
+  // From a model key (the registry's factory for metaload.TransformersModel and its nnsight
+  // aliases): a model in meta state.
+  static std::shared_ptr<TransformersModel> from_model_key(std::string_view key,
+                                                           ModelOptions options = {});
+  // "metaload.TransformersModel:{"repo_id": ..., "revision": ...}": the repo id of a hub
+  // reference (the absolute directory of a local one), the revision as given (null: unpinned).
+  // ModelError for a model built from a module.
+  std::string to_model_key() const;
+
+  const FamilyConfig& config() const { return module_->config(); }
+  CausalLM& module() const { return *module_; }
+  std::shared_ptr<CausalLM> module_ptr() const { return module_; }
+  const ModelOptions& options() const { return options_; }
+  bool dispatched() const;
+  // The reference as given; the resolved checkpoint (directory, file or hub snapshot) that
+  // dispatch loads; the hub repo id and commit when it came from the cache.
+  const std::string& reference() const { return reference_; }
+  const std::string& checkpoint() const { return load_ref_; }
+  const std::string& config_path() const { return config_path_; }
+  const std::optional<std::string>& repo_id() const { return repo_id_; }
+  const std::optional<std::string>& revision() const { return revision_; }
+  const std::optional<std::string>& commit() const { return commit_; }
+  // Seconds the construction took (config read + skeleton build).
+  double build_seconds() const { return build_seconds_; }
+
+  // Runs the model on fake input ids (real, meta or fake tensors of shape [batch, seq]) claiming
+  // `device` (default: where the weights are or will be) and records every module's output shape
+  // and dtype. Never loads weights; captures see the fake outputs.
+  ModelScan scan(const std::vector<at::Tensor>& inputs,
+                 std::optional<at::Device> device = std::nullopt);
+  ModelScan scan(int64_t batch, int64_t seq, std::optional<at::Device> device = std::nullopt);
+
+  // Loads the weights through metaload::load with the family's names (renames, ties, computed
+  // buffers skipped, the TP shards of options.tp_rank / tp_size) into the same Parameter objects,
+  // then computes the non-persistent buffers on the device. Idempotent: later calls return the
+  // first report and do nothing. On failure (MismatchError listing every problem, ResolveError,
+  // ReadError, DeviceError, ...) the model is exactly as before: meta, usable, and dispatch may be
+  // tried again.
+  LoadReport dispatch();
+  std::optional<LoadReport> load_report() const;
+
+  // Logits [B, S, vocab] of ids [B, S]. Real ids: dispatches first (once), then a real forward.
+  // Fake or meta ids: a scan (nothing loaded); the logits are fake.
+  at::Tensor forward(const at::Tensor& ids);
+  // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n].
+  at::Tensor generate(const at::Tensor& ids, int64_t n);
+
+  // The module at a dotted path ("" the whole model). ModulePathError lists the closest paths.
+  std::shared_ptr<torch::nn::Module> at(const std::string& path) const;
+  // Every module path, in named_modules() order ("" first).
+  std::vector<std::string> module_paths() const;
+  // A parameter or buffer by its name; the same tensor object before and after dispatch.
+  at::Tensor parameter(const std::string& name) const;
+
+  // Keeps `path`'s output from now on (ModulePathError for an unknown path, ModelError for a
+  // container such as model.layers that produces none).
+  Capture capture(const std::string& path);
+
+ private:
+  void install_observer(const OutputObserver& extra);
+  void deliver(const std::string& path, const at::Tensor& output);
+  ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device);
+  LoadReport dispatch_locked();
+  void check_runnable(const char* what) const;
+  [[noreturn]] void throw_unknown_path(const std::string& path, const char* what) const;
+
+  ModelOptions options_;
+  std::string reference_, load_ref_, config_path_;
+  std::optional<std::string> repo_id_, revision_, commit_;
+  std::shared_ptr<CausalLM> module_;
+  double build_seconds_ = 0;
+
+  mutable std::recursive_mutex mu_;
+  bool dispatched_ = false;
+  std::optional<LoadReport> report_;
+  std::vector<std::weak_ptr<Capture::State>> captures_;
+  std::unordered_map<std::string, std::string> classes_;  // module path -> class name
+};
+
+// torch's Python spelling of a dtype ("float32", "bfloat16", "int64"), for tables and JSON.
+std::string torch_dtype_name(at::ScalarType t);
+
+// What the registry holds for metaload.TransformersModel (registry.h: model_factory<ModelFactory>).
+using ModelFactory =
+    std::function<std::shared_ptr<TransformersModel>(const ModelKey&, const ModelOptions&)>;
+
+}  // namespace metaload

@@ -1,0 +1,180 @@
+"""metaload.TransformersModel: name a model, get its skeleton at once, scan it, and have the weights
+arrive on the first real forward (the C++ class torch.classes.metaload.TransformersModel).
+
+    model = metaload.TransformersModel("openai-community/gpt2")   # reads config.json only
+    shapes = model.scan(batch=2, seq=16)                          # {path: ModuleShape}, no weights
+    w = model.parameter("transformer.h.0.attn.c_attn.weight")     # meta for now
+    layer = model.capture("transformer.h.3")
+    logits = model(torch.tensor([[464, 2068, 7586]]))             # dispatches, then runs
+    layer.value                                                   # transformer.h.3's output
+    w.device                                                      # cpu: the same tensor object
+
+Errors surface as metaload.<Kind> exceptions (ResolveError, ConfigError, MismatchError,
+ModulePathError, ModelError, ...).
+"""
+import json
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from . import _lib
+from ._lib import typed_errors
+from ._load import FileReport, LoadReport
+
+
+class ModuleShape(NamedTuple):
+    path: str
+    cls: str
+    shape: Tuple[int, ...]
+    dtype: str
+    device: str
+    calls: int
+    bytes: int
+
+
+class Scan(NamedTuple):
+    device: str
+    seconds: float
+    total_bytes: int
+    modules: Dict[str, ModuleShape]  # by path, in the order the modules first ran
+
+
+def _scan(text):
+    j = json.loads(text)
+    modules = {m["path"]: ModuleShape(m["path"], m["class"], tuple(m["shape"]), m["dtype"],
+                                      m["device"], m["calls"], m["bytes"]) for m in j["modules"]}
+    return Scan(j["device"], j["seconds"], j["total_bytes"], modules)
+
+
+def _report(text):
+    j = json.loads(text)
+    files = [FileReport(f["path"], f["bytes"], f["seconds"]) for f in j.pop("files")]
+    return LoadReport(files=files, **j)
+
+
+class Capture:
+    """A module's output, kept while this object lives (fake during scans, real in forwards)."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    @property
+    def path(self) -> str:
+        return self._h.path()
+
+    @property
+    def value(self) -> torch.Tensor:
+        return typed_errors(self._h.value)()
+
+    @property
+    def count(self) -> int:
+        return self._h.count()
+
+    def has_value(self) -> bool:
+        return self._h.has_value()
+
+    def reset(self):
+        self._h.reset()
+
+
+class TransformersModel:
+    """A causal LM (GPT-2, Llama, Mistral, Qwen2) from a checkpoint directory, a Hugging Face repo
+    id in the local cache, or a model key. Placement (device, dtype, tp_rank, tp_size, threads) is
+    taken now and applied at dispatch; dispatch=True loads at once."""
+
+    @typed_errors
+    def __init__(self, ref: str, *, revision: Optional[str] = None, device="cpu", dtype=None,
+                 tp_rank: int = 0, tp_size: int = 1, threads: int = 0, dispatch: bool = False,
+                 progress_bar: bool = True):
+        _lib.load()
+        self._m = torch.classes.metaload.TransformersModel(
+            str(ref), revision, str(torch.device(device)), None if dtype is None else str(dtype),
+            tp_rank, tp_size, threads, dispatch, progress_bar)
+
+    @classmethod
+    def from_model_key(cls, key: str, **placement) -> "TransformersModel":
+        """A model in meta state from '<class>:<json>' (nnsight's class paths are aliases)."""
+        if ":" not in key:
+            raise _lib.error_class("ModelKeyError")(f"{key!r} is not a model key (CLASS:JSON)")
+        return cls(key, **placement)
+
+    @typed_errors
+    def to_model_key(self) -> str:
+        return self._m.to_model_key()
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        return json.loads(self._m.info())
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return self.info["config"]
+
+    @property
+    def dispatched(self) -> bool:
+        return self._m.dispatched()
+
+    @typed_errors
+    def dispatch(self) -> LoadReport:
+        """Loads the weights into the same tensors (idempotent: later calls load nothing)."""
+        return _report(self._m.dispatch())
+
+    @typed_errors
+    def scan(self, ids: Optional[torch.Tensor] = None, *, batch: Optional[int] = None,
+             seq: Optional[int] = None, device=None) -> Scan:
+        """Every module's output shape for ids (any tensor; only its shape counts) or for a
+        [batch, seq] batch, on fake tensors claiming `device`. Never loads weights."""
+        dev = None if device is None else str(torch.device(device))
+        if ids is not None:
+            return _scan(self._m.scan_ids(ids, dev))
+        if batch is None or seq is None:
+            raise TypeError("scan() needs ids, or batch= and seq=")
+        return _scan(self._m.scan(batch, seq, dev))
+
+    @typed_errors
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits. Real ids dispatch first; meta or fake ids scan (fake logits)."""
+        return self._m.forward(ids)
+
+    __call__ = forward
+
+    @typed_errors
+    def generate(self, ids: torch.Tensor, n: int) -> torch.Tensor:
+        """Greedy decoding of n tokens: [batch, seq + n]."""
+        return self._m.generate(ids, n)
+
+    @typed_errors
+    def parameter(self, name: str) -> torch.Tensor:
+        return self._m.parameter(name)
+
+    def named_parameters(self) -> Dict[str, torch.Tensor]:
+        return dict(zip(self._m.parameter_names(), self._m.parameters()))
+
+    def named_buffers(self) -> Dict[str, torch.Tensor]:
+        return dict(zip(self._m.buffer_names(), self._m.buffers()))
+
+    def module_paths(self) -> List[str]:
+        return list(self._m.module_paths())
+
+    @typed_errors
+    def module_class(self, path: str) -> str:
+        return self._m.module_class(path)
+
+    @typed_errors
+    def capture(self, path: str) -> Capture:
+        return Capture(self._m.capture(path))
+
+    def __repr__(self):
+        i = self.info
+        state = "dispatched" if i["dispatched"] else "meta"
+        return f"TransformersModel({i['reference']!r}, {i['class']}, {state})"
+
+
+@typed_errors
+def make_checkpoint(out: str = "", *, config: str, arch: str = "", dtype="float32", shards: int = 1,
+                    seed: int = 0, layout: str = "published", buffers: bool = False,
+                    hf_cache: str = "", repo: str = "") -> Dict[str, Any]:
+    """Writes a deterministic checkpoint (as `metaload make-checkpoint`); returns what was written."""
+    return json.loads(_lib.load().make_checkpoint(arch, config, str(dtype).replace("torch.", ""),
+                                                  shards, seed, layout, buffers, hf_cache, repo,
+                                                  str(out)))

@@ -1,0 +1,563 @@
+// TransformersModel on generated checkpoints: construction reads config.json only, scan never
+// loads, dispatch loads into the same Parameter objects once, buffers equal an eager build's,
+// module access and captures, model keys, tensor parallelism, and every error path (the model
+// stays meta and usable after a failed dispatch, and a retry works).
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <set>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "c10_ext/meta_mode.h"
+#include "fake_mode/fake_tensor.h"
+#include "loader/engine_device.h"
+#include "loader/plan.h"
+#include "loader/safetensors.h"
+#include "model/fixtures.h"
+#include "model/registry.h"
+#include "model/transformers_model.h"
+#include "tests/loader/test_util.h"
+
+namespace metaload {
+namespace {
+
+using testing::expect_error;
+using testing::ScopedEnv;
+using testing::TempDir;
+
+std::string make(const std::string& config, const std::string& dir, int shards = 1,
+                 DType dtype = DType::F32) {
+  FixtureOptions o;
+  o.config = config;
+  o.shards = shards;
+  o.dtype = dtype;
+  o.seed = 11;
+  return make_checkpoint(o, dir).dir;
+}
+
+uint64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// An eager (real, CPU) build of the same config whose parameters come from the checkpoint through
+// the loader, as an independent route to the same weights.
+std::shared_ptr<CausalLM> eager_from(const std::string& dir) {
+  auto model = build_causal_lm(load_family_config(dir + "/config.json"));
+  LoadOptions lo;
+  lo.names.checkpoint_to_module = [c = model->config()](const std::string& n) {
+    return map_checkpoint_name(c, n);
+  };
+  lo.names.tied = model->tied_parameter_groups();
+  std::set<std::string> buffers;
+  for (const BufferSpec& b : model->buffer_specs()) buffers.insert(b.name);
+  lo.names.skip = [buffers](const std::string& n) { return buffers.count(n) > 0; };
+  load(*model, dir, lo);
+  return model;
+}
+
+at::Tensor ids_for(const TransformersModel& m, int64_t batch, int64_t seq, int64_t seed) {
+  return at::randint(m.config().vocab_size, {batch, seq},
+                     at::make_generator<at::CPUGeneratorImpl>(seed), at::kLong);
+}
+
+// Counts reads of the data engine (the hook runs once per piece read).
+struct EngineCounter {
+  std::shared_ptr<std::atomic<int>> reads = std::make_shared<std::atomic<int>>(0);
+  void attach(ModelOptions& o) const {
+    auto r = reads;
+    o.engine.hooks.after_read = [r](size_t) { ++*r; };
+  }
+};
+
+bool all_meta(const TransformersModel& m) {
+  for (const auto& p : m.module().parameters())
+    if (!p.is_meta()) return false;
+  return true;
+}
+
+TEST(TransformersModel, ConstructionReadsConfigJsonOnly) {
+  TempDir d;
+  const std::string dir = make("llama-tiny", d / "ckpt", /*shards=*/2);
+  EngineCounter engine;
+  ModelOptions o;
+  engine.attach(o);
+  reset_io_bytes_read();
+  const auto t0 = std::chrono::steady_clock::now();
+  TransformersModel m(dir, o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Exactly config.json's bytes: no safetensors header, no index, no weight byte.
+  EXPECT_EQ(io_bytes_read(), file_size(dir + "/config.json"));
+  EXPECT_EQ(*engine.reads, 0);
+  EXPECT_TRUE(all_meta(m));
+  for (const auto& b : m.module().buffers()) EXPECT_TRUE(b.is_meta());
+  EXPECT_FALSE(m.dispatched());
+  EXPECT_EQ(m.module().name(), "LlamaForCausalLM");
+  EXPECT_LT(s, 1.0);
+  EXPECT_GT(m.build_seconds(), 0);
+  // A file reference works too: its directory's config.json.
+  TransformersModel by_file(dir + "/model-00001-of-00002.safetensors");
+  EXPECT_EQ(by_file.config_path(), m.config_path());
+}
+
+TEST(TransformersModel, SkeletonsOfRealSizesInMilliseconds) {
+  TempDir d;
+  for (const std::string name : {"gpt2", "llama-2-7b", "llama-2-70b", "llama-3.2-1b"}) {
+    testing::make_dir(d / name);
+    testing::write_file(d / (name + "/config.json"), builtin_config_json(name));
+    const auto t0 = std::chrono::steady_clock::now();
+    TransformersModel m(d / name);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%-12s skeleton: %lld parameters in %.1f ms\n", name.c_str(),
+                static_cast<long long>(m.module().num_parameters()), s * 1e3);
+    EXPECT_TRUE(all_meta(m));
+    EXPECT_LT(s, 2.0) << name;  // milliseconds here (printed above); generous under load
+  }
+}
+
+TEST(TransformersModel, ScanNeverLoads) {
+  TempDir d;
+  const std::string dir = make("gpt2-tiny", d / "ckpt");
+  EngineCounter engine;
+  ModelOptions o;
+  engine.attach(o);
+  TransformersModel m(dir, o);
+  reset_io_bytes_read();
+  const ModelScan s = m.scan(3, 10);
+  EXPECT_EQ(io_bytes_read(), 0u);
+  EXPECT_EQ(*engine.reads, 0);
+  EXPECT_TRUE(all_meta(m));
+  EXPECT_FALSE(m.dispatched());
+  ASSERT_NE(s.find(""), nullptr);
+  EXPECT_EQ(s.find("")->sizes, (std::vector<int64_t>{3, 10, 256}));
+  EXPECT_EQ(s.find("")->class_name, "GPT2LMHeadModel");
+  EXPECT_EQ(s.find("transformer.h.1.attn.c_attn")->sizes, (std::vector<int64_t>{3, 10, 192}));
+  EXPECT_EQ(s.find("transformer.h.1.attn.c_attn")->class_name, "Conv1D");
+  EXPECT_EQ(s.find("transformer.h.0.mlp")->bytes(), 3u * 10 * 64 * 4);
+  EXPECT_EQ(s.modules.back().path, "");  // the logits come last
+  EXPECT_TRUE(is_fake(s.logits));
+  EXPECT_EQ(s.logits.sizes(), (at::IntArrayRef{3, 10, 256}));
+  uint64_t total = 0;
+  for (const auto& mod : s.modules) total += mod.bytes();
+  EXPECT_EQ(s.total_bytes(), total);
+  // The scan claims any device, a GPU not needed.
+  const ModelScan cuda = m.scan(1, 4, at::Device("cuda"));
+  EXPECT_EQ(cuda.device, at::Device(at::kCUDA, 0));
+  EXPECT_EQ(cuda.find("transformer.ln_f")->device, at::Device(at::kCUDA, 0));
+  // forward() with meta ids is a scan: fake logits, nothing loaded.
+  const at::Tensor fake =
+      m.forward(at::zeros({2, 5}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)));
+  EXPECT_TRUE(is_fake(fake));
+  EXPECT_EQ(fake.sizes(), (at::IntArrayRef{2, 5, 256}));
+  EXPECT_EQ(*engine.reads, 0);
+  EXPECT_FALSE(m.dispatched());
+  // The model's dtype is the skeleton's: a bfloat16 model scans bfloat16 activations.
+  ModelOptions bf;
+  bf.dtype = at::kBFloat16;
+  TransformersModel half(dir, bf);
+  EXPECT_EQ(half.scan(1, 3).find("transformer.h.0.attn")->dtype, at::kBFloat16);
+}
+
+TEST(TransformersModel, DispatchFillsTheSameParametersOnce) {
+  TempDir d;
+  for (const std::string config : {"llama-tiny", "gpt2-tiny", "qwen2-tiny", "llama-tiny-tied"}) {
+    const std::string dir = make(config, d / config, 2);
+    EngineCounter engine;
+    ModelOptions o;
+    engine.attach(o);
+    TransformersModel m(dir, o);
+    std::vector<at::Tensor> held;  // references taken before dispatch
+    std::vector<std::string> names;
+    for (const auto& p : m.module().named_parameters()) {
+      held.push_back(p.value());
+      names.push_back(p.key());
+    }
+    const LoadReport r = m.dispatch();
+    EXPECT_TRUE(m.dispatched());
+    EXPECT_GT(*engine.reads, 0);
+    EXPECT_GT(r.bytes, 0u);
+    const auto eager = eager_from(dir);
+    auto want = eager->named_parameters();
+    for (size_t i = 0; i < held.size(); ++i) {
+      EXPECT_FALSE(held[i].is_meta()) << config << " " << names[i];
+      EXPECT_TRUE(held[i].is_same(m.parameter(names[i]))) << names[i];
+      EXPECT_TRUE(held[i].equal(want[names[i]])) << config << " " << names[i];
+    }
+    // Ties survive: lm_head is the embedding's tensor.
+    if (config == "gpt2-tiny") {
+      EXPECT_TRUE(m.parameter("lm_head.weight").is_same(m.parameter("transformer.wte.weight")));
+    }
+    // Non-persistent buffers equal an eager real build's.
+    auto eager_buffers = eager->named_buffers();
+    for (const auto& b : m.module().named_buffers()) {
+      EXPECT_FALSE(b.value().is_meta()) << b.key();
+      EXPECT_TRUE(b.value().equal(eager_buffers[b.key()])) << config << " " << b.key();
+    }
+    // Idempotent: nothing read, same report.
+    const int reads = *engine.reads;
+    reset_io_bytes_read();
+    const LoadReport again = m.dispatch();
+    EXPECT_EQ(*engine.reads, reads);
+    EXPECT_EQ(io_bytes_read(), 0u);
+    EXPECT_EQ(again.bytes, r.bytes);
+    EXPECT_EQ(m.load_report()->bytes, r.bytes);
+    // The logits are the eager model's.
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = ids_for(m, 2, 7, 1);
+    EXPECT_TRUE(m.forward(ids).equal(eager->forward(ids))) << config;
+    EXPECT_EQ(*engine.reads, reads);
+  }
+}
+
+TEST(TransformersModel, FirstRealForwardDispatches) {
+  TempDir d;
+  const std::string dir = make("mistral-tiny", d / "ckpt", 1, DType::BF16);
+  EngineCounter engine;
+  ModelOptions o;
+  engine.attach(o);
+  TransformersModel m(dir, o);
+  const at::Tensor w = m.parameter("model.layers.1.mlp.down_proj.weight");
+  EXPECT_TRUE(w.is_meta());
+  const at::Tensor ids = ids_for(m, 1, 9, 2);
+  const at::Tensor logits = m.forward(ids);
+  EXPECT_TRUE(m.dispatched());
+  EXPECT_FALSE(w.is_meta());
+  EXPECT_EQ(w.scalar_type(), at::kFloat);  // bfloat16 file, float32 model: converted on load
+  EXPECT_EQ(logits.sizes(), (at::IntArrayRef{1, 9, 256}));
+  const int reads = *engine.reads;
+  m.forward(ids);
+  EXPECT_EQ(*engine.reads, reads);
+  // generate() on a fresh model dispatches too; the same tokens as the family's own generate.
+  TransformersModel g(dir);
+  const at::Tensor out = g.generate(ids, 5);
+  EXPECT_TRUE(g.dispatched());
+  EXPECT_TRUE(out.equal(g.module().generate(ids, 5, /*use_cache=*/false)));
+  // A model dtype other than the file's.
+  ModelOptions half;
+  half.dtype = at::kBFloat16;
+  TransformersModel h(dir, half);
+  h.dispatch();
+  EXPECT_EQ(h.parameter("model.norm.weight").scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(
+      h.parameter("model.norm.weight").equal(g.parameter("model.norm.weight").to(at::kBFloat16)));
+}
+
+TEST(TransformersModel, EagerConstructionAndReadyModules) {
+  TempDir d;
+  const std::string dir = make("gpt2-tiny", d / "ckpt");
+  ModelOptions o;
+  o.dispatch = true;
+  TransformersModel eager(dir, o);
+  EXPECT_TRUE(eager.dispatched());
+  EXPECT_FALSE(all_meta(eager));
+  // A ready module: dispatched from the start, nothing to load.
+  auto module = build_causal_lm(builtin_config("gpt2-tiny"));
+  TransformersModel ready(module);
+  EXPECT_TRUE(ready.dispatched());
+  EXPECT_EQ(ready.forward(ids_for(ready, 1, 3, 1)).size(2), 256);
+  EXPECT_NE(std::string(expect_error<ModelError>([&] { ready.to_model_key(); }).what())
+                .find("has no repo id"),
+            std::string::npos);
+  BuildOptions meta;
+  meta.device = at::kMeta;
+  expect_error<ModelError>(
+      [&] { TransformersModel(build_causal_lm(builtin_config("gpt2-tiny"), meta)); });
+}
+
+TEST(TransformersModel, ModuleAccessByDottedPath) {
+  TempDir d;
+  TransformersModel m(make("llama-tiny", d / "ckpt"));
+  EXPECT_EQ(m.at("model.layers.1.self_attn")->name(), "LlamaAttention");
+  EXPECT_EQ(m.at("")->name(), "LlamaForCausalLM");
+  EXPECT_EQ(m.module_paths().front(), "");
+  const auto e = expect_error<ModulePathError>([&] { m.at("model.layers.1.self_atn"); });
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find("no module 'model.layers.1.self_atn'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("closest: model.layers.1.self_attn"), std::string::npos) << msg;
+  const auto p = expect_error<ModulePathError>([&] { m.parameter("model.norm.weights"); });
+  EXPECT_NE(std::string(p.what()).find("closest: model.norm.weight"), std::string::npos);
+}
+
+TEST(TransformersModel, CapturesDuringScanAndRealForwards) {
+  TempDir d;
+  TransformersModel m(make("llama-tiny", d / "ckpt"));
+  auto layer = m.capture("model.layers.1");
+  auto logits = m.capture("");
+  EXPECT_FALSE(layer.has_value());
+  expect_error<ModelError>([&] { layer.value(); });
+  m.scan(2, 6);
+  ASSERT_TRUE(layer.has_value());
+  EXPECT_TRUE(is_fake(layer.value()));
+  EXPECT_EQ(layer.value().sizes(), (at::IntArrayRef{2, 6, 64}));
+  EXPECT_EQ(layer.count(), 1);
+  const at::Tensor ids = ids_for(m, 2, 6, 3);
+  const at::Tensor out = m.forward(ids);
+  EXPECT_FALSE(is_fake(layer.value()));
+  EXPECT_EQ(layer.value().sizes(), (at::IntArrayRef{2, 6, 64}));
+  EXPECT_TRUE(logits.value().equal(out));
+  EXPECT_EQ(layer.count(), 2);
+  // The layer output is what the next norm sees: model.norm(layer 1 output) feeds lm_head.
+  auto norm = m.capture("model.norm");
+  m.forward(ids);
+  const auto& cfg = m.config();
+  at::Tensor h = layer.value();
+  const at::Tensor expect =
+      m.parameter("model.norm.weight") * (h * at::rsqrt(h.pow(2).mean(-1, true) + cfg.norm_eps));
+  EXPECT_TRUE(at::allclose(norm.value(), expect, 1e-5, 1e-5));
+  // Generation: one output per step.
+  layer.reset();
+  const int64_t before = layer.count();
+  m.generate(ids, 4);
+  EXPECT_EQ(layer.count() - before, 4);
+  EXPECT_EQ(layer.value().size(1), 1);  // the last decode step saw one position
+  // Errors: a container, an unknown path.
+  const auto c = expect_error<ModelError>([&] { m.capture("model.layers"); });
+  EXPECT_NE(std::string(c.what()).find("is a container"), std::string::npos);
+  expect_error<ModulePathError>([&] { m.capture("model.layer.1"); });
+  // A dropped handle stops capturing (no observer left when no capture lives).
+  {
+    auto tmp = m.capture("lm_head");
+    (void)tmp;
+  }
+  m.forward(ids);
+}
+
+TEST(TransformersModel, HubCacheAndModelKeys) {
+  TempDir d;
+  FixtureOptions f;
+  f.config = "gpt2-tiny";
+  f.hf_cache = d / "hub";
+  f.repo = "metaload-test/gpt2-tiny";
+  const FixtureResult made = make_checkpoint(f);
+  ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
+  reset_io_bytes_read();
+  TransformersModel m("metaload-test/gpt2-tiny");
+  // refs/main (the 40-hex commit) and config.json: no safetensors byte.
+  EXPECT_EQ(io_bytes_read(), 40 + file_size(made.dir + "/config.json"));
+  EXPECT_EQ(m.repo_id(), "metaload-test/gpt2-tiny");
+  EXPECT_EQ(m.commit(), made.commit);
+  EXPECT_EQ(m.to_model_key(),
+            "metaload.TransformersModel:{\"repo_id\": \"metaload-test/gpt2-tiny\", "
+            "\"revision\": null}");
+  // Keys (and nnsight's aliases) give models in meta state, through the registry's factory.
+  for (const std::string cls :
+       {"metaload.TransformersModel", "nnsight.modeling.language.LanguageModel"}) {
+    const std::string key = cls + ":{\"repo_id\": \"metaload-test/gpt2-tiny\", \"revision\": null}";
+    auto k = TransformersModel::from_model_key(key);
+    EXPECT_TRUE(all_meta(*k));
+    EXPECT_EQ(k->to_model_key(), m.to_model_key());
+    TransformersModel direct(key);  // the constructor takes keys too
+    EXPECT_TRUE(all_meta(direct));
+  }
+  EXPECT_TRUE(model_factory<ModelFactory>(kTransformersModel).has_value());
+  // Pinned revisions: the branch and the commit.
+  ModelOptions rev;
+  rev.revision = "main";
+  TransformersModel pinned("metaload-test/gpt2-tiny", rev);
+  EXPECT_EQ(pinned.to_model_key(),
+            "metaload.TransformersModel:{\"repo_id\": \"metaload-test/gpt2-tiny\", "
+            "\"revision\": \"main\"}");
+  const std::string by_commit =
+      "metaload.TransformersModel:{\"repo_id\": \"metaload-test/gpt2-tiny\", \"revision\": \"" +
+      *made.commit + "\"}";
+  auto c = TransformersModel::from_model_key(by_commit);
+  EXPECT_EQ(c->to_model_key(), by_commit);
+  c->dispatch();
+  EXPECT_FALSE(all_meta(*c));
+  // Key errors.
+  expect_error<ModelKeyError>([&] {
+    TransformersModel(
+        "metaload.TransformersModel:{\"repo_id\": \"metaload-test/gpt2-tiny\", "
+        "\"revision\": null, \"task\": \"summarization\"}");
+  });
+  expect_error<ModelKeyError>(
+      [&] { TransformersModel("metaload.Nothing:{\"repo_id\": \"a/b\"}"); });
+  ModelOptions other;
+  other.revision = "v2";
+  expect_error<ModelKeyError>([&] { TransformersModel::from_model_key(by_commit, other); });
+  expect_error<ResolveError>([&] {
+    TransformersModel(
+        "metaload.TransformersModel:{\"repo_id\": \"metaload-test/absent\", \"revision\": null}");
+  });
+  // A local directory's key names its absolute path.
+  TransformersModel local(made.dir);
+  EXPECT_NE(local.to_model_key().find(made.dir), std::string::npos);
+}
+
+TEST(TransformersModel, ConfigAndReferenceErrors) {
+  TempDir d;
+  testing::make_dir(d / "bert");
+  testing::write_file(d / "bert/config.json", R"({"model_type": "bert", "hidden_size": 8})");
+  const auto bert = expect_error<ConfigError>([&] { TransformersModel(d / "bert"); });
+  EXPECT_NE(std::string(bert.what()).find("model_type"), std::string::npos);
+  testing::make_dir(d / "broken");
+  testing::write_file(d / "broken/config.json", R"({"model_type": "llama", )");
+  expect_error<FormatError>([&] { TransformersModel(d / "broken"); });
+  testing::make_dir(d / "nocfg");
+  const auto nocfg = expect_error<ResolveError>([&] { TransformersModel(d / "nocfg"); });
+  EXPECT_NE(std::string(nocfg.what()).find("has no config.json"), std::string::npos);
+  expect_error<ResolveError>([&] { TransformersModel(d / "absent"); });
+  {
+    ScopedEnv env("HF_HUB_CACHE", (d / "empty-hub").c_str());
+    expect_error<ResolveError>([&] { TransformersModel("org/absent"); });
+  }
+  ModelOptions rev;
+  rev.revision = "main";
+  const std::string dir = make("gpt2-tiny", d / "ckpt");
+  expect_error<ResolveError>([&] { TransformersModel(dir, rev); });
+  ModelOptions tp;
+  tp.tp_rank = 2;
+  tp.tp_size = 2;
+  expect_error<ModelError>([&] { TransformersModel(dir, tp); });
+  ModelOptions bad_dtype;
+  bad_dtype.dtype = at::kInt;
+  expect_error<FamilyError>([&] { TransformersModel(dir, bad_dtype); });
+  TransformersModel m(dir);
+  expect_error<ModelError>([&] { m.scan(0, 3); });
+  expect_error<ModelError>([&] { m.scan(std::vector<at::Tensor>{}); });
+  // A sequence longer than GPT-2's positions, out-of-vocabulary ids: the family's errors.
+  expect_error<FamilyError>([&] { m.scan(1, 65); });
+  expect_error<FamilyError>([&] { m.forward(at::full({1, 2}, 999, at::kLong)); });
+  expect_error<ModelError>([&] {
+    m.generate(at::zeros({1, 2}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)), 2);
+  });
+}
+
+TEST(TransformersModel, MismatchedCheckpointLeavesTheModelMeta) {
+  TempDir d;
+  const std::string dir = make("llama-tiny", d / "ckpt");
+  // The same weights, described by a config with a different MLP width.
+  nlohmann::json cfg = nlohmann::json::parse(builtin_config_json("llama-tiny"));
+  cfg["intermediate_size"] = 128;
+  testing::write_file(dir + "/config.json", cfg.dump());
+  TransformersModel m(dir);
+  const at::Tensor held = m.parameter("model.layers.0.mlp.up_proj.weight");
+  const auto e = expect_error<MismatchError>([&] { m.dispatch(); });
+  EXPECT_EQ(e.mismatched().size(), 6u);  // gate, up, down of both layers
+  EXPECT_TRUE(e.missing().empty());
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find("model.layers.1.mlp.down_proj.weight: shape [64, 128]"), std::string::npos)
+      << msg;
+  EXPECT_FALSE(m.dispatched());
+  EXPECT_TRUE(all_meta(m));
+  EXPECT_TRUE(held.is_meta());
+  // Still usable: scans work, and a real forward tries (and fails) the same way.
+  EXPECT_EQ(m.scan(1, 4).find("model.layers.0.mlp")->sizes, (std::vector<int64_t>{1, 4, 64}));
+  expect_error<MismatchError>([&] { m.forward(ids_for(m, 1, 3, 1)); });
+  // Tensors the model has no place for are listed as unexpected: biases the config turned off.
+  TempDir e2;
+  const std::string biased = make("llama-tiny-tied", e2 / "ckpt");
+  nlohmann::json nobias = nlohmann::json::parse(builtin_config_json("llama-tiny-tied"));
+  nobias["attention_bias"] = false;
+  testing::write_file(biased + "/config.json", nobias.dump());
+  TransformersModel t(biased);
+  const auto u = expect_error<MismatchError>([&] { t.dispatch(); });
+  EXPECT_EQ(u.unexpected().size(), 8u);  // q, k, v, o biases of both layers
+  EXPECT_NE(std::string(u.what()).find("model.layers.1.self_attn.o_proj.bias"), std::string::npos);
+  EXPECT_TRUE(all_meta(t));
+}
+
+TEST(TransformersModel, FailedDispatchCanBeRetried) {
+  TempDir d;
+  // config.json alone: the skeleton builds, dispatch finds no weights.
+  testing::make_dir(d / "late");
+  testing::write_file(d / "late/config.json", builtin_config_json("gpt2-tiny"));
+  EngineCounter engine;
+  ModelOptions o;
+  engine.attach(o);
+  TransformersModel m(d / "late", o);
+  expect_error<ResolveError>([&] { m.dispatch(); });
+  EXPECT_FALSE(m.dispatched());
+  EXPECT_TRUE(all_meta(m));
+  // The weights arrive; the retry loads them.
+  make("gpt2-tiny", d / "weights");
+  ASSERT_EQ(
+      ::rename((d / "weights/model.safetensors").c_str(), (d / "late/model.safetensors").c_str()),
+      0);
+  m.dispatch();
+  EXPECT_TRUE(m.dispatched());
+  EXPECT_FALSE(all_meta(m));
+
+  // A read error in the middle of the load: nothing changes; the next try succeeds.
+  const std::string dir = make("llama-tiny", d / "flaky", 2);
+  auto fail = std::make_shared<std::atomic<bool>>(true);
+  ModelOptions flaky;
+  flaky.engine.hooks.pread = [fail](int fd, void* buf, size_t n, uint64_t off) -> ssize_t {
+    if (fail->exchange(false)) {
+      errno = EIO;
+      return -1;
+    }
+    return ::pread(fd, buf, n, static_cast<off_t>(off));
+  };
+  flaky.threads = 1;
+  TransformersModel f(dir, flaky);
+  expect_error<ReadError>([&] { f.dispatch(); });
+  EXPECT_TRUE(all_meta(f));
+  for (const auto& b : f.module().buffers()) EXPECT_TRUE(b.is_meta());
+  f.dispatch();
+  EXPECT_FALSE(all_meta(f));
+
+  // A device that is not there (no GPU on this machine): DeviceError, still meta.
+  if (!cuda_device_available()) {
+    ModelOptions cuda;
+    cuda.device = at::Device("cuda:0");
+    TransformersModel c(dir, cuda);
+    EXPECT_EQ(c.scan(1, 2).device, at::Device("cuda:0"));  // placement is used by scans
+    expect_error<LoadError>([&] { c.dispatch(); });
+    EXPECT_TRUE(all_meta(c));
+  }
+}
+
+TEST(TransformersModel, TensorParallelRanksLoadTheirShards) {
+  TempDir d;
+  const std::string dir = make("llama-tiny", d / "ckpt");
+  TransformersModel full(dir);
+  full.dispatch();
+  std::vector<at::Tensor> q, o;
+  for (int rank = 0; rank < 2; ++rank) {
+    ModelOptions opt;
+    opt.tp_rank = rank;
+    opt.tp_size = 2;
+    TransformersModel m(dir, opt);
+    m.scan(1, 3);  // the skeleton scans whole before dispatch
+    m.dispatch();
+    q.push_back(m.parameter("model.layers.0.self_attn.q_proj.weight"));
+    o.push_back(m.parameter("model.layers.1.self_attn.o_proj.weight"));
+    EXPECT_EQ(q.back().sizes(), (at::IntArrayRef{32, 64}));  // column-parallel: heads split
+    EXPECT_EQ(o.back().sizes(), (at::IntArrayRef{64, 32}));  // row-parallel: inputs split
+    EXPECT_EQ(m.parameter("model.norm.weight").sizes(), (at::IntArrayRef{64}));  // replicated
+    const auto e = expect_error<ModelError>([&] { m.forward(ids_for(m, 1, 2, 1)); });
+    EXPECT_NE(std::string(e.what()).find("cannot run the model alone"), std::string::npos);
+  }
+  EXPECT_TRUE(at::cat(q, 0).equal(full.parameter("model.layers.0.self_attn.q_proj.weight")));
+  EXPECT_TRUE(at::cat(o, 1).equal(full.parameter("model.layers.1.self_attn.o_proj.weight")));
+  // A degree the model cannot be split into: every problem listed, the skeleton unchanged.
+  ModelOptions three;
+  three.tp_size = 3;
+  TransformersModel m3(dir, three);
+  const auto e = expect_error<MismatchError>([&] { m3.dispatch(); });
+  EXPECT_GT(e.mismatched().size(), 3u);
+  EXPECT_EQ(m3.parameter("model.layers.0.self_attn.q_proj.weight").sizes(),
+            (at::IntArrayRef{64, 64}));
+  EXPECT_TRUE(all_meta(m3));
+}
+
+TEST(TransformersModel, InsideMetaModeDispatchIsStillReal) {
+  TempDir d;
+  const std::string dir = make("gpt2-tiny", d / "ckpt");
+  MetaMode meta;  // a user's meta scope around everything
+  TransformersModel m(dir);
+  m.dispatch();
+  EXPECT_FALSE(all_meta(m));
+  for (const auto& b : m.module().buffers()) EXPECT_FALSE(b.is_meta());
+  RealGuard real;
+  EXPECT_EQ(m.forward(ids_for(m, 1, 4, 5)).device(), at::Device(at::kCPU));
+}
+
+}  // namespace
+}  // namespace metaload

@@ -1,0 +1,168 @@
+"""The metaload tool's model subcommands (make-checkpoint, scan, run) and their bad-input paths.
+
+The tool links no libtorch; these subcommands run inside libmetaload.so, which it loads on demand
+(METALOAD_LIB, or next to the tool as both builds lay it out). Bad input: exit 2, one line.
+"""
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from conftest import lib_path
+from metaload.model import TransformersModel
+
+
+def cli_path():
+    if os.environ.get("METALOAD_CLI"):
+        return os.environ["METALOAD_CLI"]
+    base = os.path.dirname(lib_path())
+    for rel in ("tools/metaload", "tools/cli/metaload"):  # Bazel, CMake
+        if os.path.exists(os.path.join(base, rel)):
+            return os.path.join(base, rel)
+    pytest.fail(f"no metaload tool next to {lib_path()}: build //tools:metaload (or set METALOAD_CLI)")
+
+
+def cli(*args, env=None):
+    e = dict(os.environ)
+    e.pop("METALOAD", None)
+    e.update(env or {})
+    return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+def sha256_tree(directory):
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def expect_usage_error(r, *fragments):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_make_checkpoint_is_deterministic(tmp_path):
+    for run in ("a", "b"):
+        r = cli("make-checkpoint", "--arch", "llama", "--config", "qwen2-tiny", "--dtype",
+                "bfloat16", "--shards", "2", "--seed", "4", tmp_path / run)
+        assert r.returncode == 0, r.stderr
+        assert "parameters" in r.stdout
+    a, b = sha256_tree(tmp_path / "a"), sha256_tree(tmp_path / "b")
+    assert a == b
+    assert sorted(a) == ["config.json", "model-00001-of-00002.safetensors",
+                         "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    r = cli("make-checkpoint", "--arch", "llama", "--config", "qwen2-tiny", "--dtype", "bfloat16",
+            "--shards", "2", "--seed", "5", tmp_path / "c")
+    assert sha256_tree(tmp_path / "c")["model-00001-of-00002.safetensors"] != \
+        a["model-00001-of-00002.safetensors"]
+    # A hub cache tree, as JSON: the snapshot resolves by repo id.
+    r = cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", "--hf-cache",
+            tmp_path / "hub", "--repo", "org/tiny", "--json")
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)
+    assert len(made["commit"]) == 40
+    refs = tmp_path / "hub" / "models--org--tiny" / "refs" / "main"
+    assert refs.read_text() == made["commit"]
+    r = cli("describe", "org/tiny", "--json", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["revision"] == made["commit"]
+
+
+def test_scan_and_run_agree_with_the_python_model(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "llama", "--config", "llama-tiny", d).returncode == 0
+    r = cli("scan", d, "--batch", "2", "--seq", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    scan = json.loads(r.stdout)
+    mods = {m["path"]: m for m in scan["modules"]}
+    assert mods[""]["shape"] == [2, 5, 256]
+    assert mods["model.layers.1.self_attn.k_proj"]["shape"] == [2, 5, 32]
+    assert mods["model.layers.1.self_attn.k_proj"]["bytes"] == 2 * 5 * 32 * 4
+    assert scan["total_bytes"] == sum(m["bytes"] for m in scan["modules"])
+    model = TransformersModel(str(d), progress_bar=False)
+    assert {p: list(m.shape) for p, m in model.scan(batch=2, seq=5).modules.items()} == \
+        {p: m["shape"] for p, m in mods.items()}
+    table = cli("scan", d, "--batch", "2", "--seq", "5", "--device", "cuda:0", "--collapse")
+    assert table.returncode == 0, table.stderr
+    assert "cuda:0" in table.stdout and "total: " in table.stdout
+    r = cli("run", d, "--ids", "3,1,4,1,5;9,2,6,5,3", "--new-tokens", "6", "--json")
+    assert r.returncode == 0, r.stderr
+    tokens = json.loads(r.stdout)["tokens"]
+    want = model.generate(torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]), 6)[:, 5:].tolist()
+    assert tokens == want
+    human = cli("run", d, "--ids", "3,1,4", "--new-tokens", "2")
+    assert human.returncode == 0 and "GB/s" in human.stdout
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0
+    expect_usage_error(cli("make-checkpoint", "--arch", "bert", "--config", "gpt2-tiny",
+                           tmp_path / "x"), "--arch")
+    expect_usage_error(cli("make-checkpoint", "--arch", "llama", "--config", "gpt2-tiny",
+                           tmp_path / "y"), "FixtureError", "--arch llama but")
+    expect_usage_error(cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny",
+                           "--dtype", "int8", tmp_path / "z"), "float32, float16 or bfloat16")
+    expect_usage_error(cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d),
+                       "is not empty")
+    expect_usage_error(cli("scan", tmp_path / "absent", "--seq", "4"), "ResolveError")
+    expect_usage_error(cli("scan", d, "--seq", "0"), "--seq")
+    expect_usage_error(cli("scan", d, "--seq", "99"), "FamilyError", "n_positions")
+    expect_usage_error(cli("scan", d, "--seq", "4", "--device", "tpu"), "--device")
+    expect_usage_error(cli("scan", d, "--seq", "4", "--dtype", "nf4"), "--dtype")
+    expect_usage_error(cli("run", d, "--ids", "1,x"), "--ids", "'x'")
+    expect_usage_error(cli("run", d, "--ids", "1,2;3"), "different lengths")
+    expect_usage_error(cli("run", d, "--ids", "1,9999", "--new-tokens", "1"), "token id 9999")
+    expect_usage_error(cli("run", d, "--ids", "1", "--new-tokens", "-1"), "--new-tokens")
+    # Weights that do not fit the config: the MismatchError's lines become one line.
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["n_embd"] = 32
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_usage_error(cli("run", d, "--ids", "1,2", "--new-tokens", "1"), "MismatchError",
+                       "mismatched:")
+
+
+def test_the_library_is_loaded_only_for_torch_subcommands(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0
+    missing = {"METALOAD_LIB": str(tmp_path / "nowhere.so")}
+    # describe never loads it: a wrong METALOAD_LIB does not matter.
+    r = cli("describe", d, env=missing)
+    assert r.returncode == 0, r.stderr
+    line = expect_usage_error(cli("scan", d, "--seq", "2", env=missing), "METALOAD_LIB",
+                              "nowhere.so")
+    assert "libmetaload.so" in line
+    helped = cli("--help")
+    assert helped.returncode == 0
+    for sub in ("make-checkpoint", "scan", "run", "demo", "describe"):
+        assert sub in helped.stdout
+    assert cli("scan", "--help").returncode == 0
+
+
+def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
+    args = ["demo", "--data", tmp_path / "data", "--repo", "org/gpt2-tiny", "--config",
+            "gpt2-tiny", "--batch", "2", "--seq", "8", "--new-tokens", "4", "--prompt", "1,2,3"]
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    out = first.stdout
+    assert "Creating the embedded default once" in out
+    for section in ("== describe org/gpt2-tiny", "== model key", "== tensor parallelism",
+                    "== meta build", "== scan of a [2, 8] batch", "== dispatch to cpu",
+                    "== greedy generation of 4 tokens", "== summary"):
+        assert section in out, section
+    assert 'metaload.TransformersModel:{"repo_id": "org/gpt2-tiny", "revision": null}' in out
+    assert "all on meta" in out and "GB/s" in out and "now on cpu, real" in out
+    # The second run reuses the checkpoint.
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "Creating" not in again.stdout
+    expect_usage_error(cli(*args[:-1], "1,x"), "--prompt", "'x'")

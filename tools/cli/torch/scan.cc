@@ -1,0 +1,216 @@
+// metaload scan REF --batch B --seq S [--device D] [--dtype T] [--revision R] [--depth N]
+//   [--collapse] [--json]
+// Builds the model on meta from config.json alone, runs it on fake ids, and prints every module's
+// output shape and activation bytes. No weight is read.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/dtypes.h"
+#include "model/transformers_model.h"
+#include "tools/cli/torch/torch_cli.h"
+
+namespace metaload {
+namespace cli {
+
+c10::Device parse_device(const std::string& text, const char* option) {
+  try {
+    c10::Device d(text);
+    if (!d.is_cpu() && !d.is_cuda())
+      throw UsageError(fmt::format("{} {}: only cpu and cuda[:N] are supported", option, text));
+    return d;
+  } catch (const c10::Error&) {
+    throw UsageError(fmt::format("{} '{}' is not a device (cpu, cuda, cuda:N)", option, text));
+  }
+}
+
+c10::ScalarType parse_model_dtype(const std::string& text, const char* option) {
+  const DTypeEntry& e = resolve_dtype_name(text);  // DTypeError lists the accepted names
+  if (e.torch_name == "float32") return at::kFloat;
+  if (e.torch_name == "float16") return at::kHalf;
+  if (e.torch_name == "bfloat16") return at::kBFloat16;
+  throw UsageError(
+      fmt::format("{} {}: a model runs in float32, float16 or bfloat16", option, text));
+}
+
+std::string human_bytes(uint64_t b) {
+  const double v = static_cast<double>(b);
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", v / (1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.1f} MiB", v / (1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", v / (1ull << 10));
+  return fmt::format("{} B", b);
+}
+
+uint64_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::vector<std::string> split(const std::string& path) {
+  std::vector<std::string> parts;
+  if (path.empty()) return parts;
+  std::stringstream ss(path);
+  std::string p;
+  while (std::getline(ss, p, '.')) parts.push_back(p);
+  return parts;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The first numbered component of a path: (the list's path, the index), or index -1.
+std::pair<std::string, int64_t> layer_of(const std::vector<std::string>& parts) {
+  std::string prefix;
+  for (const std::string& p : parts) {
+    if (is_index(p)) return {prefix, std::stoll(p)};
+    prefix += (prefix.empty() ? "" : ".") + p;
+  }
+  return {"", -1};
+}
+
+}  // namespace
+
+void print_scan_table(const ModelScan& scan, int depth, bool collapse, std::ostream& out) {
+  std::map<std::string, int64_t> last_layer;
+  for (const ModuleShape& m : scan.modules) {
+    auto [list, index] = layer_of(split(m.path));
+    if (index >= 0) last_layer[list] = std::max(last_layer[list], index);
+  }
+  struct Row {
+    std::string path, cls, shape, dtype, bytes;
+  };
+  std::vector<Row> rows;
+  std::map<std::string, bool> elided;
+  for (const ModuleShape& m : scan.modules) {
+    const std::vector<std::string> parts = split(m.path);
+    if (depth >= 0 && static_cast<int>(parts.size()) > depth) continue;
+    auto [list, index] = layer_of(parts);
+    if (collapse && index > 0 && index < last_layer[list]) {
+      if (!elided[list]) {
+        elided[list] = true;
+        rows.push_back({fmt::format("  ... {}.1 to {}.{} alike", list, list, last_layer[list] - 1),
+                        "", "", "", ""});
+      }
+      continue;
+    }
+    rows.push_back({m.path.empty() ? "(model)" : m.path, m.class_name, shape_str(m.sizes),
+                    torch_dtype_name(m.dtype), human_bytes(m.bytes())});
+  }
+  Row head{"module", "class", "output shape", "dtype", "bytes"};
+  size_t w[5] = {head.path.size(), head.cls.size(), head.shape.size(), head.dtype.size(),
+                 head.bytes.size()};
+  for (const Row& r : rows) {
+    if (!r.cls.empty()) w[0] = std::max(w[0], r.path.size());
+    w[1] = std::max(w[1], r.cls.size());
+    w[2] = std::max(w[2], r.shape.size());
+    w[3] = std::max(w[3], r.dtype.size());
+    w[4] = std::max(w[4], r.bytes.size());
+  }
+  auto line = [&](const Row& r) {
+    if (r.cls.empty()) {  // an elision marker
+      out << r.path << "\n";
+      return;
+    }
+    out << std::left << std::setw(static_cast<int>(w[0]) + 2) << r.path
+        << std::setw(static_cast<int>(w[1]) + 2) << r.cls << std::setw(static_cast<int>(w[2]) + 2)
+        << r.shape << std::setw(static_cast<int>(w[3]) + 2) << r.dtype << std::right
+        << std::setw(static_cast<int>(w[4])) << r.bytes << "\n";
+  };
+  line(head);
+  for (const Row& r : rows) line(r);
+  out << fmt::format("total: {} modules on {}, {} of outputs ({} bytes)\n", scan.modules.size(),
+                     scan.device.str(), human_bytes(scan.total_bytes()),
+                     with_commas(scan.total_bytes()));
+}
+
+namespace {
+
+struct Options {
+  std::string ref, device = "cpu", dtype, revision;
+  int64_t batch = 1, seq = 0;
+  int depth = -1;
+  bool collapse = false, json = false;
+  CLI::Option* dtype_opt = nullptr;
+  CLI::Option* revision_opt = nullptr;
+};
+
+int run(const Options& o) {
+  ModelOptions mo;
+  mo.device = parse_device(o.device, "--device");
+  if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
+  if (*o.revision_opt) mo.revision = o.revision;
+  TransformersModel model(o.ref, mo);
+  const ModelScan scan = model.scan(o.batch, o.seq);
+  if (o.json) {
+    nlohmann::json modules = nlohmann::json::array();
+    for (const ModuleShape& m : scan.modules)
+      modules.push_back({{"path", m.path},
+                         {"class", m.class_name},
+                         {"shape", m.sizes},
+                         {"dtype", torch_dtype_name(m.dtype)},
+                         {"device", m.device.str()},
+                         {"calls", m.calls},
+                         {"bytes", m.bytes()}});
+    std::cout << nlohmann::json{{"model", model.module().name()},
+                                {"config", model.config_path()},
+                                {"batch", o.batch},
+                                {"seq", o.seq},
+                                {"device", scan.device.str()},
+                                {"build_seconds", model.build_seconds()},
+                                {"scan_seconds", scan.seconds},
+                                {"total_bytes", scan.total_bytes()},
+                                {"modules", modules}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << fmt::format(
+      "{} from {}: built on meta in {:.1f} ms, scanned [{}, {}] on {} in {:.1f} ms (no weight "
+      "read)\n\n",
+      model.module().name(), model.config_path(), model.build_seconds() * 1e3, o.batch, o.seq,
+      scan.device.str(), scan.seconds * 1e3);
+  print_scan_table(scan, o.depth, o.collapse, std::cout);
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> setup_scan(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
+  sub.add_option("--batch", o->batch, "batch size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--seq", o->seq, "sequence length")->required()->check(CLI::PositiveNumber);
+  sub.add_option("--device", o->device, "the device the scan claims (cpu, cuda:0; no GPU needed)")
+      ->capture_default_str();
+  o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
+  o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
+  sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)");
+  sub.add_flag("--collapse", o->collapse, "show only the first and last of numbered layers");
+  sub.add_flag("--json", o->json, "print JSON instead of a table");
+  return [o] { return run(*o); };
+}
+
+}  // namespace cli
+}  // namespace metaload

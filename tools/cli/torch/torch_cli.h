@@ -1,0 +1,52 @@
+// The metaload subcommands that need libtorch (make-checkpoint, scan, run, demo). They are built
+// into libmetaload.so; the torch-free `metaload` tool loads it and calls
+// metaload_cli_torch_main(argc, argv) for them (tools/cli/torch_bridge.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <CLI/CLI.hpp>
+
+#include "base/error.h"
+#include "tools/cli/command.h"
+
+namespace metaload {
+
+class TransformersModel;
+struct ModelScan;
+
+namespace cli {
+
+// A bad command-line value that CLI11 cannot judge (device, dtype, id list); exit code 2.
+METALOAD_DEFINE_ERROR(UsageError, Error);
+
+// The torch subcommands' setups, by name (kTorchCommands has the names and help).
+std::function<int()> setup_make_checkpoint(CLI::App& sub);
+std::function<int()> setup_scan(CLI::App& sub);
+std::function<int()> setup_run(CLI::App& sub);
+std::function<int()> setup_demo(CLI::App& sub);
+
+// "cpu", "cuda", "cuda:1"; UsageError naming the option otherwise.
+c10::Device parse_device(const std::string& text, const char* option);
+// A dtype name from the one table (model/dtypes.h) that a model can run in.
+c10::ScalarType parse_model_dtype(const std::string& text, const char* option);
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string human_bytes(uint64_t bytes);
+// Resident set size of this process.
+uint64_t rss_bytes();
+
+// The scan as a table: module, class, output shape, dtype, bytes, then the total. depth >= 0
+// shows only paths of at most that many components; collapse shows the first and the last of
+// each run of numbered layers (the others are alike).
+void print_scan_table(const ModelScan& scan, int depth, bool collapse, std::ostream& out);
+
+}  // namespace cli
+}  // namespace metaload
