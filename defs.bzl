@@ -39,7 +39,8 @@ def metaload_cc_test(name, srcs, deps = [], data = [], env = {}, **kwargs):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = COPTS + kwargs.pop("copts", []),
+        # Test code itself is light (the libraries it calls are optimised): -O0 compiles ~20% faster.
+        copts = COPTS + ["-O0"] + kwargs.pop("copts", []),
         deps = deps + ["//third_party:gtest_main"],
         data = data,
         env = dict({"METALOAD_SOURCE_DIR": "."}, **env),

@@ -1,5 +1,7 @@
 #include "loader/engine.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -606,6 +608,25 @@ void deliver_on_cpu(const PiecePart& part, const CopyJob& job, const unsigned ch
 }
 
 }  // namespace
+
+std::string load_report_json(const LoadReport& r) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const FileReport& f : r.files) {
+    files.push_back({{"path", f.path}, {"bytes", f.bytes}, {"seconds", f.seconds}});
+  }
+  return nlohmann::json{{"bytes", r.bytes},
+                        {"slot_bytes", r.slot_bytes},
+                        {"seconds", r.seconds},
+                        {"peak_staging_bytes", r.peak_staging_bytes},
+                        {"peak_device_staging_bytes", r.peak_device_staging_bytes},
+                        {"reads", r.reads},
+                        {"direct_bytes", r.direct_bytes},
+                        {"mapped_bytes", r.mapped_bytes},
+                        {"threads", r.threads},
+                        {"engine", r.engine},
+                        {"files", std::move(files)}}
+      .dump();
+}
 
 LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vector<CopyJob>& jobs,
                           const EngineOptions& opt) {

@@ -154,6 +154,9 @@ struct LoadReport {
   std::vector<FileReport> files;
 };
 
+// The report as JSON (the Python package and the CLI read it): every field above, files as a list.
+std::string load_report_json(const LoadReport& r);
+
 // --- the plan both engines execute -------------------------------------------------------------
 
 // One delivery out of a piece: rows x row_bytes at `src` (bytes from the piece start, rows

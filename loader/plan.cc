@@ -308,22 +308,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   opt.strict = strict;
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
   if (map_files) opt.map_files = *map_files;
-  const LoadReport r = load_tensors(t, ref, opt);
-  nlohmann::json j = {{"bytes", r.bytes},
-                      {"slot_bytes", r.slot_bytes},
-                      {"seconds", r.seconds},
-                      {"peak_staging_bytes", r.peak_staging_bytes},
-                      {"peak_device_staging_bytes", r.peak_device_staging_bytes},
-                      {"reads", r.reads},
-                      {"direct_bytes", r.direct_bytes},
-                      {"mapped_bytes", r.mapped_bytes},
-                      {"threads", r.threads},
-                      {"engine", r.engine},
-                      {"files", nlohmann::json::array()}};
-  for (const FileReport& f : r.files) {
-    j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"seconds", f.seconds}});
-  }
-  return j.dump();
+  return load_report_json(load_tensors(t, ref, opt));
 }
 
 }  // namespace

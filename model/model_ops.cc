@@ -27,19 +27,7 @@ nlohmann::json opt_json(const std::optional<std::string>& s) {
 }
 
 nlohmann::json report_json(const LoadReport& r) {
-  nlohmann::json j = {{"bytes", r.bytes},
-                      {"slot_bytes", r.slot_bytes},
-                      {"seconds", r.seconds},
-                      {"peak_staging_bytes", r.peak_staging_bytes},
-                      {"peak_device_staging_bytes", r.peak_device_staging_bytes},
-                      {"reads", r.reads},
-                      {"direct_bytes", r.direct_bytes},
-                      {"threads", r.threads},
-                      {"engine", r.engine},
-                      {"files", nlohmann::json::array()}};
-  for (const FileReport& f : r.files)
-    j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"seconds", f.seconds}});
-  return j;
+  return nlohmann::json::parse(load_report_json(r));
 }
 
 std::string scan_json(const ModelScan& s) {
