@@ -57,11 +57,7 @@ OpInfo classify(const c10::FunctionSchema& schema) {
 }
 
 const OpInfo& op_info(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
-  const c10::FunctionSchema* key = &op.schema();
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, classify(*key)).first;
-  return it->second;
+  return cached_op_info<OpInfo, &classify>(op);
 }
 
 // ---- device rules

@@ -17,21 +17,14 @@
 namespace metaload {
 namespace {
 
+using fileio::is_dir;
+using fileio::is_file;
+
 constexpr uint64_t kMaxIndexSize = 256ull << 20;
 constexpr uint64_t kMaxConfigSize = 64ull << 20;
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool is_file(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 std::string real_path(const std::string& p) {

@@ -88,5 +88,15 @@ std::string read_small_file(const std::string& path, uint64_t max_size, const ch
   return out;
 }
 
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 }  // namespace fileio
 }  // namespace metaload

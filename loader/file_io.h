@@ -37,5 +37,9 @@ std::string read_small_file(const std::string& path, uint64_t max_size, const ch
 
 void count_bytes_read(uint64_t n);
 
+// Whether `path` is (or, through symbolic links, leads to) a directory / a regular file.
+bool is_dir(const std::string& path);
+bool is_file(const std::string& path);
+
 }  // namespace fileio
 }  // namespace metaload

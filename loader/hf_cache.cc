@@ -12,19 +12,12 @@
 namespace metaload {
 namespace {
 
+using fileio::is_dir;
+using fileio::is_file;
+
 const char* env(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool is_file(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 bool is_commit_hash(std::string_view s) {

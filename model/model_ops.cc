@@ -31,15 +31,7 @@ nlohmann::json report_json(const LoadReport& r) {
 }
 
 std::string scan_json(const ModelScan& s) {
-  nlohmann::json modules = nlohmann::json::array();
-  for (const ModuleShape& m : s.modules)
-    modules.push_back({{"path", m.path},
-                       {"class", m.class_name},
-                       {"shape", m.sizes},
-                       {"dtype", torch_dtype_name(m.dtype)},
-                       {"device", m.device.str()},
-                       {"calls", m.calls},
-                       {"bytes", m.bytes()}});
+  const nlohmann::json modules = nlohmann::json::parse(s.modules_json());
   return nlohmann::json{{"device", s.device.str()},
                         {"seconds", s.seconds},
                         {"total_bytes", s.total_bytes()},

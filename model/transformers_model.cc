@@ -10,6 +10,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -104,6 +106,20 @@ uint64_t ModelScan::total_bytes() const {
   uint64_t total = 0;
   for (const ModuleShape& m : modules) total += m.bytes();
   return total;
+}
+
+std::string ModelScan::modules_json() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ModuleShape& m : modules) {
+    out.push_back({{"path", m.path},
+                   {"class", m.class_name},
+                   {"shape", m.sizes},
+                   {"dtype", torch_dtype_name(m.dtype)},
+                   {"device", m.device.str()},
+                   {"calls", m.calls},
+                   {"bytes", m.bytes()}});
+  }
+  return out.dump();
 }
 
 namespace {

@@ -86,6 +86,9 @@ struct ModelScan {
   const ModuleShape* find(const std::string& path) const;
   // Bytes of every module's output, summed (each module once).
   uint64_t total_bytes() const;
+  // The modules as a JSON array of {path, class, shape, dtype, device, calls, bytes} (Python and
+  // the CLI print it).
+  std::string modules_json() const;
 };
 
 // A module's output, kept while the handle lives: real tensors during real forwards, fake ones

@@ -12,12 +12,6 @@
 namespace metaload {
 namespace {
 
-std::string shape_str(at::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Fake and meta tensors have no data to check (and must not be read: reading is a data-dependent
 // op during a scan); CUDA ids would need a sync. Only real CPU data is range-checked.
 bool has_real_cpu_data(const at::Tensor& t) {
@@ -161,7 +155,7 @@ at::Tensor CausalLM::check_ids(const at::Tensor& ids, const at::Device& device,
   if (ids.dim() != 2 || ids.size(0) == 0 || ids.size(1) == 0)
     throw FamilyError(fmt::format(
         "{}: the input ids must be a [batch, sequence] tensor with both sizes > 0, got shape {}",
-        what, shape_str(ids.sizes())));
+        what, c10::str(ids.sizes())));
   if (!at::isIntegralType(ids.scalar_type(), /*includeBool=*/false))
     throw FamilyError(fmt::format("{}: the input ids must be integers, got dtype {}", what,
                                   c10::toString(ids.scalar_type())));

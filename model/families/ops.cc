@@ -11,12 +11,6 @@
 namespace metaload {
 namespace {
 
-std::string shape_str(at::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Builds the model (float32, CPU, no init) and copies the given tensors into its parameters. Every
 // parameter must be given (one name of a tied group suffices) and every name must be a parameter.
 std::shared_ptr<CausalLM> model_with_weights(const std::string& config_json,
@@ -40,7 +34,7 @@ std::shared_ptr<CausalLM> model_with_weights(const std::string& config_json,
     }
     if (!p->sizes().equals(tensors[i].sizes()))
       throw FamilyError(fmt::format("tensor '{}' has shape {}, the model's parameter {}", names[i],
-                                    shape_str(tensors[i].sizes()), shape_str(p->sizes())));
+                                    c10::str(tensors[i].sizes()), c10::str(p->sizes())));
     p->copy_(tensors[i]);
     filled.insert(p->unsafeGetTensorImpl());
   }

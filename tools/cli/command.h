@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,15 @@ inline constexpr TorchCommand kTorchCommands[] = {
 // the Bazel and CMake builds put it) and runs argv[1] there. Exit code 2 with one line on stderr
 // when the library cannot be loaded.
 int run_torch_command(int argc, char** argv);
+
+// Parses argv into `app` and runs the chosen subcommand with the tool's exit codes: 0 success,
+// 2 with one line on stderr for bad input (a parse error, any metaload::Error), 1 for anything
+// unexpected. `usage` names the --help to point at ("metaload" or "metaload scan").
+int parse_and_run(CLI::App& app, const std::map<const CLI::App*, std::function<int()>>& runners,
+                  int argc, char** argv, const std::string& usage);
+
+// `s` on one line (newlines become spaces), for one-line error messages.
+std::string one_line(std::string s);
 
 // Output helpers shared by the subcommands.
 std::string with_commas(uint64_t n);        // 1234567 -> "1,234,567"

@@ -6,16 +6,6 @@
 
 #include "tools/cli/torch/torch_cli.h"
 
-namespace {
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
-}  // namespace
-
 extern "C" __attribute__((visibility("default"))) int metaload_cli_torch_main(int argc,
                                                                               char** argv) {
   using namespace metaload::cli;
@@ -31,27 +21,6 @@ extern "C" __attribute__((visibility("default"))) int metaload_cli_torch_main(in
     CLI::App* sub = app.add_subcommand(t.name, t.help);
     runners[sub] = setups.at(t.name)(*sub);
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    const std::string sub = argc > 1 ? argv[1] : "";
-    std::cerr << "metaload " << sub << ": error: " << one_line(e.what()) << " (see metaload " << sub
-              << " --help)\n";
-    return 2;
-  }
-  CLI::App* chosen = app.get_subcommands().front();
-  try {
-    return runners.at(chosen)();
-  } catch (const metaload::Error& e) {
-    std::cerr << "metaload " << chosen->get_name() << ": error: " << one_line(e.what()) << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "metaload " << chosen->get_name() << ": internal error: " << one_line(e.what())
-              << "\n";
-    return 1;
-  }
+  const std::string sub = argc > 1 ? argv[1] : "";
+  return parse_and_run(app, runners, argc, argv, "metaload " + sub);
 }

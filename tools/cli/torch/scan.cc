@@ -162,15 +162,7 @@ int run(const Options& o) {
   TransformersModel model(o.ref, mo);
   const ModelScan scan = model.scan(o.batch, o.seq);
   if (o.json) {
-    nlohmann::json modules = nlohmann::json::array();
-    for (const ModuleShape& m : scan.modules)
-      modules.push_back({{"path", m.path},
-                         {"class", m.class_name},
-                         {"shape", m.sizes},
-                         {"dtype", torch_dtype_name(m.dtype)},
-                         {"device", m.device.str()},
-                         {"calls", m.calls},
-                         {"bytes", m.bytes()}});
+    const nlohmann::json modules = nlohmann::json::parse(scan.modules_json());
     std::cout << nlohmann::json{{"model", model.module().name()},
                                 {"config", model.config_path()},
                                 {"batch", o.batch},
