@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 
 #include "loader/errors.h"
 #include "loader/file_io.h"
@@ -158,6 +159,15 @@ HubSnapshot resolve_hf_snapshot(const std::string& repo_id,
                     quote_str(revision.value_or("main")) + " offline; looked at: ";
   for (size_t i = 0; i < looked.size(); ++i) msg += (i ? "; " : "") + looked[i];
   throw ResolveError(msg);
+}
+
+bool is_hf_cache_blob(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  if (ec) return false;
+  const std::filesystem::path dir = real.parent_path();
+  return dir.filename() == "blobs" &&
+         dir.parent_path().filename().string().rfind("models--", 0) == 0;
 }
 
 }  // namespace metaload

@@ -30,6 +30,11 @@ bool looks_like_repo_id(std::string_view ref);
 // "models--ORG--NAME".
 std::string hf_repo_folder_name(std::string_view repo_id);
 
+// Whether `path` is (or links to) a blob of a Hugging Face hub cache: a file in
+// `models--ORG--NAME/blobs/`. Blobs are content-addressed and written by rename, never rewritten
+// in place, so tensors may map them.
+bool is_hf_cache_blob(const std::string& path);
+
 struct HubSnapshot {
   std::string repo_id;
   std::string repo_dir;      // <root>/models--ORG--NAME

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "loader/hf_cache.h"
 #include "loader/swap.h"
 
 namespace metaload {
@@ -249,7 +250,8 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
   if (opt.threads > 0) eo.threads = opt.threads;
   if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
   if (opt.progress) eo.progress = opt.progress;
-  eo.map_files = opt.map_files.value_or(eo.map_files || ckpt.repo_id.has_value());
+  eo.map_files = opt.map_files.value_or(
+      eo.map_files || std::all_of(plan.files.begin(), plan.files.end(), is_hf_cache_blob));
   SlotLoad slots;
   {
     // Slots must be real memory even when a meta mode is active on this thread (a DeferredInit

@@ -78,9 +78,9 @@ struct LoadOptions {
   bool strict = true;                   // checkpoint tensors the module has no place for are errors
   std::optional<std::string> revision;  // for Hugging Face repo ids
   // Zero-copy CPU load (EngineOptions::map_files): tensors stored as loaded point into
-  // copy-on-write mappings of the files. Default (nullopt): on for checkpoints in the Hugging Face
-  // cache, whose blobs are content-addressed and never rewritten in place; off for plain files,
-  // which someone may overwrite while the model lives.
+  // copy-on-write mappings of the files. Default (nullopt): on when every file is a Hugging Face
+  // cache blob (content-addressed, never rewritten in place; however the checkpoint was named),
+  // off for plain files, which someone may overwrite while the model lives.
   std::optional<bool> map_files;
   NameMapping names;
   EngineOptions engine;  // the rest of the engine's knobs (hooks, cancel, chunk and ring sizes)

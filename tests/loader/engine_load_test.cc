@@ -397,6 +397,8 @@ TEST_F(LoadTest, MappingIsTheDefaultForHuggingFaceCacheBlobsOnly) {
   ::unsetenv("HF_HUB_CACHE");
   EXPECT_EQ(r.engine, "cpu+mapped");
   EXPECT_TRUE(at::equal(from_cache.wte, w("wte.weight")));
+  Tiny from_snapshot;  // the snapshot directory itself: its files are still blobs
+  EXPECT_EQ(load(from_snapshot, repo + "/snapshots/" + commit, options()).engine, "cpu+mapped");
   Tiny from_dir;
   EXPECT_EQ(load(from_dir, path_, options()).engine, "cpu");  // a plain file may be rewritten
   LoadOptions never = options();
