@@ -120,7 +120,7 @@ void load_indexed(Checkpoint& c, const std::string& index_path) {
     bool inside = false;
     for (const auto& r : roots) inside = inside || strictly_under(real, r);
     if (!inside) {
-      throw ShardError(index_path, "", "shard-outside-directory",
+      throw ShardError(index_path, example[shard], "shard-outside-directory",
                        "shard " + quote_str(shard) + " resolves to " + real +
                            ", outside the checkpoint directory " + roots[0] +
                            (c.snapshot_of ? " and its hub blobs store" : ""));

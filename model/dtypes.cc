@@ -72,10 +72,11 @@ std::vector<DTypeEntry> build_table() {
 }
 
 bool is_sub_byte_torch_int(std::string_view n) {
-  // torch.int1..int7 and torch.uint1..uint7 (bit-packed types with a 1-byte element size).
+  // torch.int1..int7, torch.uint1..uint7 and float4_* (bit-packed types whose 1-byte element size
+  // is not the size of one value).
   if (n.size() == 4 && n.substr(0, 3) == "int") return n[3] >= '1' && n[3] <= '7';
   if (n.size() == 5 && n.substr(0, 4) == "uint") return n[4] >= '1' && n[4] <= '7';
-  return false;
+  return n.rfind("float4_", 0) == 0;  // float4_e2m1fn_x2: two elements per byte
 }
 
 std::string accepted_list() {
@@ -103,7 +104,8 @@ const DTypeEntry& resolve_dtype_name(std::string_view name) {
     throw DTypeError(
         "torch." + n +
         " is a sub-byte dtype whose element size is not its storage size; size it with a "
-        "quantization name (nf4, int4, 4bit, fp4 = 0.5 bytes) instead");
+        "quantization name (nf4, int4, 4bit, fp4 = 0.5 bytes) instead; accepted: " +
+        accepted_list());
   }
   throw DTypeError("unknown dtype or quantization \"" + std::string(name) +
                    "\"; accepted (any case, "

@@ -194,6 +194,7 @@ TEST(Sharded, SymlinksMayNotLeaveTheDirectory) {
   ASSERT_EQ(::symlink((outside / "b.safetensors").c_str(), (dir / "b.safetensors").c_str()), 0);
   auto e = expect_error<ShardError>([&] { open_checkpoint(dir.path()); });
   EXPECT_EQ(e.rule(), "shard-outside-directory");
+  EXPECT_EQ(e.tensor(), "z");  // the tensor the index puts there
   EXPECT_NE(std::string(e.what()).find(outside.path()), std::string::npos) << e.what();
 
   // A symlink that stays inside the directory is fine.
@@ -347,8 +348,9 @@ TEST(HubCache, ShardedSnapshotMayPointIntoItsOwnBlobsOnly) {
   write_single(other.repo + "/blobs/b", {"z"});
   ASSERT_EQ(::unlink((snap + "/b.safetensors").c_str()), 0);
   ASSERT_EQ(::symlink((other.repo + "/blobs/b").c_str(), (snap + "/b.safetensors").c_str()), 0);
-  EXPECT_EQ(expect_error<ShardError>([&] { open_checkpoint("org/tiny"); }).rule(),
-            "shard-outside-directory");
+  auto outside = expect_error<ShardError>([&] { open_checkpoint("org/tiny"); });
+  EXPECT_EQ(outside.rule(), "shard-outside-directory");
+  EXPECT_EQ(outside.tensor(), "z");
 }
 
 TEST(HubCache, RepoIdShapes) {

@@ -59,9 +59,12 @@ TEST(DTypes, BytesPerElementOfNames) {
 }
 
 TEST(DTypes, SubByteAndUnknownNamesAreRefusedWithTheAcceptedList) {
-  for (const char* n : {"torch.uint4", "int3", "uint1", "torch.int7"}) {
+  for (const char* n : {"torch.uint4", "int3", "uint1", "torch.int7", "torch.float4_e2m1fn_x2"}) {
     auto e = expect_error<DTypeError>([&] { bytes_per_element(n); });
-    EXPECT_NE(std::string(e.what()).find("sub-byte"), std::string::npos) << n;
+    const std::string m = e.what();
+    EXPECT_NE(m.find("sub-byte"), std::string::npos) << n;
+    for (const char* a : {"accepted", "nf4", "bfloat16", "float8_e4m3fn"})
+      EXPECT_NE(m.find(a), std::string::npos) << n << ": " << a;
   }
   auto e = expect_error<DTypeError>([] { bytes_per_element("float13"); });
   std::string m = e.what();
