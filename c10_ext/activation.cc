@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/registration.h"
+#include "base/torch_library.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
 #include "c10_ext/scopes.h"
@@ -120,7 +121,7 @@ void pop_scope(int64_t token) {
 
 }  // namespace metaload
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("enter_meta() -> int", &metaload::enter_meta);
   m.def("enter_real() -> int", &metaload::enter_real);
   m.def("exit_scope(int token) -> ()", &metaload::exit_scope);
@@ -148,10 +149,10 @@ void control_kernels(torch::Library& m) {
 }
 }  // namespace
 
-TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+METALOAD_LIBRARY_IMPL(DeferredInit, m) {
   control_kernels(m);
 }
 
-TORCH_LIBRARY_IMPL(metaload, Fake, m) {
+METALOAD_LIBRARY_IMPL(Fake, m) {
   control_kernels(m);
 }

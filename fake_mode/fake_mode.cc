@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/registration.h"
+#include "base/torch_library.h"
 #include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
 #include "fake_mode/fake_tensor.h"
@@ -333,7 +334,7 @@ std::string fake_device_op(const at::Tensor& t) {
 }  // namespace
 }  // namespace metaload
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("enter_fake(str target) -> int", &metaload::enter_fake);
   m.def("fake_to(Tensor t, str target) -> Tensor", &metaload::fake_to);
   m.def("is_fake(Tensor t) -> bool", &metaload::is_fake_op);
@@ -342,10 +343,10 @@ TORCH_LIBRARY_FRAGMENT(metaload, m) {
 
 // enter_fake takes no tensors: with a mode on it would reach the mode's fallback (see
 // c10_ext/activation.cc); direct kernels for both mode keys keep it out.
-TORCH_LIBRARY_IMPL(metaload, Fake, m) {
+METALOAD_LIBRARY_IMPL(Fake, m) {
   m.impl("enter_fake", &metaload::enter_fake);
 }
 
-TORCH_LIBRARY_IMPL(metaload, DeferredInit, m) {
+METALOAD_LIBRARY_IMPL(DeferredInit, m) {
   m.impl("enter_fake", &metaload::enter_fake);
 }

@@ -31,6 +31,7 @@
 #include <sstream>
 
 #include "base/registration.h"
+#include "base/torch_library.h"
 #include "kernels/meta_common.h"
 
 namespace metaload {
@@ -275,7 +276,7 @@ std::string owner_op(const std::string& op) {
 }  // namespace
 
 // Python: torch.ops.metaload.registered_meta_kernels() etc.
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("registered_meta_kernels() -> str[]", [] { return registered_meta_kernels(); });
   m.def("ensure_meta_kernels() -> str[]", [] { return ensure_meta_kernels(); });
   m.def("meta_kernel_owner(str op) -> str", &owner_op);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "base/torch_library.h"
 #include "loader/hf_cache.h"
 #include "loader/swap.h"
 
@@ -315,7 +316,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def(
       "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "

@@ -7,6 +7,8 @@
 #include <typeinfo>
 #include <unordered_map>
 
+#include "base/torch_library.h"
+
 namespace metaload {
 
 namespace {
@@ -119,7 +121,7 @@ void swap_tensors_op(at::TensorList targets, at::TensorList sources) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("swap_tensors(Tensor(a!)[] targets, Tensor[] sources) -> ()", &swap_tensors_op);
 }
 

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/torch_library.h"
 #include "loader/checkpoint.h"
 #include "loader/json_util.h"
 #include "loader/torch_save.h"
@@ -207,7 +208,7 @@ ShardedWriteResult save_safetensors_sharded(
 
 }  // namespace metaload
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("save_safetensors(str path, str[] names, Tensor[] tensors, str metadata_json) -> ()",
         &metaload::op_save);
   m.def(

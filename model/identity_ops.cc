@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/torch_library.h"
 #include "loader/json_util.h"
 #include "model/describe.h"
 #include "model/dtypes.h"
@@ -84,7 +85,7 @@ std::vector<std::string> op_model_classes() {
 }  // namespace
 }  // namespace metaload
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("describe_checkpoint(str ref, str? dtype=None, str? revision=None) -> str",
         &metaload::op_describe);
   m.def("to_model_key(str class_path, str repo_id, str? revision=None) -> str",

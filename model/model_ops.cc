@@ -5,6 +5,7 @@
 #include <torch/library.h>
 #include <nlohmann/json.hpp>
 
+#include "base/torch_library.h"
 #include "model/dtypes.h"
 #include "model/fixtures.h"
 #include "model/transformers_model.h"
@@ -136,7 +137,7 @@ std::string make_checkpoint_op(std::string arch, std::string config, std::string
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def(
       "make_checkpoint(str arch, str config, str dtype='float32', int shards=1, int seed=0, "
       "str layout='published', bool buffers=False, str hf_cache='', str repo='', str out='') -> "

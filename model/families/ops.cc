@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <torch/library.h>
 
+#include "base/torch_library.h"
 #include "model/families/family.h"
 
 namespace metaload {
@@ -99,7 +100,7 @@ std::vector<std::string> family_parameter_names(std::string config_json) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(metaload, m) {
+METALOAD_LIBRARY_FRAGMENT(m) {
   m.def(
       "_family_test_forward(str config_json, str[] names, Tensor[] tensors, Tensor ids) -> Tensor",
       &family_test_forward);

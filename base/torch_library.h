@@ -1,0 +1,40 @@
+// TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL for the metaload namespace that never abort the
+// process.
+//
+// torch's macros register in static initializers and throw when an operator is defined twice;
+// a throw there terminates the process. That happens whenever a second copy of libmetaload.so is
+// loaded from another path (LD_PRELOAD of one copy, torch.ops.load_library of another). With these
+// macros the first copy loaded owns the `metaload::` operators; a later copy registers none of
+// them and says so once on stderr (its modes then raise ModeError: the dispatch keys are taken).
+#pragma once
+
+#include <torch/library.h>
+
+#include <cstdint>
+
+namespace metaload {
+
+// Runs `init` on a fresh library object of `kind` for namespace "metaload", unless another copy
+// of the library registered the namespace first; a failure is a warning, never an abort. Hidden:
+// every loaded copy must run its own (with its own notion of "first"), never one interposed from
+// another copy.
+__attribute__((visibility("hidden"))) bool register_metaload_library(
+    torch::Library::Kind kind, c10::optional<c10::DispatchKey> key, void (*init)(torch::Library&),
+    const char* file, uint32_t line);
+
+// Whether this copy of the library owns the metaload:: operators (false when another copy loaded
+// first).
+__attribute__((visibility("hidden"))) bool owns_metaload_operators();
+
+}  // namespace metaload
+
+#define METALOAD_LIBRARY_FRAGMENT(m) METALOAD_LIBRARY_INIT_(FRAGMENT, c10::nullopt, m, C10_UID)
+#define METALOAD_LIBRARY_IMPL(k, m) \
+  METALOAD_LIBRARY_INIT_(IMPL, c10::make_optional(c10::DispatchKey::k), m, C10_UID)
+#define METALOAD_LIBRARY_INIT_(kind, key, m, uid)                                          \
+  static void C10_CONCATENATE(metaload_library_init_, uid)(torch::Library&);               \
+  static const bool C10_CONCATENATE(metaload_library_registered_, uid) =                   \
+      ::metaload::register_metaload_library(torch::Library::kind, key,                     \
+                                            &C10_CONCATENATE(metaload_library_init_, uid), \
+                                            __FILE__, __LINE__);                           \
+  static void C10_CONCATENATE(metaload_library_init_, uid)(torch::Library & m)
