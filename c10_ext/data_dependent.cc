@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/registration.h"
+#include "c10_ext/data_dependent.h"
 #include "c10_ext/mode_key.h"
 
 namespace metaload {
@@ -34,7 +36,8 @@ std::string describe_tensor_args(const c10::FunctionSchema& schema,
 }
 
 const char* what_it_reads(const std::string& op) {
-  if (op == "aten::_local_scalar_dense") return "reads a value (Tensor.item(), printing, tolist)";
+  if (op == "aten::_local_scalar_dense" || op == "aten::item")
+    return "reads a value (Tensor.item(), printing, tolist)";
   if (op == "aten::equal") return "compares values";
   return "produces an output whose size depends on the values";
 }
@@ -213,4 +216,23 @@ void register_data_dependent_kernels() {
 const bool g_registered = (register_when_safe(&register_data_dependent_kernels), true);
 
 }  // namespace
+
+bool is_data_dependent_op(const c10::OperatorName& name) {
+  if (name.name.rfind("aten::", 0) != 0) return false;
+  if (name.name == "aten::item") return true;  // composite: what it calls is dispatched below modes
+  for (const char* op : kDataDependentOps) {
+    const std::string_view q(op);
+    const auto dot = q.find('.');
+    const std::string_view base = q.substr(0, dot);
+    const std::string_view overload = dot == std::string_view::npos ? "" : q.substr(dot + 1);
+    if (std::string_view(name.name).substr(6) == base && name.overload_name == overload)
+      return true;
+  }
+  return false;
+}
+
+void raise_data_dependent(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  throw_data_dependent(op, stack);
+}
+
 }  // namespace metaload

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "c10_ext/data_dependent.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
 #include "c10_ext/op_args.h"
@@ -51,6 +52,8 @@ enum class OpKind : uint8_t {
   kLift,         // lift_fresh & co: torch.tensor / torch.from_numpy hand their CPU result here
   kToOther,      // to(other): the device comes from another tensor
   kPin,          // pin_memory: a host copy, so a new tensor: lands on meta
+  kReadsValues,  // item, nonzero, unique, ...: a typed error on a meta input, whatever kernels the
+                 // Meta key has (under LD_PRELOAD into Python ours are registered late)
 };
 
 struct OpInfo {
@@ -84,6 +87,8 @@ OpInfo classify(const c10::FunctionSchema& schema) {
     info.kind = OpKind::kToOther;
   } else if (name == "aten::pin_memory" || name == "aten::_pin_memory") {
     info.kind = OpKind::kPin;
+  } else if (is_data_dependent_op(schema.operator_name())) {
+    info.kind = OpKind::kReadsValues;
   } else if (name == "aten::is_pinned") {
     info.kind = OpKind::kPassthrough;  // a query, not a tensor
   } else if (info.device >= 0) {
@@ -216,6 +221,11 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
       if (!source_meta) count_forced(stack->back().toTensor(), /*saved_bytes=*/true);
       return;
     }
+    case OpKind::kReadsValues:
+      for (size_t i = base; i < s.size(); ++i) {
+        if (s[i].isTensor() && s[i].toTensor().is_meta()) raise_data_dependent(op, stack);
+      }
+      break;
     case OpKind::kPassthrough:
       break;
   }

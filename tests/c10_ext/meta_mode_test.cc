@@ -1,5 +1,6 @@
 #include "c10_ext/meta_mode.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -172,6 +173,50 @@ TEST(RealGuard, GuardsRestoreTheExactStateWhenAnExceptionPasses) {
   EXPECT_TRUE(torch::zeros({2}).is_meta());
 }
 
+TEST(RealGuard, EachGuardRestoresBothKeyBitsExactly) {
+  // The thread's included and excluded bits for the mode key, as the dispatcher sees them.
+  auto bits = [] {
+    return std::make_pair(c10::impl::tls_is_dispatch_key_included(kMetaModeKey),
+                          c10::impl::tls_is_dispatch_key_excluded(kMetaModeKey));
+  };
+  // Every starting state, including ones this library never sets itself (another guard of c10's
+  // excluding the key), with and without an exception passing through the guards.
+  for (bool included : {false, true}) {
+    for (bool excluded : {false, true}) {
+      for (bool fail : {false, true}) {
+        c10::impl::tls_set_dispatch_key_included(kMetaModeKey, included);
+        c10::impl::tls_set_dispatch_key_excluded(kMetaModeKey, excluded);
+        const auto before = bits();
+        try {
+          MetaMode mode;
+          EXPECT_TRUE(is_forcing());
+          {
+            RealGuard real;
+            EXPECT_FALSE(is_forcing());
+            const auto in_real = bits();
+            {
+              MetaMode again;
+              EXPECT_TRUE(is_forcing());
+            }
+            EXPECT_EQ(bits(), in_real);
+            if (fail) throw std::runtime_error("boom");
+          }
+          EXPECT_TRUE(is_forcing());
+        } catch (const std::runtime_error&) {
+        }
+        EXPECT_EQ(bits(), before) << "included=" << included << " excluded=" << excluded
+                                  << " exception=" << fail;
+        {
+          RealGuard real;  // a RealGuard alone restores them too
+        }
+        EXPECT_EQ(bits(), before);
+      }
+    }
+  }
+  c10::impl::tls_set_dispatch_key_included(kMetaModeKey, false);
+  c10::impl::tls_set_dispatch_key_excluded(kMetaModeKey, false);
+}
+
 TEST(MetaMode, ForcingInOneThreadNeverAffectsAnother) {
   constexpr int kThreads = 8;
   std::atomic<int> wrong{0};
@@ -208,7 +253,8 @@ TEST(MetaMode, DataDependentReadsRaiseATypedErrorNamingTheOp) {
       EXPECT_NE(std::string(e.what()).find("RealGuard"), std::string::npos) << e.what();
     }
   };
-  expect_dd([&] { t.sum().item<float>(); }, "aten::_local_scalar_dense");
+  expect_dd([&] { t.sum().item<float>(); }, "aten::item");
+  expect_dd([&] { at::_local_scalar_dense(t.sum()); }, "aten::_local_scalar_dense");
   expect_dd([&] { t.nonzero(); }, "aten::nonzero");
   expect_dd([&] { t.masked_select(t > 0); }, "aten::masked_select");
   expect_dd([&] { at::_unique2(t); }, "aten::_unique2");

@@ -52,3 +52,20 @@ print('ok')
     r = run_python(code, env={"METALOAD": "meta"}, preload=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "ok"
+
+
+def test_unmodified_program_data_dependent_reads_name_the_op():
+    code = """
+import torch
+t = torch.zeros(3)
+for read in (lambda: t.sum().item(), lambda: t.nonzero(), lambda: torch.unique(t)):
+    try:
+        read()
+        print("no-error")
+    except RuntimeError as e:
+        first = str(e).splitlines()[0]
+        print(first.startswith("[metaload.DataDependentError] aten::"), "RealGuard" in first)
+"""
+    r = run_python(code, env={"METALOAD": "meta"}, preload=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"] * 3, r.stdout

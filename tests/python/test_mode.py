@@ -1,4 +1,7 @@
 """metaload.meta() / metaload.real() from Python: factories, conversions, modules, threads, errors."""
+import os
+import shutil
+import subprocess
 import threading
 
 import numpy as np
@@ -6,7 +9,7 @@ import pytest
 import torch
 
 import metaload
-from conftest import run_python
+from conftest import ROOT, lib_path, run_python
 
 
 def test_every_factory_lands_on_meta():
@@ -168,7 +171,7 @@ def test_forcing_in_one_thread_never_affects_another():
     (lambda t: t.nonzero(), "aten::nonzero"),
     (lambda t: t.masked_select(t > 0), "aten::masked_select"),
     (lambda t: torch.unique(t), "unique"),
-    (lambda t: float(t.sum()), "_local_scalar_dense"),
+    (lambda t: float(t.sum()), "aten::item"),
     (lambda t: bool(t.sum() > 0), "_local_scalar_dense"),
     (lambda t: torch.equal(t, t.clone()), "aten::equal"),
 ])
@@ -246,3 +249,70 @@ def test_value_typed_factories_get_the_dtypes_of_a_real_run():
             torch.full((2,), True), torch.full((2,), 1.5)]
     for f, r in zip(forced, real):
         assert f.is_meta and (f.dtype, f.shape) == (r.dtype, r.shape)
+
+
+def _copy_of_the_library(tmp_path):
+    copy = tmp_path / "copy" / "libmetaload.so"
+    copy.parent.mkdir()
+    shutil.copyfile(lib_path(), copy)
+    return str(copy)
+
+
+SECOND_COPY_STILL_WORKS = """
+import torch, metaload
+with metaload.meta():
+    assert torch.zeros(2).is_meta and torch.nn.Linear(2, 2).weight.is_meta
+with metaload.real():
+    assert torch.zeros(2).device.type == 'cpu'
+print('ok')
+"""
+
+
+def test_loading_a_second_copy_never_aborts_the_process(tmp_path):
+    copy = _copy_of_the_library(tmp_path)
+    # A second copy through torch.ops.load_library, after the package loaded the first.
+    r = run_python(f"import torch, metaload\ntorch.ops.load_library({copy!r})\n" +
+                   SECOND_COPY_STILL_WORKS)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
+    assert "another copy of libmetaload is already loaded" in r.stderr and copy in r.stderr
+    # One copy preloaded, the package's (METALOAD_LIB) loaded after it: the first one serves.
+    r = run_python(SECOND_COPY_STILL_WORKS, env={"LD_PRELOAD": copy})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok"]
+    assert "another copy of libmetaload is already loaded" in r.stderr
+
+
+def test_key_taken_before_the_library_loads_is_a_mode_error_not_an_abort():
+    code = """
+import torch
+lib = torch._C._dispatch_library("IMPL", "_", "DeferredInit")
+lib.fallback_fallthrough()  # another library owns the mode's dispatch key
+import metaload
+assert not metaload.ops.mode_key_registered()
+try:
+    with metaload.meta():
+        pass
+except metaload.ModeError as e:
+    print("ModeError", "DeferredInit" in str(e), "already" in str(e))
+assert torch.zeros(2).device.type == 'cpu'
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ModeError", "True", "True"]
+
+
+def test_import_finds_the_library_next_to_the_package(tmp_path):
+    pkg = tmp_path / "site" / "metaload"
+    shutil.copytree(os.path.join(ROOT, "python", "metaload"), pkg)
+    shutil.copyfile(lib_path(), pkg / "libmetaload.so")
+    env = dict(os.environ)
+    env.pop("METALOAD_LIB", None)
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    r = subprocess.run(["/usr/bin/python3", "-c", "import metaload, torch\n"
+                        "with metaload.meta(): assert torch.zeros(1).is_meta\n"
+                        "print(metaload.__file__)"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(pkg / "__init__.py")
