@@ -5,7 +5,8 @@ adds one thing the dispatcher cannot see: torch's Python bindings initialise CUD
 `.to("cuda")` and `device="cuda"` *before* dispatching, which fails without a GPU and costs a CUDA
 context with one. A TorchFunctionMode rewrites those device arguments to CPU first (the C++ mode
 then forces them onto meta), and turns reads of values (tolist, numpy, item) on meta tensors into
-metaload.DataDependentError.
+metaload.DataDependentError -- except for small tensors made from constants, whose values it tracks
+(_values.py).
 """
 import contextlib
 import threading
@@ -13,7 +14,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _lib
+from . import _lib, _values
 
 _state = threading.local()
 
@@ -95,6 +96,8 @@ class _MetaFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if _python_forcing():
+            if func in _values.READS and _values.value_of(args[0] if args else None) is not None:
+                return _values.read(func, args, kwargs, real)
             if func in _READS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 t = args[0]
                 raise _DataDependentError(
@@ -109,12 +112,15 @@ class _MetaFunctionMode(TorchFunctionMode):
             elif "device" in kwargs:
                 kwargs["device"] = _redirect(kwargs["device"])
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
         except RuntimeError as e:
             typed = _lib.translate(e)
             if typed is None:
                 raise
             raise typed from None
+        if _python_forcing():
+            _values.track(func, args, kwargs, result, real)
+        return result
 
 
 @contextlib.contextmanager

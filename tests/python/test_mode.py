@@ -316,3 +316,32 @@ def test_import_finds_the_library_next_to_the_package(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(pkg / "__init__.py")
+
+
+def test_small_tensors_made_from_constants_keep_their_values_on_meta():
+    with metaload.meta():
+        widths = torch.arange(4) * 2.5 + 1  # RegNet-style constructor arithmetic
+        depths = torch.diff(torch.tensor([0, 2, 5, 9]))
+        assert widths.is_meta and depths.is_meta  # still forced: values are a side record
+        assert widths.tolist() == [1.0, 3.5, 6.0, 8.5]
+        assert torch.round(torch.log(widths)).int().tolist() == [0, 1, 2, 2]
+        assert depths.tolist() == [2, 3, 4] and int(depths.sum()) == 9
+        assert float(widths.max()) == 8.5 and bool((depths > 1).all())
+        assert depths.numpy().tolist() == [2, 3, 4]
+        with metaload.real():
+            assert torch.arange(3).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(3),  # weights and buffers never carry values
+    lambda: torch.randn(3),
+    lambda: torch.nn.Linear(3, 3).weight,
+    lambda: torch.arange(5000),  # larger than the tracked limit
+    lambda: torch.arange(3) + torch.zeros(3),  # mixed with an untracked meta tensor
+    lambda: torch.arange(3.0).add_(torch.ones(3)),  # modified in place by an untracked one
+])
+def test_values_are_never_invented(make):
+    with metaload.meta():
+        t = make()
+        with pytest.raises(metaload.DataDependentError):
+            t.tolist()
