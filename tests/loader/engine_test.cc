@@ -361,7 +361,7 @@ TEST_P(EngineTest, ProgressBarOnAnAutoDetectedTerminal) {
   Scenario s;
   build_mixed(s);
   const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
-  ASSERT_GE(master, 0) << std::strerror(errno);
+  if (master < 0) GTEST_SKIP() << "no pseudo-terminal here: " << std::strerror(errno);
   ASSERT_EQ(::grantpt(master), 0);
   ASSERT_EQ(::unlockpt(master), 0);
   const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
