@@ -151,6 +151,17 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
   std::vector<Piece> pieces;
   Piece cur;
   bool open = false;
+  bool tail_exact = false;  // the bytes at the open piece's end belong to an exact job
+  // Whether a staged read may run on from the open piece's end to `at`: a hole next to an exact
+  // job is never read through (it holds other ranks' rows).
+  auto may_reach = [&](uint64_t at, bool exact) {
+    const uint64_t end = cur.offset + cur.length;
+    return at <= end || (at <= end + limits.merge_gap && !exact && !tail_exact);
+  };
+  auto extend = [&](uint64_t end, bool exact) {
+    if (end - cur.offset >= cur.length) tail_exact = exact;
+    cur.length = std::max(cur.length, end - cur.offset);
+  };
   auto flush = [&] {
     if (open) pieces.push_back(std::move(cur));
     cur = Piece();
@@ -164,6 +175,7 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
     cur.direct = direct;
     cur.direct_dst = direct ? dst : nullptr;
     open = true;
+    tail_exact = false;
   };
 
   for (const Segment& s : segs) {
@@ -174,7 +186,7 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
       // piece stays within the staging size.
       const uint64_t fp = s.footprint();
       const bool joins = open && !cur.direct && cur.file == s.file && s.offset >= cur.offset &&
-                         s.offset <= cur.offset + cur.length + limits.merge_gap &&
+                         may_reach(s.offset, j.exact) &&
                          std::max(cur.offset + cur.length, s.offset + fp) - cur.offset <= cap;
       if (!joins) start(s.file, s.offset, false, nullptr);
       PiecePart part;
@@ -187,7 +199,7 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
       part.dst_pitch = j.dst_pitch();
       part.dst_bytes = s.rows * j.dst_row_bytes();
       cur.parts.push_back(part);
-      cur.length = std::max(cur.length, s.offset + fp - cur.offset);
+      extend(s.offset + fp, j.exact);
       continue;
     }
     // One contiguous run, split into reads of at most the piece size.
@@ -204,8 +216,8 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
         if (!joins) start(s.file, at, true, dst);
         take = std::min(s.row_bytes - pos, limits.direct_bytes - cur.length);
       } else {
-        bool joins = open && !cur.direct && cur.file == s.file && at >= cur.offset &&
-                     at <= cur.offset + cur.length + limits.merge_gap;
+        bool joins =
+            open && !cur.direct && cur.file == s.file && at >= cur.offset && may_reach(at, j.exact);
         if (joins) {
           const uint64_t room = cap > at - cur.offset ? cap - (at - cur.offset) : 0;
           take = round_down(std::min(s.row_bytes - pos, room), j.unit);
@@ -226,7 +238,7 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
       part.dst_bytes = j.convert ? take / j.unit * float_format_size(j.to) : take;
       part.dst_pitch = part.dst_bytes;
       cur.parts.push_back(part);
-      cur.length = std::max(cur.length, at + take - cur.offset);
+      extend(at + take, j.exact);
       pos += take;
     }
   }
@@ -816,7 +828,17 @@ LoadReport run_staged_engine(const std::vector<std::string>& paths,
   OpenFiles files(paths);
   const int threads = resolve_threads(opt.threads);
   if (opt.ring_buffers < 1) throw PlanError("ring_buffers must be at least 1");
-  if (opt.streams < 1) throw PlanError("streams must be at least 1");
+  // Copies overlap only across streams, and each ring buffer's copies go to one stream: fewer
+  // than 2 streams, or fewer buffers than streams, would serialise them.
+  if (opt.streams < 2) {
+    throw PlanError("streams must be at least 2 (copies overlap across streams), got " +
+                    std::to_string(opt.streams));
+  }
+  if (opt.ring_buffers < opt.streams) {
+    throw PlanError("ring_buffers (" + std::to_string(opt.ring_buffers) +
+                    ") must be at least streams (" + std::to_string(opt.streams) +
+                    "): each buffer copies on one stream");
+  }
   if (opt.chunk_bytes == 0) throw PlanError("chunk_bytes must be positive");
   const uint64_t buffer = std::min<uint64_t>(opt.chunk_bytes, opt.staging_bytes / opt.ring_buffers);
   PlanLimits limits;

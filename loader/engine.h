@@ -67,6 +67,10 @@ struct CopyJob {
   FloatFormat to = FloatFormat::kF32;
   void* dst = nullptr;          // host memory (CPU engine) or device memory (staged engine)
   uint64_t dst_row_stride = 0;  // bytes between destination rows; 0 = dst_row_bytes()
+  // Read only this job's bytes: no read runs through a hole before or after it (merge_gap does
+  // not apply). Set for a TP rank's contiguous slice, whose neighbouring holes are other ranks'
+  // rows, so a rank reads only its own bytes on the staged (conversion, CUDA) path too.
+  bool exact = false;
 
   uint64_t stride() const { return row_stride == 0 ? row_bytes : row_stride; }
   uint64_t dst_row_bytes() const {
@@ -111,13 +115,15 @@ struct EngineOptions {
   uint64_t chunk_bytes = 16ull << 20;    // largest single read
   uint64_t staging_bytes = 64ull << 20;  // bound on all staging memory (CPU buffers or pinned ring)
   // Holes between needed byte ranges up to this size are read through instead of skipped (one
-  // read beats many small ones); strided slices whose row gaps are larger are read row by row.
+  // read beats many small ones), except next to an exact job (CopyJob::exact); strided slices
+  // whose row gaps are larger are read row by row.
   uint64_t merge_gap = 64ull << 10;
   // CPU engine: rows of a strided slice (no conversion) at least this long are read one by one
   // straight into the slot; shorter ones are gathered through staging (bench/load measures both).
   uint64_t direct_row_min = 256ull << 10;
   // Staged engine: pinned buffers in the ring (staging_bytes / ring_buffers bytes each), and copy
-  // streams (at least 2 so copies overlap).
+  // streams (at least 2 so copies overlap, and at most ring_buffers: buffer b copies on stream
+  // b % streams); PlanError otherwise.
   int ring_buffers = 4;
   int streams = 2;
   // How CPU slot memory gets its pages (slots.h has the measurements).

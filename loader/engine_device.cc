@@ -96,6 +96,7 @@ class SimDevice : public DeviceOps {
 
   void copy_to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                          size_t rows, Stream s) override {
+    if (opt_.on_queue) opt_.on_queue(s, "copy");
     queue_op(s, [=] {
       for (size_t r = 0; r < rows; ++r) {
         std::memcpy(static_cast<char*>(dst) + r * dpitch,
@@ -106,6 +107,7 @@ class SimDevice : public DeviceOps {
 
   void convert_2d(const void* src, size_t src_pitch, FloatFormat from, void* dst, size_t dst_pitch,
                   FloatFormat to, size_t rows, size_t cols, Stream s) override {
+    if (opt_.on_queue) opt_.on_queue(s, "convert");
     queue_op(s, [=] { convert_cpu_2d(src, src_pitch, from, dst, dst_pitch, to, rows, cols); });
   }
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,6 +61,9 @@ bool cuda_device_available();
 struct SimDeviceOptions {
   int op_delay_us = 0;   // sleep before every queued op: widens race windows in tests
   long fail_at_op = -1;  // the n-th queued op (0-based) fails asynchronously (fault injection)
+  // Called as each op is queued, with its stream and kind ("copy" or "convert"): tests count the
+  // streams copies went to.
+  std::function<void(DeviceOps::Stream, const char* kind)> on_queue;
 };
 std::unique_ptr<DeviceOps> make_sim_device_ops(const SimDeviceOptions& options = {});
 

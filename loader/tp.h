@@ -41,8 +41,8 @@ SliceRegion slice_region(const std::vector<int64_t>& shape, uint64_t elem_size,
 
 // A general shard, as a family's TP plan describes one: the slot is the concatenation along `dim`
 // of the stored tensor's [begin, end) ranges (a fused q|k|v tensor has one range per section),
-// followed by zero rows up to shape[dim] (a vocabulary padded to a multiple of 64). dim -1: the
-// whole tensor.
+// followed by zero rows up to shape[dim] (a vocabulary padded for TP; a rank may hold padding
+// only). dim -1: the whole tensor.
 struct TpShard {
   int dim = -1;
   std::vector<std::pair<int64_t, int64_t>> ranges;

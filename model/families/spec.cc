@@ -1,6 +1,7 @@
 #include "model/families/spec.h"
 
 #include <algorithm>
+#include <numeric>
 #include <regex>
 
 #include <fmt/format.h>
@@ -282,14 +283,15 @@ TPShard tp_shard(const TPRule& rule, const Shape& shape, int64_t rank, int64_t s
                                   rule.pattern, shape_str(shape), shape[dim], dim, total));
   shard.dim = dim;
   if (rule.style == TPStyle::kVocab) {
-    // vLLM pads the vocabulary to a multiple of 64, then gives each rank an equal block of rows.
-    const int64_t padded = (total + 63) / 64 * 64;
-    if (padded % size != 0)
-      throw FamilyError(fmt::format("{}: TP size {} does not divide the padded vocabulary {}",
-                                    rule.pattern, size, padded));
+    // Pad the vocabulary to a multiple of lcm(64, size), then give each rank an equal block of
+    // rows. For power-of-two sizes up to 64 that is vLLM's layout (a multiple of 64); for other
+    // sizes (3, 6, ... which max_tp_size allows) vLLM's 64 would not divide evenly, so the lcm
+    // keeps every allowed degree loadable.
+    const int64_t align = std::lcm(int64_t{64}, size);
+    const int64_t padded = (total + align - 1) / align * align;
     const int64_t per = padded / size;
     const int64_t begin = std::min(rank * per, total), end = std::min((rank + 1) * per, total);
-    shard.ranges.push_back({begin, end});
+    if (begin < end) shard.ranges.push_back({begin, end});  // else: padding rows only
     shard.shape[dim] = per;
     return shard;
   }

@@ -54,8 +54,8 @@ enum class TPStyle {
   kReplicated,  // every rank holds the whole tensor
   kColumn,      // output features split across ranks (ColumnParallelLinear / QKVParallelLinear)
   kRow,         // input features split across ranks (RowParallelLinear; outputs all-reduced)
-  kVocab,       // vocabulary rows split, padded to a multiple of 64 (VocabParallelEmbedding,
-                // ParallelLMHead)
+  kVocab,  // vocabulary rows split, padded to a multiple of lcm(64, tp) (VocabParallelEmbedding,
+           // ParallelLMHead)
 };
 const char* tp_style_name(TPStyle style);
 
@@ -90,11 +90,12 @@ struct TPShard {
   // [begin, end) ranges along `dim` of the stored tensor, concatenated in this order.
   std::vector<std::pair<int64_t, int64_t>> ranges;
   // The rank's local tensor shape. For kVocab it includes the padding rows (zero-filled), which
-  // are not covered by `ranges`.
+  // are not covered by `ranges`: the vocabulary is padded to a multiple of lcm(64, size), so the
+  // last ranks may hold padding only (no range at all).
   std::vector<int64_t> shape;
 };
 // FamilyError when the shape does not fit the rule or `size` does not divide what must be divided
-// (heads, features, padded vocabulary).
+// (heads, features; the padded vocabulary always divides).
 TPShard tp_shard(const TPRule& rule, const std::vector<int64_t>& shape, int64_t rank, int64_t size);
 
 }  // namespace metaload

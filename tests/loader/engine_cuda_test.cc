@@ -45,7 +45,7 @@ TEST_F(CudaEngineTest, EveryKindOfJobMatchesTheCpuKernels) {
     int ring, streams;
   };
   for (Config c : {Config{2, 16 << 20, 64 << 20, 4, 2}, Config{4, 64 << 10, 256 << 10, 3, 3},
-                   Config{1, 1 << 20, 4096, 1, 1}}) {
+                   Config{1, 1 << 20, 4096, 2, 2}}) {
     Scenario s;
     build_mixed(s);
     std::vector<CopyJob> jobs = s.jobs;

@@ -4,14 +4,22 @@
 // sharded checkpoints, the staged engine's twin, and all-or-nothing under faults.
 #include <torch/torch.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
+#include "loader/engine_device.h"
 #include "loader/plan.h"
+#include "loader/safetensors.h"
 #include "loader/slots.h"
 #include "loader/torch_save.h"
 
@@ -59,6 +67,52 @@ struct Tiny : Tree {
     mask = add("transformer.mask", on_meta ? meta({4, 4}) : at::zeros({4, 4}), true);
   }
   at::Tensor wte, head, mask;
+};
+
+// Counts c10 CPU allocations (at::empty & co) while installed: slot tensors of the staged engine
+// come from it, so a failed load must leave `live` where it was.
+struct CountingCpuAllocator final : c10::Allocator {
+  static std::atomic<int64_t> live, made;
+  static void release(void* p) {
+    --live;
+    std::free(p);
+  }
+  c10::DataPtr allocate(size_t n) const override {
+    void* p = nullptr;
+    if (::posix_memalign(&p, 64, std::max<size_t>(n, 1)) != 0) throw std::bad_alloc();
+    ++live;
+    ++made;
+    return {p, p, &release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+};
+std::atomic<int64_t> CountingCpuAllocator::live{0}, CountingCpuAllocator::made{0};
+
+class CountCpuAllocations {
+ public:
+  CountCpuAllocations() : prev_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(&counting_, 0); }
+  ~CountCpuAllocations() { c10::SetCPUAllocator(prev_, 0); }
+
+ private:
+  c10::Allocator* prev_;
+  CountingCpuAllocator counting_;
+};
+
+// Records every read the engine makes: [offset, offset + n).
+struct ReadLog {
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<std::pair<uint64_t, uint64_t>>> reads =
+      std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>();
+  void attach(LoadOptions& o) const {
+    o.engine.hooks.pread = [mu = mu, reads = reads](int fd, void* buf, size_t n,
+                                                    uint64_t off) -> ssize_t {
+      {
+        std::lock_guard<std::mutex> lock(*mu);
+        reads->push_back({off, off + n});
+      }
+      return ::pread(fd, buf, n, static_cast<off_t>(off));
+    };
+  }
 };
 
 class LoadTest : public ::testing::Test {
@@ -155,6 +209,23 @@ TEST_F(LoadTest, OneErrorListsEveryProblemAndChangesNothing) {
     EXPECT_EQ(e.missing().size(), 1u);
   }
   for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+  // Found before any allocation: no byte read, no arena, no slot tensor (the staged engine's
+  // slots are at::empty, counted by the allocator), on either engine.
+  auto sim = make_sim_device_ops();
+  for (DeviceOps* staged : {static_cast<DeviceOps*>(nullptr), sim.get()}) {
+    const int64_t arenas = HostArena::live_count();
+    ReadLog log;
+    LoadOptions o = options();
+    log.attach(o);
+    o.staged = staged;
+    CountCpuAllocations count;
+    const int64_t made = CountingCpuAllocator::made;
+    EXPECT_THROW(load(m, path_, o), MismatchError);
+    EXPECT_EQ(CountingCpuAllocator::made, made);
+    EXPECT_EQ(HostArena::live_count(), arenas);
+    EXPECT_EQ(sim_device_live_allocations(), 0);
+    EXPECT_TRUE(log.reads->empty());
+  }
   // Not strict: the unexpected ones are ignored, the rest still counts.
   LoadOptions o = options();
   o.strict = false;
@@ -203,38 +274,177 @@ TEST_F(LoadTest, ShardedCheckpointsAndTheStagedTwin) {
 }
 
 TEST_F(LoadTest, PreviousWeightsSurviveAFailedLoad) {
-  Tiny m(/*on_meta=*/false);
-  load(m, path_, options());
-  const at::Tensor before = m.wte.clone();
-  const int64_t arenas = HostArena::live_count();
-  // Each failure kind after the plan: a read fault, a cancel, a mismatch found late.
-  std::atomic<bool> cancel{false};
-  std::vector<std::function<void(LoadOptions&)>> faults = {
-      [](LoadOptions& o) {
-        o.engine.hooks.pread = [](int, void*, size_t, uint64_t) -> ssize_t {
-          errno = EIO;
-          return -1;
-        };
-      },
-      [&](LoadOptions& o) {
-        cancel = true;
-        o.engine.cancel = &cancel;
-      },
-      [](LoadOptions& o) { o.engine.hooks.before_verify = [] { throw VerifyError("late"); }; },
-  };
   std::vector<std::pair<std::string, at::Tensor>> other;
   for (auto& [n, t] : weights_) other.push_back({n, t + 1});
   const std::string p = dir_ + "/other.safetensors";
   save_safetensors(p, other);
-  for (auto& fault : faults) {
+  // The file "shrinks" halfway through its data while being read: reads past there find its end.
+  const SafetensorsHeader header = read_safetensors_header(p);
+  const uint64_t cut = header.data_start + header.data_size() / 2;
+  auto sim = make_sim_device_ops();
+  for (DeviceOps* staged : {static_cast<DeviceOps*>(nullptr), sim.get()}) {
+    SCOPED_TRACE(staged ? "staged twin" : "cpu engine");
+    Tiny m(/*on_meta=*/false);
+    load(m, path_, options());
+    std::map<std::string, std::pair<at::Tensor, const void*>> before;
+    for (const auto& kv : m.named_parameters())
+      before[kv.key()] = {kv.value().clone(), kv.value().data_ptr()};
+    const int64_t arenas = HostArena::live_count();
+    // Each failure kind after the plan: a read fault, truncation during the read, a cancel, a
+    // mismatch found late.
+    std::atomic<bool> cancel{false};
+    std::vector<std::function<void(LoadOptions&)>> faults = {
+        [](LoadOptions& o) {
+          o.engine.hooks.pread = [](int, void*, size_t, uint64_t) -> ssize_t {
+            errno = EIO;
+            return -1;
+          };
+        },
+        [cut](LoadOptions& o) {
+          o.engine.hooks.pread = [cut](int fd, void* buf, size_t n, uint64_t off) -> ssize_t {
+            if (off >= cut) return 0;  // end of file
+            return ::pread(fd, buf, std::min<uint64_t>(n, cut - off), static_cast<off_t>(off));
+          };
+        },
+        [&](LoadOptions& o) {
+          cancel = true;
+          o.engine.cancel = &cancel;
+        },
+        [](LoadOptions& o) { o.engine.hooks.before_verify = [] { throw VerifyError("late"); }; },
+    };
+    for (size_t f = 0; f < faults.size(); ++f) {
+      SCOPED_TRACE("fault " + std::to_string(f));
+      LoadOptions o = options();
+      o.staged = staged;
+      faults[f](o);
+      {
+        CountCpuAllocations count;  // the staged engine's slots: at::empty tensors
+        const int64_t live = CountingCpuAllocator::live;
+        EXPECT_THROW(load(m, p, o), LoadError);
+        EXPECT_EQ(CountingCpuAllocator::live, live);  // every slot freed
+      }
+      for (const auto& kv : m.named_parameters()) {
+        EXPECT_TRUE(at::equal(kv.value(), before[kv.key()].first)) << kv.key();
+        EXPECT_EQ(kv.value().data_ptr(), before[kv.key()].second) << kv.key();
+      }
+      EXPECT_EQ(HostArena::live_count(), arenas);
+      EXPECT_EQ(sim_device_live_allocations(), 0);
+    }
     LoadOptions o = options();
-    fault(o);
-    EXPECT_THROW(load(m, p, o), LoadError);
-    EXPECT_TRUE(at::equal(m.wte, before));
-    EXPECT_EQ(HostArena::live_count(), arenas);
+    o.staged = staged;
+    {
+      CountCpuAllocations count;
+      const int64_t made = CountingCpuAllocator::made;
+      load(m, p, o);
+      // The counter does see the staged engine's slots (so "freed" above means something).
+      if (staged) EXPECT_GT(CountingCpuAllocator::made, made);
+    }
+    for (const auto& kv : m.named_parameters())
+      EXPECT_TRUE(at::equal(kv.value(), before[kv.key()].first + 1)) << kv.key();
   }
-  load(m, p, options());
-  EXPECT_TRUE(at::equal(m.wte, before + 1));
+}
+
+// LoadOptions' threads, staging_bytes and progress reach the engine.
+TEST_F(LoadTest, ThreadsStagingAndProgressArePassedOn) {
+  std::vector<std::pair<std::string, at::Tensor>> bf;
+  for (auto& [n, t] : weights_) bf.push_back({n, t.to(at::kBFloat16)});
+  const std::string p = dir_ + "/bf16.safetensors";
+  save_safetensors(p, bf);  // into a float module: every tensor converts through staging
+  for (int threads : {1, 3}) {
+    Tiny m;
+    LoadOptions o = options();
+    o.threads = threads;
+    o.staging_bytes = 96;  // far below the 64 MiB default: many small pieces
+    std::vector<Progress> seen;
+    o.progress = [&](const Progress& pr) { seen.push_back(pr); };
+    LoadReport r = load(m, p, o);
+    EXPECT_EQ(r.threads, threads);
+    EXPECT_GT(r.peak_staging_bytes, 0u);
+    EXPECT_LE(r.peak_staging_bytes, 96u);
+    EXPECT_GE(r.reads, r.bytes / 96);
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back().bytes_done, r.bytes);
+    EXPECT_EQ(seen.back().bytes_total, r.bytes);
+    EXPECT_TRUE(at::equal(m.wte, w("wte.weight").to(at::kBFloat16).to(at::kFloat)));
+  }
+}
+
+// A dim-0 slice reads only its own bytes, also when it converts or goes through the staged twin
+// (whose reads would otherwise run through small holes: here, other ranks' rows).
+TEST_F(LoadTest, ADim0SliceReadsOnlyItsOwnBytes) {
+  std::vector<std::pair<std::string, at::Tensor>> bf;
+  for (auto& [n, t] : weights_) bf.push_back({n, t.to(at::kBFloat16)});
+  const std::string bf_path = dir_ + "/bf16.safetensors";
+  save_safetensors(bf_path, bf);
+  auto tp = [](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
+    return even_shard(shape, {0, rank, size}, name);
+  };
+  const std::vector<std::string> names = {"wte.weight", "h0.weight", "h0.bias", "h1.weight",
+                                          "h1.bias"};
+  auto sim = make_sim_device_ops();
+  struct Case {
+    std::string path;
+    DeviceOps* staged;
+    const char* what;
+  };
+  for (const Case& c :
+       {Case{path_, nullptr, "as stored"}, Case{bf_path, nullptr, "bf16->f32"},
+        Case{path_, sim.get(), "staged"}, Case{bf_path, sim.get(), "staged bf16"}}) {
+    const SafetensorsHeader header = read_safetensors_header(c.path);
+    for (int size : {2, 4}) {
+      for (int rank = 0; rank < size; ++rank) {
+        SCOPED_TRACE(std::string(c.what) + " rank " + std::to_string(rank) + " of " +
+                     std::to_string(size));
+        Tree m;
+        for (const std::string& n : names) {
+          std::vector<int64_t> shape = w(n).sizes().vec();
+          shape[0] /= size;
+          m.add("transformer." + n, meta(shape));
+        }
+        LoadOptions o = options();
+        o.names.tied.clear();
+        o.names.tp_shard = tp;
+        o.tp_rank = rank;
+        o.tp_size = size;
+        o.staged = c.staged;
+        o.engine.map_files = false;
+        ReadLog log;
+        log.attach(o);
+        LoadReport r = load(m, c.path, o);
+        // The rank's rows of every tensor, as absolute byte ranges, touching ones merged.
+        std::vector<std::pair<uint64_t, uint64_t>> own;
+        uint64_t own_bytes = 0;
+        for (const std::string& n : names) {
+          const TensorInfo* t = header.find(n);
+          ASSERT_NE(t, nullptr);
+          const uint64_t part = t->nbytes() / size;
+          const uint64_t b = header.data_start + t->begin + rank * part;
+          own.push_back({b, b + part});
+          own_bytes += part;
+          const at::Tensor want = w(n).to(c.path == bf_path ? at::kBFloat16 : at::kFloat);
+          EXPECT_TRUE(at::equal(m.named_parameters()["transformer." + n],
+                                want.chunk(size, 0)[rank].to(at::kFloat)))
+              << n;
+        }
+        std::sort(own.begin(), own.end());
+        std::vector<std::pair<uint64_t, uint64_t>> merged;
+        for (auto iv : own) {
+          if (!merged.empty() && iv.first <= merged.back().second)
+            merged.back().second = std::max(merged.back().second, iv.second);
+          else
+            merged.push_back(iv);
+        }
+        ASSERT_FALSE(log.reads->empty());
+        for (auto [b, e] : *log.reads) {
+          const bool inside = std::any_of(merged.begin(), merged.end(), [&](const auto& iv) {
+            return iv.first <= b && e <= iv.second;
+          });
+          EXPECT_TRUE(inside) << "read [" << b << ", " << e << ") touches another rank's rows";
+        }
+        EXPECT_EQ(r.bytes, own_bytes);
+      }
+    }
+  }
 }
 
 TEST_F(LoadTest, TensorParallelRanksPutTogetherEqualTheFullModel) {

@@ -10,12 +10,18 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/convert.h"
@@ -133,6 +139,62 @@ TEST(PlanTest, StagedPlanMergesNeighboursWithSmallHolesIntoOneBuffer) {
   EXPECT_EQ(p[0].parts[1].src, 120u);
 }
 
+TEST(PlanTest, JobsOutOfFileOrderAreReadInFileOffsetOrder) {
+  std::vector<unsigned char> mem(3000);
+  // Given last-to-first; the slots are in file order, so one read fills all three.
+  std::vector<CopyJob> jobs = {whole("c", 0, 2100, 800), whole("b", 0, 1100, 1000),
+                               whole("a", 0, 100, 1000)};
+  jobs[2].dst = mem.data();
+  jobs[1].dst = mem.data() + 1000;
+  jobs[0].dst = mem.data() + 2000;
+  std::vector<Piece> p = plan_pieces(jobs, one_file(4000), {1 << 20, 1 << 20, 0, 0});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].offset, 100u);
+  EXPECT_EQ(p[0].length, 2800u);
+  ASSERT_EQ(p[0].parts.size(), 3u);
+  EXPECT_EQ(p[0].parts[0].job, 2u);  // a, b, c: ascending offsets
+  EXPECT_EQ(p[0].parts[1].job, 1u);
+  EXPECT_EQ(p[0].parts[2].job, 0u);
+  // Staged (no direct reads) and too far apart to merge: still ascending pieces.
+  jobs = {whole("z", 0, 9000, 100), whole("y", 0, 5000, 100), whole("x", 0, 0, 100)};
+  for (size_t i = 0; i < 3; ++i) jobs[i].dst = mem.data() + 1000 * i;
+  p = plan_pieces(jobs, one_file(10000), {0, 1 << 20, 64, 0});
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].offset, 0u);
+  EXPECT_EQ(p[1].offset, 5000u);
+  EXPECT_EQ(p[2].offset, 9000u);
+}
+
+TEST(PlanTest, ExactJobsAreNeverReadThroughAHole) {
+  std::vector<unsigned char> mem(4096);
+  // Rank 1 of 2 of two tensors: each rank slice sits between other ranks' rows (the holes).
+  std::vector<CopyJob> jobs = {whole("a", 0, 100, 100), whole("b", 0, 300, 100),
+                               whole("c", 0, 400, 100)};
+  for (size_t i = 0; i < 3; ++i) jobs[i].dst = mem.data() + 1000 * i;
+  for (bool convert : {false, true}) {
+    for (auto& j : jobs) {
+      j.exact = true;
+      j.convert = convert;
+      j.unit = convert ? 2 : 1;
+      j.from = FloatFormat::kBF16;
+    }
+    std::vector<Piece> p = plan_pieces(jobs, one_file(1000), {0, 1 << 20, 64 << 10, 0});
+    ASSERT_EQ(p.size(), 2u) << convert;  // b and c touch: one read; a's hole is not read
+    EXPECT_EQ(p[0].offset, 100u);
+    EXPECT_EQ(p[0].length, 100u);
+    EXPECT_EQ(p[1].offset, 300u);
+    EXPECT_EQ(p[1].length, 200u);
+    // Next to one exact job is enough: a plain neighbour does not read through its hole either.
+    jobs[1].exact = false;
+    p = plan_pieces(jobs, one_file(1000), {0, 1 << 20, 64 << 10, 0});
+    EXPECT_EQ(p.size(), 2u);
+    jobs[0].exact = false;  // no exact job beside the hole: merged as before
+    p = plan_pieces(jobs, one_file(1000), {0, 1 << 20, 64 << 10, 0});
+    ASSERT_EQ(p.size(), 1u);
+    EXPECT_EQ(p[0].length, 400u);
+  }
+}
+
 TEST(PlanTest, MalformedJobsAreNamedErrors) {
   std::vector<unsigned char> mem(64);
   auto plan = [&](CopyJob j) {
@@ -190,7 +252,7 @@ TEST_P(EngineTest, LoadsEveryKindOfJobWithAnyThreadsAndSizes) {
     int ring, streams;
   };
   for (Config c : {Config{1, 16 << 20, 64 << 20, 4, 2}, Config{2, 256 << 10, 512 << 10, 2, 2},
-                   Config{4, 64 << 10, 96 << 10, 3, 3}, Config{3, 1 << 20, 4096, 1, 1}}) {
+                   Config{4, 64 << 10, 96 << 10, 3, 3}, Config{3, 1 << 20, 4096, 2, 2}}) {
     Scenario s;
     build_mixed(s);
     EngineOptions opt;
@@ -292,6 +354,66 @@ TEST_P(EngineTest, ProgressBarOnStderrOnlyWhenAskedOrATerminal) {
   ::testing::internal::CaptureStderr();
   run_engine(GetParam(), s.files, s.jobs, opt);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+// kAuto with stderr on a terminal: the bar appears (a pseudo-terminal stands in for one).
+TEST_P(EngineTest, ProgressBarOnAnAutoDetectedTerminal) {
+  Scenario s;
+  build_mixed(s);
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  if (master < 0) GTEST_SKIP() << "no pseudo-terminal here: " << std::strerror(errno);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(slave, 0) << std::strerror(errno);
+  ASSERT_TRUE(::isatty(slave));
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(slave, 2);
+  EngineOptions opt;
+  opt.bar = ProgressBar::kAuto;
+  run_engine(GetParam(), s.files, s.jobs, opt);
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(slave);
+  // The bar is short (well under the pty's buffer), so it is all there to read now.
+  std::string got;
+  char buf[4096];
+  ::fcntl(master, F_SETFL, O_NONBLOCK);
+  for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) got.append(buf, n);
+  ::close(master);
+  EXPECT_NE(got.find("metaload ["), std::string::npos) << got;
+  EXPECT_NE(got.find("GB/s"), std::string::npos) << got;
+  EXPECT_NE(got.find("ETA"), std::string::npos) << got;
+}
+
+// Several readers really run: each read waits (up to 2 s) until a second thread has read too, so
+// a single reader fails the test instead of passing by luck.
+TEST_P(EngineTest, SeveralReaderThreadsRun) {
+  Scenario s;
+  build_mixed(s);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<std::thread::id> readers;
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOff;
+  opt.threads = 2;
+  opt.chunk_bytes = 64 << 10;  // many pieces
+  opt.staging_bytes = 256 << 10;
+  opt.hooks.pread = [&](int fd, void* buf, size_t n, uint64_t off) -> ssize_t {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      readers.insert(std::this_thread::get_id());
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(2), [&] { return readers.size() >= 2; });
+    }
+    return ::pread(fd, buf, n, static_cast<off_t>(off));
+  };
+  LoadReport r = run_engine(GetParam(), s.files, s.jobs, opt);
+  s.check();
+  EXPECT_EQ(readers.size(), 2u);
+  EXPECT_EQ(r.threads, 2);
 }
 
 TEST_P(EngineTest, ShortReadsAndInterruptedReadsAreResumed) {
@@ -517,6 +639,37 @@ TEST(StagedEngineTest, BadOptionsAreNamed) {
   opt.ring_buffers = 2;
   opt.streams = 0;
   EXPECT_THROW(run_staged_engine(s.files, s.jobs, *dev, opt), PlanError);
+  // One stream would serialise every copy; so would fewer buffers than streams.
+  opt.streams = 1;
+  try {
+    run_staged_engine(s.files, s.jobs, *dev, opt);
+    ADD_FAILURE() << "one stream was accepted";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("streams must be at least 2"), std::string::npos);
+  }
+  opt.streams = 3;
+  EXPECT_THROW(run_staged_engine(s.files, s.jobs, *dev, opt), PlanError);
+  EXPECT_EQ(sim_device_live_allocations(), 0);
+}
+
+TEST(StagedEngineTest, CopiesGoToAtLeastTwoStreams) {
+  Scenario s;
+  build_mixed(s);
+  std::mutex mu;
+  std::map<DeviceOps::Stream, int> copies;
+  SimDeviceOptions sim;
+  sim.on_queue = [&](DeviceOps::Stream st, const char* kind) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (std::string(kind) == "copy") ++copies[st];
+  };
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOff;
+  opt.threads = 2;
+  opt.chunk_bytes = 64 << 10;  // many pieces
+  LoadReport r = run_engine(Engine::kSim, s.files, s.jobs, opt, sim);
+  s.check();
+  EXPECT_EQ(copies.size(), 2u);  // the default: 2 streams, both used
+  for (const auto& [stream, n] : copies) EXPECT_GT(n, 0);
 }
 
 TEST(CudaDeviceTest, WithoutAGpuIsATypedError) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +21,7 @@
 #include "loader/safetensors.h"
 #include "model/fixtures.h"
 #include "model/registry.h"
+#include "model/tp.h"
 #include "model/transformers_model.h"
 #include "tests/loader/test_util.h"
 
@@ -545,6 +547,92 @@ TEST(TransformersModel, TensorParallelRanksLoadTheirShards) {
   EXPECT_EQ(m3.parameter("model.layers.0.self_attn.q_proj.weight").sizes(),
             (at::IntArrayRef{64, 64}));
   EXPECT_TRUE(all_meta(m3));
+}
+
+// Puts the ranks' local tensors of one parameter back together by its TP rule, independently of
+// tp_shard's ranges: cat per section (de-duplicating replicated kv heads, which must agree), or cat
+// the vocabulary blocks, check the padding rows are zero and trim them.
+at::Tensor put_back_together(const TPRule& rule, const std::vector<at::Tensor>& ranks,
+                             int64_t full_rows) {
+  const int64_t n = static_cast<int64_t>(ranks.size());
+  if (rule.style == TPStyle::kReplicated) {
+    for (const auto& t : ranks) EXPECT_TRUE(t.equal(ranks[0])) << rule.pattern;
+    return ranks[0];
+  }
+  const int dim = rule.split_dim;
+  if (rule.style == TPStyle::kVocab) {
+    at::Tensor all = at::cat(ranks, dim);
+    EXPECT_EQ(all.size(dim) % n, 0) << rule.pattern;
+    at::Tensor pad = all.narrow(dim, full_rows, all.size(dim) - full_rows);
+    EXPECT_TRUE(pad.eq(0).all().item<bool>()) << rule.pattern << ": padding rows not zero";
+    return all.narrow(dim, 0, full_rows);
+  }
+  std::vector<at::Tensor> sections;
+  std::vector<int64_t> at_offset(n, 0);
+  for (const TPSection& s : rule.sections) {
+    const bool split = s.heads == 0 || s.heads % n == 0;
+    const int64_t width = split ? s.size / n : s.size / s.heads;
+    const int64_t replicas = split ? 1 : n / s.heads;
+    std::vector<at::Tensor> pieces;
+    for (int64_t r = 0; r < n; ++r) {
+      at::Tensor piece = ranks[r].narrow(dim, at_offset[r], width);
+      at_offset[r] += width;
+      if (r % replicas == 0)
+        pieces.push_back(piece);
+      else
+        EXPECT_TRUE(piece.equal(pieces.back())) << rule.pattern << ": replicated head differs";
+    }
+    sections.push_back(at::cat(pieces, dim));
+  }
+  for (int64_t r = 0; r < n; ++r) EXPECT_EQ(at_offset[r], ranks[r].size(dim)) << rule.pattern;
+  return at::cat(sections, dim);
+}
+
+// For every tiny config and every degree that its config.json allows (tp_degrees, i.e. the divisors
+// of max_tp_size), every rank loads, and every parameter put back together equals the full load.
+TEST(TransformersModel, EveryAllowedTPDegreePutsBackTogetherToTheFullLoad) {
+  TempDir d;
+  std::map<std::string, std::vector<int64_t>> seen;
+  for (const std::string& config : builtin_config_names()) {
+    if (config.find("tiny") == std::string::npos) continue;
+    const std::string dir = make(config, d / config);
+    std::ifstream in(dir + "/config.json");
+    std::vector<int64_t> degrees = tp_degrees(nlohmann::json::parse(in));
+    if (degrees.empty()) degrees = {1};  // cannot be split: degree 1 only (tp_degree_for)
+    TransformersModel full(dir);
+    full.dispatch();
+    const std::vector<TPRule> plan = tp_plan(full.config());
+    for (int64_t n : degrees) {
+      SCOPED_TRACE(config + " tp " + std::to_string(n));
+      std::vector<std::unique_ptr<TransformersModel>> ranks;
+      for (int64_t r = 0; r < n; ++r) {
+        ModelOptions opt;
+        opt.tp_rank = static_cast<int>(r);
+        opt.tp_size = static_cast<int>(n);
+        ranks.push_back(std::make_unique<TransformersModel>(dir, opt));
+        ASSERT_NO_THROW(ranks.back()->dispatch());
+      }
+      int checked = 0;
+      for (const auto& item : full.module().named_parameters()) {
+        std::vector<at::Tensor> local;
+        for (const auto& m : ranks) local.push_back(m->parameter(item.key()));
+        const TPRule& rule = tp_rule_for(plan, item.key());
+        const at::Tensor whole = item.value();
+        const int64_t rows = rule.split_dim >= 0 ? whole.size(rule.split_dim) : 0;
+        EXPECT_TRUE(put_back_together(rule, local, rows).equal(whole)) << item.key();
+        ++checked;
+      }
+      EXPECT_GT(checked, 5);
+      seen[config].push_back(n);
+    }
+  }
+  // llama-tiny-tied's 3 and 6 need the vocabulary padded to a multiple of lcm(64, n).
+  const std::map<std::string, std::vector<int64_t>> want = {{"gpt2-tiny", {1, 2, 4}},
+                                                            {"llama-tiny", {1, 2}},
+                                                            {"llama-tiny-tied", {1, 2, 3, 6}},
+                                                            {"mistral-tiny", {1, 2}},
+                                                            {"qwen2-tiny", {1}}};
+  EXPECT_EQ(seen, want);
 }
 
 TEST(TransformersModel, InsideMetaModeDispatchIsStillReal) {

@@ -376,6 +376,18 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   TPShard v = tp_shard(wte, {50257, 768}, 1, 2);  // padded to 50304: 25152 rows per rank
   EXPECT_EQ(v.ranges, (std::vector<std::pair<int64_t, int64_t>>{{25152, 50257}}));
   EXPECT_EQ(v.shape, (std::vector<int64_t>{25152, 768}));
+  // TP 3: padded to a multiple of lcm(64, 3) = 192 (50304 again), 16768 rows per rank.
+  EXPECT_EQ(tp_shard(wte, {50257, 768}, 2, 3).ranges,
+            (std::vector<std::pair<int64_t, int64_t>>{{33536, 50257}}));
+  // llama-tiny-tied's vocabulary of 200 on 3 ranks (max_tp_size 6 allows 3): padded to 384, 128
+  // rows each; rank 2 holds padding only.
+  const std::vector<TPRule> tied = tp_plan(builtin_config("llama-tiny-tied"));
+  const TPRule& embed = tp_rule_for(tied, "model.embed_tokens.weight");
+  EXPECT_EQ(tp_shard(embed, {200, 48}, 1, 3).ranges,
+            (std::vector<std::pair<int64_t, int64_t>>{{128, 200}}));
+  TPShard pad_only = tp_shard(embed, {200, 48}, 2, 3);
+  EXPECT_TRUE(pad_only.ranges.empty());
+  EXPECT_EQ(pad_only.shape, (std::vector<int64_t>{128, 48}));
   EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 0, 5), FamilyError);  // 12 heads, TP 5
   EXPECT_THROW(tp_shard(c_attn, {768, 2300}, 0, 2), FamilyError);  // wrong shape
   EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 2, 2), FamilyError);  // rank out of range
