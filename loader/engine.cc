@@ -343,12 +343,10 @@ void ProgressPrinter::show(uint64_t done, double secs, bool final) {
   char bar[width + 1];
   for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
   bar[width] = 0;
+  std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  ETA %.1f s ", bar, done / 1e9,
+               total_ / 1e9, gbs, eta);
   if (final) {  // the exact figure: small loads would read 0.00 GB
-    std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  %llu bytes in %.2f s\n", bar,
-                 done / 1e9, total_ / 1e9, gbs, static_cast<unsigned long long>(done), secs);
-  } else {
-    std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  ETA %.1f s ", bar, done / 1e9,
-                 total_ / 1e9, gbs, eta);
+    std::fprintf(stderr, " %llu bytes in %.2f s\n", static_cast<unsigned long long>(done), secs);
   }
   std::fflush(stderr);
   shown_ = !final;

@@ -203,7 +203,8 @@ def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "Creating" not in again.stdout
     final = again.stderr.strip().split("\r")[-1]
-    m = re.match(r"metaload \[(#{24})\] (\d+\.\d\d)/\2 GB  \d+\.\d\d GB/s  (\d+) bytes in ", final)
+    m = re.match(r"metaload \[(#{24})\] (\d+\.\d\d)/\2 GB  \d+\.\d\d GB/s  ETA 0\.0 s  (\d+) "
+                 r"bytes in ", final)
     assert m, again.stderr
     snapshot, = (tmp_path / "data" / "hf-cache" / "models--org--gpt2-tiny" / "snapshots").iterdir()
     report = TransformersModel(str(snapshot), progress_bar=False).dispatch()
