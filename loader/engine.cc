@@ -340,37 +340,36 @@ void prefault(void* p, uint64_t n) {
   }
 }
 
-class ProgressPrinter {
- public:
-  ProgressPrinter(const EngineOptions& o, uint64_t total) : total_(total) {
-    enabled_ = o.bar == ProgressBar::kOn || (o.bar == ProgressBar::kAuto && ::isatty(2));
-  }
-  void show(uint64_t done, double secs, bool final) {
-    if (!enabled_ || total_ == 0) return;
-    const double gbs = secs > 0 ? done / secs / 1e9 : 0;
-    const double eta = gbs > 0 ? (total_ - done) / 1e9 / gbs : 0;
-    const int width = 24;
-    const int filled = static_cast<int>(width * static_cast<double>(done) / total_);
-    char bar[width + 1];
-    for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
-    bar[width] = 0;
-    std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  ETA %.1f s ", bar, done / 1e9,
-                 total_ / 1e9, gbs, eta);
-    if (final) std::fputc('\n', stderr);
-    std::fflush(stderr);
-    shown_ = !final;
-  }
-  // Ends a bar left mid-line by a failed load, so the error starts on its own line.
-  void abandon() {
-    if (shown_) std::fputc('\n', stderr);
-    shown_ = false;
-  }
+}  // namespace
 
- private:
-  uint64_t total_;
-  bool enabled_ = false;
-  bool shown_ = false;
-};
+ProgressPrinter::ProgressPrinter(const EngineOptions& o, uint64_t total) : total_(total) {
+  enabled_ = o.bar == ProgressBar::kOn || (o.bar == ProgressBar::kAuto && ::isatty(2));
+}
+
+void ProgressPrinter::show(uint64_t done, double secs, bool final) {
+  if (!enabled_ || total_ == 0) return;
+  const double gbs = secs > 0 ? done / secs / 1e9 : 0;
+  const double eta = gbs > 0 ? (total_ - done) / 1e9 / gbs : 0;
+  const int width = 24;
+  const int filled = static_cast<int>(width * static_cast<double>(done) / total_);
+  char bar[width + 1];
+  for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
+  bar[width] = 0;
+  std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  ETA %.1f s ", bar, done / 1e9,
+               total_ / 1e9, gbs, eta);
+  if (final) {  // the exact figure: small loads would read 0.00 GB
+    std::fprintf(stderr, " %llu bytes in %.2f s\n", static_cast<unsigned long long>(done), secs);
+  }
+  std::fflush(stderr);
+  shown_ = !final;
+}
+
+void ProgressPrinter::abandon() {
+  if (shown_) std::fputc('\n', stderr);
+  shown_ = false;
+}
+
+namespace {
 
 // State shared by the reader threads of one run.
 class Run {

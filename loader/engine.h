@@ -81,9 +81,11 @@ struct CopyJob {
   uint64_t dst_bytes() const { return rows * dst_row_bytes(); }
 };
 
+// A zero-copy CPU load (EngineOptions::map_files) reports the mapped bytes first, as their pages
+// are populated, then those plus the engine's (bytes_done never goes back; bytes_total grows once).
 struct Progress {
-  uint64_t bytes_done = 0;   // file bytes read so far
-  uint64_t bytes_total = 0;  // file bytes the load will read
+  uint64_t bytes_done = 0;   // file bytes read (or mapped and populated) so far
+  uint64_t bytes_total = 0;  // file bytes the load will read (or map)
   double seconds = 0;
 };
 
@@ -138,6 +140,21 @@ struct EngineOptions {
   // Set it (from any thread) to stop the load.
   const std::atomic<bool>* cancel = nullptr;
   EngineHooks hooks;
+};
+
+// The progress bar on stderr ("metaload [###...] 0.12/0.50 GB  1.30 GB/s  ETA 0.3 s"), drawn
+// when EngineOptions::bar says so; shared by the engines and the zero-copy mapping.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(const EngineOptions& o, uint64_t total);
+  void show(uint64_t done, double secs, bool final);
+  // Ends a bar left mid-line by a failed load, so the error starts on its own line.
+  void abandon();
+
+ private:
+  uint64_t total_;
+  bool enabled_ = false;
+  bool shown_ = false;
 };
 
 struct FileReport {

@@ -1,8 +1,11 @@
 #include "loader/slots_torch.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "loader/slots.h"
@@ -112,26 +115,74 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
     ranges.push_back({maps[j.file].get(), j.offset, bytes});
     report->mapped_bytes += bytes;
   }
-  // Fault the pages in with the engine's threads (page-table work; no copy).
+  // Fault the pages in with the engine's threads (page-table work; no copy), in pieces of at most
+  // kPopulateChunk so that progress (the bar, EngineOptions::progress) counts populated bytes as
+  // they come, about 10 times a second on this thread, like the engines.
+  constexpr uint64_t kPopulateChunk = 64ull << 20;
+  std::vector<Range> chunks;
+  for (const Range& r : ranges)
+    for (uint64_t o = 0; o < r.length; o += kPopulateChunk)
+      chunks.push_back({r.map, r.offset + o, std::min(kPopulateChunk, r.length - o)});
   const int n = std::max(
       1, std::min<int>(options.threads > 0 ? options.threads : std::thread::hardware_concurrency(),
-                       static_cast<int>(ranges.size())));
-  std::vector<std::exception_ptr> errors(n);
+                       static_cast<int>(chunks.size())));
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> running{n};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::exception_ptr> errors(n + 1);
   std::vector<std::thread> threads;
   for (int t = 0; t < n; ++t) {
     threads.emplace_back([&, t] {
       try {
-        for (size_t r = t; r < ranges.size(); r += n) {
-          ranges[r].map->populate(ranges[r].offset, ranges[r].length);
+        for (size_t c = next++; c < chunks.size() && !stop; c = next++) {
+          chunks[c].map->populate(chunks[c].offset, chunks[c].length);
+          done += chunks[c].length;
         }
       } catch (...) {
         errors[t] = std::current_exception();
+        stop = true;
       }
+      std::lock_guard<std::mutex> lock(mu);
+      if (--running == 0) cv.notify_all();
     });
   }
+  ProgressPrinter printer(options, report->mapped_bytes);
+  auto report_progress = [&](bool final) {
+    if (report->mapped_bytes == 0) return;  // nothing mapped: the engine reports alone
+    Progress pr;
+    pr.bytes_done = done;
+    pr.bytes_total = report->mapped_bytes;
+    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printer.show(pr.bytes_done, pr.seconds, final);
+    try {
+      if (options.progress) options.progress(pr);
+      if (options.cancel != nullptr && options.cancel->load() && !final) {
+        throw LoadCancelled("load cancelled after " + std::to_string(pr.bytes_done) + " of " +
+                            std::to_string(pr.bytes_total) + " mapped bytes");
+      }
+    } catch (...) {
+      if (!errors[n]) errors[n] = std::current_exception();
+      stop = true;
+    }
+  };
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) {
+      lock.unlock();
+      report_progress(false);
+      lock.lock();
+    }
+  }
   for (auto& th : threads) th.join();
+  if (!stop) report_progress(true);
   for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);  // `out` (and with it every mapping) dies with the throw
+    if (e) {
+      printer.abandon();
+      std::rethrow_exception(e);  // `out` (and with it every mapping) dies with the throw
+    }
   }
   report->bytes += report->mapped_bytes;
   report->slot_bytes += report->mapped_bytes;
@@ -192,7 +243,17 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
     }
     arena.reset();
     const LoadReport mapping = out.report;
-    out.report = run_cpu_engine(files, jobs, options);
+    EngineOptions engine = options;
+    if (options.progress && mapping.mapped_bytes > 0) {
+      // Progress continues from the mapped bytes (engine.h, Progress).
+      engine.progress = [&options, mapped = mapping.mapped_bytes](const Progress& p) {
+        Progress q = p;
+        q.bytes_done += mapped;
+        q.bytes_total += mapped;
+        options.progress(q);
+      };
+    }
+    out.report = run_cpu_engine(files, jobs, engine);
     out.report.mapped_bytes = mapping.mapped_bytes;
     out.report.bytes += mapping.bytes;
     out.report.slot_bytes += mapping.slot_bytes;

@@ -47,8 +47,7 @@ at::Tensor Capture::value() const {
   std::lock_guard<std::mutex> g(state_->mu);
   if (!state_->value.defined())
     throw ModelError(fmt::format(
-        "no output of '{}' captured yet: the module has not run since the capture began (or "
-        "returns no single tensor, as rotary_emb's (cos, sin) pair)",
+        "no output of '{}' captured yet: the module has not run since the capture began",
         state_->path));
   return state_->value;
 }
@@ -396,14 +395,15 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
   }
   ModelScan out;
   out.device = where;
-  if (classes_.empty()) {  // once per model: the tree never changes
-    for (const auto& item : module_->named_modules("", /*include_self=*/true))
-      classes_[item.key()] = item.value()->name();
-  }
+  const auto& classes = classes_locked();
   std::unordered_map<std::string, size_t> index;
   auto record = [&](const std::string& path, const at::Tensor& t) {
     auto [it, fresh] = index.emplace(path, out.modules.size());
-    if (fresh) out.modules.push_back(ModuleShape{path, classes_[path], {}, at::kFloat, where, 0});
+    if (fresh) {
+      const auto cls = classes.find(path);
+      out.modules.push_back(ModuleShape{
+          path, cls == classes.end() ? std::string() : cls->second, {}, at::kFloat, where, 0});
+    }
     ModuleShape& m = out.modules[it->second];
     m.sizes = t.sizes().vec();  // the last output wins (a module called twice reports twice)
     m.dtype = t.scalar_type();
@@ -555,16 +555,41 @@ at::Tensor TransformersModel::parameter(const std::string& name) const {
                                     name, module_->name(), closest(name, names, 5)));
 }
 
+const std::unordered_map<std::string, std::string>& TransformersModel::classes_locked() {
+  if (classes_.empty()) {
+    for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
+      classes_[item.key()] = item.value()->name();
+      const int64_t n = output_elements(*item.value());
+      for (int64_t i = 0; i < n; ++i)
+        classes_[fmt::format("{}.{}", item.key(), i)] = item.value()->name();
+    }
+  }
+  return classes_;
+}
+
 Capture TransformersModel::capture(const std::string& path) {
-  std::shared_ptr<torch::nn::Module> m = at(path);  // ModulePathError for a wrong path
-  if (is_container(*m)) {
-    throw ModelError(fmt::format(
-        "capture: '{}' is a container ({}): it produces no output of its own; capture one of "
-        "its entries, e.g. '{}.0'",
-        path, m->name(), path));
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  // An element of a tuple output ("model.rotary_emb.0") is no module but is reported like one.
+  const auto& classes = classes_locked();
+  std::shared_ptr<torch::nn::Module> m;
+  for (const auto& item : module_->named_modules("", /*include_self=*/true))
+    if (item.key() == path) m = item.value();
+  if (!m && classes.count(path) == 0) at(path);  // ModulePathError for a wrong path
+  if (m) {
+    if (is_container(*m)) {
+      throw ModelError(fmt::format(
+          "capture: '{}' is a container ({}): it produces no output of its own; capture one of "
+          "its entries, e.g. '{}.0'",
+          path, m->name(), path));
+    }
+    if (const int64_t n = output_elements(*m); n > 0) {
+      throw ModelError(fmt::format(
+          "capture: '{}' ({}) returns a tuple of {} tensors; capture its elements '{}.0' to "
+          "'{}.{}' (rotary_emb: .0 is cos, .1 is sin)",
+          path, m->name(), n, path, path, n - 1));
+    }
   }
   auto state = std::make_shared<Capture::State>(path);
-  std::lock_guard<std::recursive_mutex> g(mu_);
   captures_.push_back(state);
   install_observer({});
   return Capture(state);

@@ -182,7 +182,9 @@ class TransformersModel {
   at::Tensor parameter(const std::string& name) const;
 
   // Keeps `path`'s output from now on (ModulePathError for an unknown path, ModelError for a
-  // container such as model.layers that produces none).
+  // container such as model.layers that produces none). A module with a tuple output is captured
+  // element by element: "model.rotary_emb.0" (cos), "model.rotary_emb.1" (sin); ModelError names
+  // them for "model.rotary_emb" itself.
   Capture capture(const std::string& path);
 
  private:
@@ -203,7 +205,10 @@ class TransformersModel {
   bool dispatched_ = false;
   std::optional<LoadReport> report_;
   std::vector<std::weak_ptr<Capture::State>> captures_;
-  std::unordered_map<std::string, std::string> classes_;  // module path -> class name
+  // Module path -> class name, with the element paths of tuple outputs ("model.rotary_emb.0") as
+  // well; built once, under mu_ (the tree never changes).
+  const std::unordered_map<std::string, std::string>& classes_locked();
+  std::unordered_map<std::string, std::string> classes_;
 };
 
 // torch's Python spelling of a dtype ("float32", "bfloat16", "int64"), for tables and JSON.

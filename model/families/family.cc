@@ -133,6 +133,11 @@ bool builds_meta(const at::Device& device) {
 
 }  // namespace families
 
+int64_t output_elements(const torch::nn::Module& module) {
+  const auto* observed = dynamic_cast<const families::Observed*>(&module);
+  return observed ? observed->output_elements() : 0;
+}
+
 void CausalLM::attach_observer() {
   for (const auto& item : named_modules("", /*include_self=*/false))
     if (auto* observed = dynamic_cast<families::Observed*>(item.value().get()))

@@ -45,8 +45,13 @@ struct KVCache {
 // the whole model, whose output is the logits) and its output. For modules that return several
 // tensors in transformers, the first (the hidden states); attn_dropout's is the attention
 // probabilities [B, heads, S, T]. Every module with a forward reports, in execution order, except
-// the ModuleList containers and rotary_emb (which returns a (cos, sin) pair).
+// the ModuleList containers. A module whose output is a tuple (rotary_emb's (cos, sin), each
+// [B, S, head_dim]) reports each element under "<path>.<i>": "model.rotary_emb.0" is cos, ".1" sin.
 using OutputObserver = std::function<void(const std::string& path, const at::Tensor& output)>;
+
+// How many tensors the module's forward returns when that is a tuple reported element by element
+// (see OutputObserver); 0 for a module with one output (or none).
+int64_t output_elements(const torch::nn::Module& module);
 
 class CausalLM : public torch::nn::Module {
  public:

@@ -20,7 +20,10 @@ namespace families {
 // CausalLM::attach_observer once the tree is built).
 class Observed : public torch::nn::Module {
  public:
-  explicit Observed(const std::string& class_name) : torch::nn::Module(class_name) {}
+  // elements > 0: the forward returns that many tensors (a tuple), reported one by one.
+  explicit Observed(const std::string& class_name, int64_t elements = 0)
+      : torch::nn::Module(class_name), elements_(elements) {}
+  int64_t output_elements() const { return elements_; }
   void attach(std::string path, std::shared_ptr<OutputObserver> observer) {
     path_ = std::move(path);
     observer_ = std::move(observer);
@@ -30,10 +33,16 @@ class Observed : public torch::nn::Module {
     if (observing()) (*observer_)(path_, output);
     return output;
   }
+  // Element i of a tuple output, reported as "<path>.<i>" (a path no module has: tuple outputs
+  // are recorded element by element, each like a module's single output).
+  void emit_element(int64_t i, const at::Tensor& output) const {
+    if (observing()) (*observer_)(path_ + "." + std::to_string(i), output);
+  }
 
  private:
   std::string path_;
   std::shared_ptr<OutputObserver> observer_;
+  int64_t elements_ = 0;
 };
 
 // Makes parameter tensors with the build options and, unless told not to or on meta, fills them

@@ -39,18 +39,26 @@ at::Tensor compute_inv_freq(const FamilyConfig& c, const at::Device& device) {
   return at::where(medium, smoothed, scaled);
 }
 
-class RotaryEmbedding : public torch::nn::Module {
+class RotaryEmbedding : public Observed {
  public:
   RotaryEmbedding(const std::string& prefix, const FamilyConfig& c, const at::Device& device)
-      : torch::nn::Module(prefix + "RotaryEmbedding") {
+      : Observed(prefix + "RotaryEmbedding", /*elements=*/2) {
     inv_freq = register_buffer("inv_freq", compute_inv_freq(c, device));
   }
   // cos and sin [S, D] of positions past..past+S, computed in float32 then cast, as transformers.
-  std::pair<at::Tensor, at::Tensor> forward(int64_t past, int64_t S, at::ScalarType dtype) const {
+  // Observers see them as transformers returns them, [B, S, D] ("<path>.0" cos, "<path>.1" sin;
+  // views of the same rows, no copy).
+  std::pair<at::Tensor, at::Tensor> forward(int64_t past, int64_t B, int64_t S,
+                                            at::ScalarType dtype) const {
     at::Tensor positions = at::arange(past, past + S, inv_freq.options());
     at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
     at::Tensor emb = at::cat({freqs, freqs}, -1);
-    return {emb.cos().to(dtype), emb.sin().to(dtype)};
+    at::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+    if (observing()) {
+      emit_element(0, cos.unsqueeze(0).expand({B, S, cos.size(1)}));
+      emit_element(1, sin.unsqueeze(0).expand({B, S, sin.size(1)}));
+    }
+    return {cos, sin};
   }
   at::Tensor inv_freq;
 };
@@ -220,7 +228,7 @@ class ForCausalLM : public CausalLM {
     const int64_t past = cache ? cache->length : 0;
     at::Tensor h = model->embed_tokens->forward(ids);
     at::Tensor cos, sin;
-    std::tie(cos, sin) = model->rotary_emb->forward(past, S, embed.scalar_type());
+    std::tie(cos, sin) = model->rotary_emb->forward(past, B, S, embed.scalar_type());
     for (auto& layer : model->decoder_layers) h = layer->forward(h, cos, sin, cache, past);
     h = model->emit(model->norm->forward(h));
     if (last_only) h = h.narrow(1, S - 1, 1);

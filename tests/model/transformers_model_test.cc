@@ -108,18 +108,49 @@ TEST(TransformersModel, ConstructionReadsConfigJsonOnly) {
 }
 
 TEST(TransformersModel, SkeletonsOfRealSizesInMilliseconds) {
+  // Every real-size built-in: the vocabulary and the width of layer 0's key projection (GPT-2: its
+  // fused c_attn) as published. A built-in missing here fails, so new ones get checked too.
+  struct Want {
+    int64_t vocab;
+    std::string key_path;
+    int64_t key_width;
+  };
+  const std::map<std::string, Want> want = {
+      {"gpt2", {50257, "transformer.h.0.attn.c_attn", 3 * 768}},
+      {"llama-2-7b", {32000, "model.layers.0.self_attn.k_proj", 32 * 128}},
+      {"llama-2-70b", {32000, "model.layers.0.self_attn.k_proj", 8 * 128}},
+      {"llama-3.2-1b", {128256, "model.layers.0.self_attn.k_proj", 8 * 64}},
+      {"mistral-7b-v0.1", {32000, "model.layers.0.self_attn.k_proj", 8 * 128}},
+      {"qwen2.5-0.5b", {151936, "model.layers.0.self_attn.k_proj", 2 * 64}},
+  };
   TempDir d;
-  for (const std::string name : {"gpt2", "llama-2-7b", "llama-2-70b", "llama-3.2-1b"}) {
+  int checked = 0;
+  for (const std::string& name : builtin_config_names()) {
+    if (name.find("tiny") != std::string::npos) continue;
+    ++checked;
+    const auto w = want.find(name);
+    ASSERT_NE(w, want.end()) << "real built-in config '" << name << "' has no expected shapes here";
     testing::make_dir(d / name);
     testing::write_file(d / (name + "/config.json"), builtin_config_json(name));
     const auto t0 = std::chrono::steady_clock::now();
     TransformersModel m(d / name);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%-12s skeleton: %lld parameters in %.1f ms\n", name.c_str(),
-                static_cast<long long>(m.module().num_parameters()), s * 1e3);
-    EXPECT_TRUE(all_meta(m));
+    // A small batch on fake cuda:0 (no GPU needed): shapes only, no weight byte.
+    const ModelScan scan = m.scan(1, 16, at::Device("cuda:0"));
+    std::printf("%-16s skeleton: %lld parameters in %.1f ms; scan [1, 16] in %.1f ms\n",
+                name.c_str(), static_cast<long long>(m.module().num_parameters()), s * 1e3,
+                scan.seconds * 1e3);
+    EXPECT_TRUE(all_meta(m)) << name;
     EXPECT_LT(s, 2.0) << name;  // milliseconds here (printed above); generous under load
+    EXPECT_TRUE(is_fake(scan.logits)) << name;
+    EXPECT_EQ(scan.logits.sizes(), (at::IntArrayRef{1, 16, w->second.vocab})) << name;
+    ASSERT_NE(scan.find(w->second.key_path), nullptr) << name;
+    EXPECT_EQ(scan.find(w->second.key_path)->sizes,
+              (std::vector<int64_t>{1, 16, w->second.key_width}))
+        << name;
+    EXPECT_EQ(scan.find(w->second.key_path)->device, at::Device("cuda:0")) << name;
   }
+  EXPECT_EQ(checked, static_cast<int>(want.size()));
 }
 
 TEST(TransformersModel, ScanNeverLoads) {
@@ -327,6 +358,45 @@ TEST(TransformersModel, CapturesDuringScanAndRealForwards) {
     (void)tmp;
   }
   m.forward(ids);
+}
+
+// A hub cache checkpoint dispatches zero-copy (mapped): progress counts the mapped bytes as their
+// pages are populated, and the bar (forced on) ends at the full byte count.
+TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
+  TempDir d;
+  FixtureOptions f;
+  f.config = "llama-tiny";
+  f.hf_cache = d / "hub";
+  f.repo = "metaload-test/llama-tiny";
+  const FixtureResult made = make_checkpoint(f);
+  ModelOptions o;
+  std::vector<Progress> seen;
+  o.engine.progress = [&](const Progress& p) { seen.push_back(p); };
+  o.engine.bar = ProgressBar::kOn;
+  TransformersModel m(made.dir, o);
+  ::testing::internal::CaptureStderr();
+  const LoadReport r = m.dispatch();
+  const std::string bar = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(r.engine.find("+mapped"), std::string::npos) << r.engine;
+  ASSERT_GT(r.mapped_bytes, 0u);
+  EXPECT_EQ(r.mapped_bytes, r.bytes);  // every tensor float32 as stored: nothing copied
+  ASSERT_FALSE(seen.empty());
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i].bytes_done, seen[i - 1].bytes_done);
+  EXPECT_EQ(seen.back().bytes_done, r.mapped_bytes);
+  EXPECT_EQ(seen.back().bytes_total, r.mapped_bytes);
+  EXPECT_NE(bar.find("metaload [########################]"), std::string::npos) << bar;
+  EXPECT_NE(bar.find(" " + std::to_string(r.mapped_bytes) + " bytes in "), std::string::npos)
+      << bar;
+  // Off: no bar, the callback still runs.
+  ModelOptions quiet = o;
+  quiet.engine.bar = ProgressBar::kOff;
+  seen.clear();
+  TransformersModel q(made.dir, quiet);
+  ::testing::internal::CaptureStderr();
+  q.dispatch();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().bytes_done, r.mapped_bytes);
 }
 
 TEST(TransformersModel, HubCacheAndModelKeys) {

@@ -302,6 +302,10 @@ def variants():
     qwen = builtin("qwen2-tiny")
     qwen["use_sliding_window"] = False
     out.append(("qwen2-tiny+no-window", qwen))
+    # A large eps moves the logits far (> 1e-2) from a forward that used another eps, so the
+    # reference (which uses the configured one) catches an eps the forward ignores.
+    out.append(("llama-tiny+eps", dict(builtin("llama-tiny"), rms_norm_eps=0.3)))
+    out.append(("gpt2-tiny+eps", dict(builtin("gpt2-tiny"), layer_norm_epsilon=0.3)))
     return out
 
 
@@ -368,6 +372,20 @@ def test_the_tolerance_separates_wrong_conventions():
     assert relative_error(got, llama_reference(cfg, w, ids, rotate_fn=rotate_interleaved)) > 1e-3
     kv = cfg["num_key_value_heads"]
     assert relative_error(got, llama_reference(cfg, w, ids, kv_of=lambda h: h % kv)) > 1e-3
+
+
+@pytest.mark.parametrize("name,key", [("llama-tiny", "rms_norm_eps"),
+                                      ("gpt2-tiny", "layer_norm_epsilon")])
+def test_the_norm_eps_reaches_the_forward(name, key):
+    """With eps 0.3 the C++ logits match the reference that uses 0.3 and are far from one that
+    uses the default eps: the "+eps" variants above would fail if the forward ignored eps."""
+    cfg = dict(builtin(name), **{key: 0.3})
+    w = random_weights(cfg, seed=1)
+    ids = random_ids(cfg, 1, 7, seed=2)
+    names, tensors = cxx_args(cfg, w)
+    got = ops._family_test_forward(json.dumps(cfg), names, tensors, ids)
+    assert relative_error(got, reference(cfg, w, ids)) < 1e-4
+    assert relative_error(got, reference(builtin(name), w, ids)) > 1e-2
 
 
 def typed(fn):

@@ -169,6 +169,21 @@ def test_scan_never_loads_and_reports_every_module(tmp_path):
     assert not model.dispatched
     bf16 = TransformersModel(model.info["checkpoint"], dtype=torch.bfloat16)
     assert bf16.scan(batch=1, seq=2).modules["transformer.h.0"].dtype == "bfloat16"
+    # scan(ids, device=...): only the ids' shape counts; every module claims that device. A tuple
+    # output (rotary_emb's cos, sin) is reported element by element as "<path>.0", "<path>.1".
+    llama = TransformersModel(tiny(tmp_path), progress_bar=False)
+    s = llama.scan(torch.zeros(2, 3, dtype=torch.long), device="cuda:1")
+    assert s.device == "cuda:1" and s.modules[""].shape == (2, 3, 256)
+    assert {m.device for m in s.modules.values()} == {"cuda:1"}
+    assert s.modules["model.layers.0.self_attn.k_proj"].shape == (2, 3, 32)
+    cos, sin = s.modules["model.rotary_emb.0"], s.modules["model.rotary_emb.1"]
+    assert cos.shape == sin.shape == (2, 3, 16) and cos.cls == "LlamaRotaryEmbedding"
+    assert cos.bytes == 2 * 3 * 16 * 4 and list(s.modules)[:3] == [
+        "model.embed_tokens", "model.rotary_emb.0", "model.rotary_emb.1"]
+    # Every module reports except the containers (and rotary_emb, through its elements).
+    silent = {"model.layers", "model.rotary_emb"}
+    assert set(llama.module_paths()) - silent <= set(s.modules)
+    assert not llama.dispatched
 
 
 def test_captures_and_module_access(tmp_path):
@@ -186,6 +201,14 @@ def test_captures_and_module_access(tmp_path):
         model.module_class("model.layers.1.mpl")
     with pytest.raises(_lib.error_class("ModelError"), match="is a container"):
         model.capture("model.layers")
+    # rotary_emb returns (cos, sin): each element is captured by its own path.
+    with pytest.raises(_lib.error_class("ModelError"), match=r"model\.rotary_emb\.0"):
+        model.capture("model.rotary_emb")
+    cos, sin = model.capture("model.rotary_emb.0"), model.capture("model.rotary_emb.1")
+    model(ids)
+    assert tuple(cos.value.shape) == (2, 3, 16) and cos.count == 1
+    assert torch.equal(cos.value[:, 0], torch.ones(2, 16))  # position 0: cos 1, sin 0
+    assert torch.equal(sin.value[:, 0], torch.zeros(2, 16)) and sin.value[0, 1].abs().sum() > 0
     assert "" in model.module_paths() and "lm_head" in model.module_paths()
 
 

@@ -6,6 +6,7 @@ The tool links no libtorch; these subcommands run inside libmetaload.so, which i
 import hashlib
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -103,6 +104,36 @@ def test_scan_and_run_agree_with_the_python_model(tmp_path):
     assert human.returncode == 0 and "GB/s" in human.stdout
 
 
+def test_run_places_the_model_by_device_and_dtype(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "llama", "--config", "llama-tiny", d).returncode == 0
+    ids = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
+    run = ["run", d, "--ids", "3,1,4,1,5;9,2,6,5,3", "--new-tokens", "6", "--json"]
+
+    def tokens(*extra):
+        r = cli(*run, *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    # --device cpu: the tokens of the default placement (float32 on cpu), here computed in process.
+    on_cpu = tokens("--device", "cpu")
+    f32 = TransformersModel(str(d), progress_bar=False).generate(torch.tensor(ids), 6)[:, 5:]
+    assert on_cpu["device"] == "cpu" and on_cpu["dtype"] == "float32"
+    assert on_cpu["tokens"] == f32.tolist()
+    # bfloat16: the same tokens as the Python model placed in bfloat16 (its own rounding, so the
+    # comparison is with a bf16 model, not with the float32 tokens).
+    bf16 = tokens("--dtype", "bfloat16")
+    assert bf16["dtype"] == "bfloat16"
+    bf16 = bf16["tokens"]
+    model = TransformersModel(str(d), dtype=torch.bfloat16, progress_bar=False)
+    assert model.parameter("model.embed_tokens.weight").dtype == torch.bfloat16
+    assert bf16 == model.generate(torch.tensor(ids), 6)[:, 5:].tolist()
+    expect_usage_error(cli(*run, "--device", "tpu"), "--device", "tpu")
+    expect_usage_error(cli(*run, "--dtype", "nf4"), "--dtype", "nf4")
+    if not torch.cuda.is_available():
+        expect_usage_error(cli(*run, "--device", "cuda:0"), "DeviceError", "CUDA")
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     d = tmp_path / "ckpt"
     assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0
@@ -161,8 +192,21 @@ def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
         assert section in out, section
     assert 'metaload.TransformersModel:{"repo_id": "org/gpt2-tiny", "revision": null}' in out
     assert "all on meta" in out and "GB/s" in out and "now on cpu, real" in out
-    # The second run reuses the checkpoint.
-    again = cli(*args)
+    # The hub cache checkpoint dispatches zero-copy, and the dispatch line says so. No terminal
+    # here: no bar unless forced.
+    dispatch = next(line for line in out.splitlines() if line.startswith("loaded "))
+    assert "zero-copy" in dispatch and "+mapped engine" in dispatch, dispatch
+    assert "metaload [" not in first.stderr
+    # The second run reuses the checkpoint; --progress draws the bar, which counts the mapped
+    # bytes as they are populated and ends full, at the byte count of the load.
+    again = cli(*args, "--progress")
     assert again.returncode == 0, again.stderr
     assert "Creating" not in again.stdout
+    final = again.stderr.strip().split("\r")[-1]
+    m = re.match(r"metaload \[(#{24})\] (\d+\.\d\d)/\2 GB  \d+\.\d\d GB/s  ETA 0\.0 s  (\d+) "
+                 r"bytes in ", final)
+    assert m, again.stderr
+    snapshot, = (tmp_path / "data" / "hf-cache" / "models--org--gpt2-tiny" / "snapshots").iterdir()
+    report = TransformersModel(str(snapshot), progress_bar=False).dispatch()
+    assert report.mapped_bytes == report.bytes == int(m.group(3))
     expect_usage_error(cli(*args[:-1], "1,x"), "--prompt", "'x'")

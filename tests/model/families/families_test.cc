@@ -170,9 +170,11 @@ TEST(FamilyObserver, EveryModuleReportsItsOutputByPath) {
     }
     for (const auto& item : model->named_modules()) {
       const std::string& path = item.key();
+      // Containers have no output; rotary_emb's (cos, sin) is reported element by element.
       const bool silent =
           path == "transformer.h" || path == "model.layers" || path == "model.rotary_emb";
       EXPECT_EQ(count[path], silent ? 0 : 1) << name << " '" << path << "'";
+      EXPECT_EQ(output_elements(*item.value()), path == "model.rotary_emb" ? 2 : 0) << path;
     }
     ASSERT_FALSE(seen.empty());
     EXPECT_EQ(seen.back().first, "");  // the logits come last
@@ -190,6 +192,13 @@ TEST(FamilyObserver, EveryModuleReportsItsOutputByPath) {
                 (std::vector<int64_t>{2, 7, c.intermediate_size}));
       EXPECT_EQ(shape["model.layers.1"], (std::vector<int64_t>{2, 7, c.hidden_size}));
       EXPECT_EQ(shape["model"], (std::vector<int64_t>{2, 7, c.hidden_size}));
+      // cos and sin as transformers returns them, [B, S, head_dim], right after the embedding.
+      EXPECT_EQ(count["model.rotary_emb.0"], 1);
+      EXPECT_EQ(shape["model.rotary_emb.0"], (std::vector<int64_t>{2, 7, c.head_dim}));
+      EXPECT_EQ(shape["model.rotary_emb.1"], (std::vector<int64_t>{2, 7, c.head_dim}));
+      ASSERT_GE(seen.size(), 3u);
+      EXPECT_EQ(seen[1].first, "model.rotary_emb.0");
+      EXPECT_EQ(seen[2].first, "model.rotary_emb.1");
     }
     // A decode step reports the one new position; attention probabilities span the cache.
     KVCache cache;
@@ -201,6 +210,8 @@ TEST(FamilyObserver, EveryModuleReportsItsOutputByPath) {
     EXPECT_EQ(shape[""], (std::vector<int64_t>{1, 1, c.vocab_size}));
     if (c.arch == Arch::kGPT2) {
       EXPECT_EQ(shape["transformer.h.0.attn.attn_dropout"], (std::vector<int64_t>{1, 4, 1, 6}));
+    } else {
+      EXPECT_EQ(shape["model.rotary_emb.1"], (std::vector<int64_t>{1, 1, c.head_dim}));
     }
     // Cleared: nothing is reported.
     model->set_output_observer(nullptr);

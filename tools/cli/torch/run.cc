@@ -87,6 +87,8 @@ int run(const Options& o) {
   if (o.json) {
     std::cout << nlohmann::json{{"model", model.module().name()},
                                 {"device", mo.device.str()},
+                                {"dtype", torch_dtype_name(
+                                              model.module().parameters().front().scalar_type())},
                                 {"load_bytes", report.bytes},
                                 {"load_seconds", report.seconds},
                                 {"engine", report.engine},
@@ -100,8 +102,13 @@ int run(const Options& o) {
   rows.emplace_back("model",
                     fmt::format("{} ({}), built on meta in {:.1f} ms", model.module().name(),
                                 model.config_path(), model.build_seconds() * 1e3));
-  rows.emplace_back("loaded", fmt::format("{} in {:.2f} s ({:.2f} GB/s), {} engine, {} threads",
+  // Mapped bytes are not copied: their rate is a mapping rate.
+  rows.emplace_back("loaded", fmt::format("{} in {:.2f} s ({:.2f} GB/s, {}), {} engine, {} threads",
                                           human_bytes(report.bytes), report.seconds, gbps,
+                                          report.mapped_bytes == 0 ? "copied"
+                                          : report.mapped_bytes >= report.bytes
+                                              ? "zero-copy"
+                                              : human_bytes(report.mapped_bytes) + " zero-copy",
                                           report.engine, report.threads));
   const int64_t n = o.new_tokens * ids.size(0);
   rows.emplace_back("generated", fmt::format("{} tokens in {:.2f} s ({:.1f} tokens/s)", n, gen_s,
