@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -40,18 +41,35 @@ c10::Device normalize(c10::Device d) {
 struct OpInfo {
   int8_t device = -1;      // index of a `device` argument (factories, _to_copy)
   int8_t pin_memory = -1;  // index of a `pin_memory` argument
+  int8_t unchecked = -1;   // index of an argument a real run takes from any device
   bool own = false;        // a torch.ops.metaload operator: runs as it is
 };
+
+// The argument of an op that a real run accepts on any device (native_functions.yaml marks these
+// ops `device_check: NoCheck`): a copy's source, advanced indexing's indices (cpu indices index a
+// cuda tensor). The result is on self's device, and the other arguments are still checked
+// (index_put_'s values must be on self's device unless zero-dim cpu).
+const char* unchecked_argument(const std::string& name) {
+  if (name == "aten::copy_" || name == "aten::copy") return "src";
+  if (name == "aten::_copy_from" || name == "aten::_copy_from_and_resize") return "self";
+  if (name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
+      name == "aten::_index_put_impl_" || name == "aten::_index_put_impl") {
+    return "indices";
+  }
+  return nullptr;
+}
 
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   info.own = is_own_op(schema);
+  const char* unchecked = unchecked_argument(schema.name());
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
     if (args[i].name() == "device" && is_device_type(*args[i].type())) {
       info.device = static_cast<int8_t>(i);
     }
     if (args[i].name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
+    if (unchecked && args[i].name() == unchecked) info.unchecked = static_cast<int8_t>(i);
   }
   return info;
 }
@@ -103,7 +121,12 @@ struct DeviceRule {
 };
 
 // A meta tensor standing in for a real one (same sizes, strides, dtype), so Meta kernels take it.
+// Made with the Fake key excluded: a factory under FakeMode would give a fake tensor on the mode's
+// device, and view ops (detach, lift_fresh, view) would pass that device on to their result instead
+// of the real tensor's own.
 at::Tensor meta_stand_in(const at::Tensor& real) {
+  c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+  c10::impl::ExcludeDispatchKeyGuard no_mode(kMetaModeKey);
   return at::empty_strided(real.sizes(), real.strides(), real.options().device(c10::kMeta));
 }
 
@@ -147,7 +170,7 @@ void replace_real(c10::IValue& v) {
 // Outputs that are new meta tensors become fake tensors on `device`; outputs that are inputs
 // (in-place and out= ops return them) stay what they are.
 at::Tensor wrap_output(const at::Tensor& t, c10::Device device,
-                       const std::vector<const c10::TensorImpl*>& inputs) {
+                       c10::ArrayRef<const c10::TensorImpl*> inputs) {
   if (!t.defined() || !t.is_meta()) return t;
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   for (const c10::TensorImpl* in : inputs) {
@@ -188,13 +211,12 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
 
   // 1. The device of the result.
   DeviceRule rule{op};
-  std::vector<const c10::TensorImpl*> inputs;
-  inputs.reserve(4);
+  c10::SmallVector<const c10::TensorImpl*, 8> inputs;  // no heap allocation per op
   for (size_t i = 0; i < n_args; ++i) {
     for_each_tensor(s[base + i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       inputs.push_back(t.unsafeGetTensorImpl());
-      if (info.device < 0) rule.see(t);
+      if (info.device < 0 && static_cast<int>(i) != info.unchecked) rule.see(t);
     });
   }
   c10::Device target(c10::kCPU);
