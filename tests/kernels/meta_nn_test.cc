@@ -516,11 +516,12 @@ TEST(MetaPool, AdaptiveAvgPoolMatchesCpu) {
     for (int64_t ndim : {4, 5}) {
       auto sizes = g.sizes(ndim, 1, 6);
       std::vector<int64_t> out = g.sizes(3, 1, 4);
+      const auto dtype = (rep + ndim) % 2 ? kDouble : kFloat;  // all the 1.13 CPU kernel takes
       for (Layout l : all_layouts()) {
         expect_meta_matches_cpu(
-            c10::str("_adaptive_avg_pool3d ", name(l), " out=", out),
+            c10::str("_adaptive_avg_pool3d ", dtype, " ", name(l), " out=", out),
             [&](const Inputs& x) { return flat(at::_adaptive_avg_pool3d(x[0], out)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
       }
     }
   }
@@ -540,18 +541,19 @@ TEST(MetaPool, MaxPool3dWithIndicesMatchesCpu) {
     std::vector<int64_t> p, d = g.sizes(3, 1, 2);
     for (int i = 0; i < 3; ++i) p.push_back(g.uniform(0, k[i] / 2));
     const bool ceil = g.uniform(0, 1) == 1;
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // all the 1.13 CPU kernel takes
     for (int64_t ndim : {4, 5}) {
       std::vector<int64_t> sizes;
       if (ndim == 5) sizes.push_back(g.uniform(1, 2));
       sizes.push_back(g.uniform(1, 3));
       for (int i = 0; i < 3; ++i) sizes.push_back(d[i] * (k[i] - 1) + 1 + g.uniform(0, 4));
       for (Layout l : all_layouts()) {
-        expect_meta_matches_cpu(c10::str("max_pool3d_with_indices ", name(l), " k=", k, " s=", s,
-                                         " p=", p, " d=", d, " ceil=", ceil),
+        expect_meta_matches_cpu(c10::str("max_pool3d_with_indices ", dtype, " ", name(l), " k=", k,
+                                         " s=", s, " p=", p, " d=", d, " ceil=", ceil),
                                 [&](const Inputs& x) {
                                   return flat(at::max_pool3d_with_indices(x[0], k, s, p, d, ceil));
                                 },
-                                {g.make(sizes, kFloat, l)});
+                                {g.make(sizes, dtype, l)});
       }
     }
   }
@@ -568,19 +570,20 @@ TEST(MetaPool, GridSamplerMatchesCpu) {
   Gen g(52);
   for (int rep = 0; rep < 4; ++rep) {
     const int64_t n = g.uniform(1, 3), c = g.uniform(1, 3);
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // the CPU kernels take float and double
     for (Layout l : {Layout::kContiguous, Layout::kChannelsLast, Layout::kTransposed}) {
       for (int64_t mode : {0, 1, 2}) {
         expect_meta_matches_cpu(
-            c10::str("grid_sampler_2d ", name(l), " mode ", mode),
+            c10::str("grid_sampler_2d ", dtype, " ", name(l), " mode ", mode),
             [&](const Inputs& x) { return flat(at::grid_sampler_2d(x[0], x[1], mode, 0, false)); },
-            {g.make({n, c, g.uniform(1, 6), g.uniform(1, 6)}, kFloat, l),
-             g.make({n, g.uniform(1, 5), g.uniform(1, 5), 2}, kFloat)});
+            {g.make({n, c, g.uniform(1, 6), g.uniform(1, 6)}, dtype, l),
+             g.make({n, g.uniform(1, 5), g.uniform(1, 5), 2}, dtype)});
       }
       expect_meta_matches_cpu(
-          c10::str("grid_sampler_3d ", name(l)),
+          c10::str("grid_sampler_3d ", dtype, " ", name(l)),
           [&](const Inputs& x) { return flat(at::grid_sampler_3d(x[0], x[1], 0, 1, true)); },
-          {g.make({n, c, g.uniform(1, 4), g.uniform(1, 4), g.uniform(1, 4)}, kFloat, l),
-           g.make({n, g.uniform(1, 3), g.uniform(1, 3), g.uniform(1, 3), 3}, kFloat)});
+          {g.make({n, c, g.uniform(1, 4), g.uniform(1, 4), g.uniform(1, 4)}, dtype, l),
+           g.make({n, g.uniform(1, 3), g.uniform(1, 3), g.uniform(1, 3), 3}, dtype)});
     }
   }
   expect_both_fail(
