@@ -84,19 +84,20 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
 // Gathers the devices of an op's tensor arguments the way a real run checks them.
 struct DeviceRule {
   const c10::OperatorHandle& op;
-  c10::optional<c10::Device> common;      // the device every non-scalar tensor is on
-  c10::optional<c10::Device> cpu_scalar;  // a zero-dim cpu tensor was seen
-  bool saw_wildcard = false;              // a plain meta tensor outside FakeMode
+  const c10::optional<c10::Device>& mode_device;  // t_mode_device, read once per op
+  c10::optional<c10::Device> common;              // the device every non-scalar tensor is on
+  c10::optional<c10::Device> cpu_scalar;          // a zero-dim cpu tensor was seen
+  bool saw_wildcard = false;                      // a plain meta tensor outside FakeMode
 
   void see(const at::Tensor& t) {
     if (!t.defined()) return;
     c10::Device d = claimed_device(t);
     if (d.is_meta() && !is_fake(t)) {
-      if (!t_mode_device) {
+      if (!mode_device) {
         saw_wildcard = true;
         return;
       }
-      d = *t_mode_device;  // a meta-built model's parameters live on the mode's device
+      d = *mode_device;  // a meta-built model's parameters live on the mode's device
     }
     if (d.is_cpu() && t.dim() == 0) {
       cpu_scalar = d;  // zero-dim cpu tensors mix with any device, as in a real run
@@ -116,7 +117,7 @@ struct DeviceRule {
   c10::Device result() const {
     if (common) return *common;
     if (cpu_scalar) return *cpu_scalar;
-    return t_mode_device.value_or(c10::Device(c10::kCPU));
+    return mode_device.value_or(c10::Device(c10::kCPU));
   }
 };
 
@@ -210,12 +211,16 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   auto& s = *stack;
 
   // 1. The device of the result.
-  DeviceRule rule{op};
+  // Thread-locals in a shared library cost a __tls_get_addr call per access: read it once.
+  const c10::optional<c10::Device> mode_device = t_mode_device;
+  DeviceRule rule{op, mode_device};
   c10::SmallVector<const c10::TensorImpl*, 8> inputs;  // no heap allocation per op
+  bool has_real = false;                               // a scan's ops mostly see none
   for (size_t i = 0; i < n_args; ++i) {
     for_each_tensor(s[base + i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       inputs.push_back(t.unsafeGetTensorImpl());
+      has_real = has_real || needs_stand_in(t);
       if (info.device < 0 && static_cast<int>(i) != info.unchecked) rule.see(t);
     });
   }
@@ -227,11 +232,11 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     } else if (!inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();
-      if (target.is_meta() && t_mode_device && !(self.defined() && is_fake(self))) {
-        target = *t_mode_device;
+      if (target.is_meta() && mode_device && !(self.defined() && is_fake(self))) {
+        target = *mode_device;
       }
     } else {
-      target = t_mode_device.value_or(c10::Device(c10::kCPU));
+      target = mode_device.value_or(c10::Device(c10::kCPU));
     }
     dev = c10::IValue(c10::Device(c10::kMeta));
     if (info.pin_memory >= 0) s[base + info.pin_memory] = c10::IValue();
@@ -240,11 +245,13 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
   // Meta means "no device yet": inside FakeMode that is the mode's device (as for a meta-built
   // model's parameters); outside it, results stay plain meta tensors.
-  const bool wrap = !target.is_meta() || t_mode_device.has_value();
-  if (target.is_meta() && t_mode_device) target = *t_mode_device;
+  const bool wrap = !target.is_meta() || mode_device.has_value();
+  if (target.is_meta() && mode_device) target = *mode_device;
 
   // 2. Real tensors take meta stand-ins; run the Meta kernel.
-  for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+  if (has_real) {
+    for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+  }
   {
     KernelScope scope;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
