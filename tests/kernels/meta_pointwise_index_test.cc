@@ -549,10 +549,13 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
     std::vector<int64_t> self_sizes =
         g.uniform(0, 1) ? std::vector<int64_t>{i, j} : std::vector<int64_t>{j};
     if (g.uniform(0, 2) == 0) self_sizes = {1, 1};
+    const auto mm_dtype = model_dtype(rep) == kHalf ? kFloat : model_dtype(rep);  // CPU: no half mm
     expect_meta_matches_cpu(
-        "addbmm", [](const Inputs& x) { return flat(at::addbmm(x[0], x[1], x[2], 0.5, 2)); },
-        {g.make(self_sizes, kFloat, any_layout(g)), g.make({b, i, k}, kFloat, any_layout(g)),
-         g.make({b, k, j}, kFloat, any_layout(g))});
+        c10::str("addbmm ", mm_dtype),
+        [](const Inputs& x) { return flat(at::addbmm(x[0], x[1], x[2], 0.5, 2)); },
+        {g.make(self_sizes, mm_dtype, any_layout(g)), g.make({b, i, k}, mm_dtype, any_layout(g)),
+         g.make({b, k, j}, mm_dtype, any_layout(g))});
+    const auto dist_dtype = rep % 2 ? kDouble : kFloat;
     auto batch = g.sizes(g.uniform(0, 2), 1, 3);
     std::vector<int64_t> s1 = batch, s2(batch.begin() + g.uniform(0, batch.size()), batch.end());
     s1.insert(s1.end(), {g.uniform(1, 30), 3});
@@ -560,9 +563,9 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
     for (int64_t mode : {0, 1, 2}) {
       for (double p : {1.0, 2.0}) {
         expect_meta_matches_cpu(
-            c10::str("_cdist_forward mode ", mode, " p ", p),
+            c10::str("_cdist_forward ", dist_dtype, " mode ", mode, " p ", p),
             [&](const Inputs& x) { return flat(at::_cdist_forward(x[0], x[1], p, mode)); },
-            {g.make(s1, kFloat, any_layout(g)), g.make(s2, kFloat, any_layout(g))});
+            {g.make(s1, dist_dtype, any_layout(g)), g.make(s2, dist_dtype, any_layout(g))});
       }
     }
   }
@@ -589,21 +592,24 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
 TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
   Gen g(130);
   for (int rep = 0; rep < 8; ++rep) {
+    const auto dtype = model_dtype(rep);
+    const auto float_dtype = rep % 2 ? kDouble : kFloat;  // multinomial, searchsorted
     auto sizes = g.sizes(g.uniform(0, 4), 0, 4);
     for (Layout l : all_layouts()) {
       for (c10::optional<bool> train :
            {c10::optional<bool>(true), c10::optional<bool>(false), c10::optional<bool>()}) {
         expect_meta_matches_cpu(
-            c10::str("native_dropout ", name(l), " train ", train.has_value() ? *train : -1),
+            c10::str("native_dropout ", dtype, " ", name(l), " train ",
+                     train.has_value() ? *train : -1),
             [&](const Inputs& x) { return flat(at::native_dropout(x[0], 0.3, train)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
       }
     }
     const int64_t cats = g.uniform(1, 6);
     for (bool two_d : {false, true}) {
       std::vector<int64_t> s =
           two_d ? std::vector<int64_t>{g.uniform(1, 3), cats} : std::vector<int64_t>{cats};
-      Tensor probs = g.make(s, kFloat) + 0.1;
+      Tensor probs = g.make(s, float_dtype) + 0.1;
       for (bool replacement : {false, true}) {
         const int64_t n = replacement ? g.uniform(1, 8) : g.uniform(1, cats);
         expect_meta_matches_cpu(
@@ -612,10 +618,10 @@ TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
       }
     }
     auto vs = g.sizes(g.uniform(0, 3), 1, 4);
-    Tensor boundaries = at::arange(0, 10, 2, kFloat);
+    Tensor boundaries = at::arange(0, 10, 2, float_dtype);
     for (bool out_int32 : {false, true}) {
       for (bool right : {false, true}) {
-        Tensor values = g.make(vs, kFloat, any_layout(g));
+        Tensor values = g.make(vs, float_dtype, any_layout(g));
         expect_meta_matches_cpu(
             "searchsorted 1-D boundaries",
             [&](const Inputs& x) { return flat(at::searchsorted(x[0], x[1], out_int32, right)); },
@@ -629,13 +635,13 @@ TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
     if (!vs.empty()) {
       std::vector<int64_t> bs(vs.begin(), vs.end() - 1);
       bs.push_back(5);
-      Tensor sorted = std::get<0>(at::sort(g.make(bs, kFloat), -1));
+      Tensor sorted = std::get<0>(at::sort(g.make(bs, float_dtype), -1));
       expect_meta_matches_cpu(
           "searchsorted N-D boundaries with sorter and side",
           [&](const Inputs& x) {
             return flat(at::searchsorted(x[0], x[1], false, false, "right", x[2]));
           },
-          {sorted, g.make(vs, kFloat), at::argsort(sorted, int64_t{-1}, false)});
+          {sorted, g.make(vs, float_dtype), at::argsort(sorted, int64_t{-1}, false)});
     }
   }
   expect_both_fail(
