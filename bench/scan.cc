@@ -27,7 +27,8 @@ std::atomic<int64_t> g_ops{0};
 int64_t count_ops(const std::function<void()>& fn) {
   g_ops = 0;
   auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+      at::RecordFunctionCallback([](const at::RecordFunction&)
+                                     -> std::unique_ptr<at::ObserverContext> {
         g_ops.fetch_add(1, std::memory_order_relaxed);
         return nullptr;
       }).scopes({at::RecordScope::FUNCTION}));
@@ -36,21 +37,27 @@ int64_t count_ops(const std::function<void()>& fn) {
   return g_ops.load();
 }
 
-double median_time(const std::function<void()>& fn, int reps) {
-  fn();  // warm up caches (per-op tables, allocator)
-  std::vector<double> t;
+// Median times of several runs, interleaved (one of each per round) so that load on a shared
+// machine hits every run alike: each run is around a millisecond.
+std::vector<double> median_times(const std::vector<std::function<void()>>& fns, int reps) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (const auto& fn : fns) fn();  // warm up caches (per-op tables, allocator)
   for (int i = 0; i < reps; ++i) {
-    const double t0 = mb::now_s();
-    fn();
-    t.push_back(mb::now_s() - t0);
+    for (size_t j = 0; j < fns.size(); ++j) {
+      const double t0 = mb::now_s();
+      fns[j]();
+      t[j].push_back(mb::now_s() - t0);
+    }
   }
-  return mb::median(t);
+  std::vector<double> medians;
+  for (auto& v : t) medians.push_back(mb::median(v));
+  return medians;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 9;
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 31;
   const int64_t batch = 8, seq = 1024;
   auto config = metaload::builtin_config("gpt2");
   metaload::BuildOptions options;
@@ -60,7 +67,8 @@ int main(int argc, char** argv) {
   model->eval();
   at::NoGradGuard no_grad;
 
-  const at::Tensor ids = at::empty({batch, seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
+  const at::Tensor ids =
+      at::empty({batch, seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
   auto direct = [&] { (void)model->forward(ids); };
   const c10::Device cuda0("cuda:0");
   auto faked = [&] {
@@ -70,16 +78,18 @@ int main(int argc, char** argv) {
   int64_t sink_modules = 0;
   auto scanned = [&] {
     auto r = metaload::scan(
-        [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{model->forward(in[0])}; },
-        {ids}, cuda0, [&](metaload::ModuleObserver o) { model->set_output_observer(std::move(o)); });
+        [&](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{model->forward(in[0])};
+        },
+        {ids}, cuda0,
+        [&](metaload::ModuleObserver o) { model->set_output_observer(std::move(o)); });
     sink_modules = static_cast<int64_t>(r.modules.size());
   };
 
   const int64_t ops_direct = count_ops(direct);
   const int64_t ops_fake = count_ops(faked);
-  const double t_direct = median_time(direct, reps);
-  const double t_fake = median_time(faked, reps);
-  const double t_scan = median_time(scanned, reps);
+  const auto times = median_times({direct, faked, scanned}, reps);
+  const double t_direct = times[0], t_fake = times[1], t_scan = times[2];
 
   std::printf("metaload bench/scan, C++ (GPT-2 small, batch %lld x %lld tokens, medians of %d)\n\n",
               (long long)batch, (long long)seq, reps);
@@ -93,6 +103,11 @@ int main(int argc, char** argv) {
   row("scan() with every module's output", ops_fake, t_scan);
   std::printf("\nmodules reported by scan: %lld; peak RSS %.1f MiB\n", (long long)sink_modules,
               mb::mib(mb::peak_rss_bytes()));
-  std::printf("target: FakeMode at most 2x the anchor per op\n");
+  // The target is on scan() itself (module observer included), not the bare mode. The
+  // same forward runs the same ops, so the time ratio is the per-op ratio (counted ops may differ
+  // by what the record function sees under the mode; the slower reading is kept).
+  const double ratio = t_scan / t_direct;
+  std::printf("target: scan() at most 2x the anchor per op: %.2fx (%s)\n", ratio,
+              ratio <= 2.0 ? "met" : "NOT met");
   return 0;
 }

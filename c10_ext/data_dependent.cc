@@ -72,44 +72,37 @@ void equal_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   throw_data_dependent(op, stack);
 }
 
-// repeat_interleave(repeats) has a known size only when the caller gives output_size.
-at::Tensor repeat_interleave_meta(const at::Tensor& repeats, c10::optional<int64_t> output_size) {
-  if (!output_size) {
-    throw DataDependentError(
-        "aten::repeat_interleave.Tensor without output_size produces an output whose size depends "
-        "on the values of `repeats` (" +
-        std::string(c10::toString(repeats.scalar_type())) + " " + c10::str(repeats.sizes()) +
-        "), which is on the meta device: pass output_size, or create "
-        "`repeats` under metaload::RealGuard (Python: `with metaload.real():`).");
-  }
-  return at::empty({*output_size}, repeats.options());
-}
-
-// x.repeat_interleave(n) with a plain number n has a known size, but libtorch decomposes it into
-// repeat_interleave(repeats tensor) + index_select, which needs values. This kernel answers for
-// meta tensors before the decomposition (it sits on the meta tensors' autograd key, which the
-// composite kernel would otherwise fill).
-void repeat_interleave_int_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *, int?
+// x.repeat_interleave(n, dim) with a plain number n has a known size, but libtorch's composite
+// kernel turns n into a repeats tensor and calls repeat_interleave(repeats) + index_select, which
+// needs values. For fake and meta tensors this kernel gives the same result through unsqueeze +
+// expand + flatten instead, which needs none. It sits on the autograd keys fake tensors carry
+// (AutogradCPU / AutogradCUDA for the device they claim) and meta tensors' AutogradMeta, so it runs
+// before the composite kernel would decompose; real tensors go on to that composite kernel as
+// before.
+void repeat_interleave_int(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                           torch::jit::Stack* stack) {
+  // repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *, SymInt?
   // output_size=None)
   const auto args = torch::jit::last(*stack, 4);
   const at::Tensor self = args[0].toTensor();
+  if (!self.is_meta() && !self.key_set().has(c10::DispatchKey::Fake)) {
+    return op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+  }
   const int64_t repeats = args[1].toInt();
   TORCH_CHECK(repeats >= 0, "repeats can not be negative");
-  std::vector<int64_t> sizes;
-  if (args[2].isNone()) {
-    sizes = {self.numel() * repeats};
-  } else {
-    sizes = self.sizes().vec();
-    const int64_t dim = c10::maybe_wrap_dim(args[2].toInt(), self.dim());
-    sizes[dim] *= repeats;
-  }
+  const bool flat = args[2].isNone();
+  const at::Tensor input = flat ? self.flatten() : self;
+  TORCH_CHECK(input.dim() > 0, "repeat_interleave: dim ", args[2].toInt(),
+              " is out of range for a 0-dim tensor");
+  const int64_t dim = flat ? 0 : c10::maybe_wrap_dim(args[2].toInt(), input.dim());
+  std::vector<int64_t> expanded = input.sizes().vec();
+  expanded.insert(expanded.begin() + dim + 1, repeats);
   if (!args[3].isNone()) {
-    TORCH_CHECK(args[3].toInt() ==
-                    sizes[args[2].isNone() ? 0 : c10::maybe_wrap_dim(args[2].toInt(), self.dim())],
+    TORCH_CHECK(args[3].toInt() == input.size(dim) * repeats,
                 "allocated size does not match required size");
   }
-  at::Tensor out = at::empty(sizes, self.options());
+  // Contiguous, like index_select's result.
+  at::Tensor out = input.unsqueeze(dim + 1).expand(expanded).flatten(dim, dim + 1).contiguous();
   torch::jit::drop(*stack, 4);
   stack->emplace_back(std::move(out));
 }
@@ -198,12 +191,14 @@ void register_data_dependent_kernels() {
       if (!has_meta_kernel("equal")) {
         lib->impl("equal", torch::CppFunction::makeFromBoxedFunction<&equal_meta>());
       }
-      if (!has_meta_kernel("repeat_interleave.Tensor")) {
-        lib->impl("repeat_interleave.Tensor", TORCH_FN(repeat_interleave_meta));
-        auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
-                                            c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
+      // repeat_interleave.Tensor's Meta kernel is in kernels/ (it must replace torch's Python one).
+      auto self_int = c10::Dispatcher::singleton().findOp({"aten::repeat_interleave", "self_int"});
+      for (const auto key : {c10::DispatchKey::AutogradCPU, c10::DispatchKey::AutogradCUDA,
+                             c10::DispatchKey::AutogradMeta}) {
+        if (!self_int || self_int->hasKernelForDispatchKey(key)) continue;
+        auto* autograd = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
         autograd->impl("repeat_interleave.self_int",
-                       torch::CppFunction::makeFromBoxedFunction<&repeat_interleave_int_meta>());
+                       torch::CppFunction::makeFromBoxedFunction<&repeat_interleave_int>());
       }
     } catch (const std::exception& e) {
       // Loading the library must never abort the process: these kernels only improve messages.

@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -41,18 +42,35 @@ c10::Device normalize(c10::Device d) {
 struct OpInfo {
   int8_t device = -1;      // index of a `device` argument (factories, _to_copy)
   int8_t pin_memory = -1;  // index of a `pin_memory` argument
+  int8_t unchecked = -1;   // index of an argument a real run takes from any device
   bool own = false;        // a torch.ops.metaload operator: runs as it is
 };
+
+// The argument of an op that a real run accepts on any device (native_functions.yaml marks these
+// ops `device_check: NoCheck`): a copy's source, advanced indexing's indices (cpu indices index a
+// cuda tensor). The result is on self's device, and the other arguments are still checked
+// (index_put_'s values must be on self's device unless zero-dim cpu).
+const char* unchecked_argument(const std::string& name) {
+  if (name == "aten::copy_" || name == "aten::copy") return "src";
+  if (name == "aten::_copy_from" || name == "aten::_copy_from_and_resize") return "self";
+  if (name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
+      name == "aten::_index_put_impl_" || name == "aten::_index_put_impl") {
+    return "indices";
+  }
+  return nullptr;
+}
 
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   info.own = is_own_op(schema);
+  const char* unchecked = unchecked_argument(schema.name());
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
     if (args[i].name() == "device" && is_device_type(*args[i].type())) {
       info.device = static_cast<int8_t>(i);
     }
     if (args[i].name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
+    if (unchecked && args[i].name() == unchecked) info.unchecked = static_cast<int8_t>(i);
   }
   return info;
 }
@@ -67,19 +85,20 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
 // Gathers the devices of an op's tensor arguments the way a real run checks them.
 struct DeviceRule {
   const c10::OperatorHandle& op;
-  c10::optional<c10::Device> common;      // the device every non-scalar tensor is on
-  c10::optional<c10::Device> cpu_scalar;  // a zero-dim cpu tensor was seen
-  bool saw_wildcard = false;              // a plain meta tensor outside FakeMode
+  const c10::optional<c10::Device>& mode_device;  // t_mode_device, read once per op
+  c10::optional<c10::Device> common;              // the device every non-scalar tensor is on
+  c10::optional<c10::Device> cpu_scalar;          // a zero-dim cpu tensor was seen
+  bool saw_wildcard = false;                      // a plain meta tensor outside FakeMode
 
   void see(const at::Tensor& t) {
     if (!t.defined()) return;
     c10::Device d = claimed_device(t);
     if (d.is_meta() && !is_fake(t)) {
-      if (!t_mode_device) {
+      if (!mode_device) {
         saw_wildcard = true;
         return;
       }
-      d = *t_mode_device;  // a meta-built model's parameters live on the mode's device
+      d = *mode_device;  // a meta-built model's parameters live on the mode's device
     }
     if (d.is_cpu() && t.dim() == 0) {
       cpu_scalar = d;  // zero-dim cpu tensors mix with any device, as in a real run
@@ -99,12 +118,17 @@ struct DeviceRule {
   c10::Device result() const {
     if (common) return *common;
     if (cpu_scalar) return *cpu_scalar;
-    return t_mode_device.value_or(c10::Device(c10::kCPU));
+    return mode_device.value_or(c10::Device(c10::kCPU));
   }
 };
 
 // A meta tensor standing in for a real one (same sizes, strides, dtype), so Meta kernels take it.
+// Made with the Fake key excluded: a factory under FakeMode would give a fake tensor on the mode's
+// device, and view ops (detach, lift_fresh, view) would pass that device on to their result instead
+// of the real tensor's own.
 at::Tensor meta_stand_in(const at::Tensor& real) {
+  c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+  c10::impl::ExcludeDispatchKeyGuard no_mode(kMetaModeKey);
   return at::empty_strided(real.sizes(), real.strides(), real.options().device(c10::kMeta));
 }
 
@@ -148,7 +172,7 @@ void replace_real(c10::IValue& v) {
 // Outputs that are new meta tensors become fake tensors on `device`; outputs that are inputs
 // (in-place and out= ops return them) stay what they are.
 at::Tensor wrap_output(const at::Tensor& t, c10::Device device,
-                       const std::vector<const c10::TensorImpl*>& inputs) {
+                       c10::ArrayRef<const c10::TensorImpl*> inputs) {
   if (!t.defined() || !t.is_meta()) return t;
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   for (const c10::TensorImpl* in : inputs) {
@@ -188,14 +212,17 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   auto& s = *stack;
 
   // 1. The device of the result.
-  DeviceRule rule{op};
-  std::vector<const c10::TensorImpl*> inputs;
-  inputs.reserve(4);
+  // Thread-locals in a shared library cost a __tls_get_addr call per access: read it once.
+  const c10::optional<c10::Device> mode_device = t_mode_device;
+  DeviceRule rule{op, mode_device};
+  c10::SmallVector<const c10::TensorImpl*, 8> inputs;  // no heap allocation per op
+  bool has_real = false;                               // a scan's ops mostly see none
   for (size_t i = 0; i < n_args; ++i) {
     for_each_tensor(s[base + i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       inputs.push_back(t.unsafeGetTensorImpl());
-      if (info.device < 0) rule.see(t);
+      has_real = has_real || needs_stand_in(t);
+      if (info.device < 0 && static_cast<int>(i) != info.unchecked) rule.see(t);
     });
   }
   c10::Device target(c10::kCPU);
@@ -206,11 +233,11 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     } else if (!inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();
-      if (target.is_meta() && t_mode_device && !(self.defined() && is_fake(self))) {
-        target = *t_mode_device;
+      if (target.is_meta() && mode_device && !(self.defined() && is_fake(self))) {
+        target = *mode_device;
       }
     } else {
-      target = t_mode_device.value_or(c10::Device(c10::kCPU));
+      target = mode_device.value_or(c10::Device(c10::kCPU));
     }
     dev = c10::IValue(c10::Device(c10::kMeta));
     if (info.pin_memory >= 0) s[base + info.pin_memory] = c10::IValue();
@@ -219,11 +246,13 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
   // Meta means "no device yet": inside FakeMode that is the mode's device (as for a meta-built
   // model's parameters); outside it, results stay plain meta tensors.
-  const bool wrap = !target.is_meta() || t_mode_device.has_value();
-  if (target.is_meta() && t_mode_device) target = *t_mode_device;
+  const bool wrap = !target.is_meta() || mode_device.has_value();
+  if (target.is_meta() && mode_device) target = *mode_device;
 
   // 2. Real tensors take meta stand-ins; run the Meta kernel.
-  for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+  if (has_real) {
+    for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+  }
   {
     KernelScope scope;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 
+#include "c10_ext/mode_key.h"
 #include "kernels/meta_common.h"
 
 namespace metaload::meta {
@@ -717,6 +718,28 @@ Tensor bucketize_tensor(const Tensor& self, const Tensor& boundaries, bool out_i
   return searchsorted_impl("bucketize", boundaries, self, out_int32, right, c10::nullopt, nullptr);
 }
 
+// repeat_interleave(repeats) gives the indices that repeat each position repeats[i] times: its
+// length is sum(repeats), a value. Known only when the caller passes output_size (or repeats is
+// empty); otherwise DataDependentError. Ours also replaces torch's Python kernel, which raises a
+// plain RuntimeError.
+Tensor repeat_interleave_tensor(const Tensor& repeats, c10::optional<int64_t> output_size) {
+  META_CHECK(repeats.dim() == 1, "repeat_interleave",
+             "repeat_interleave only accept 1D vector as repeat");
+  META_CHECK(repeats.scalar_type() == ScalarType::Long || repeats.scalar_type() == ScalarType::Int,
+             "repeat_interleave", "repeats has to be Long or Int tensor");
+  if (repeats.size(0) == 0) return new_meta({0}, repeats.scalar_type());
+  if (!output_size) {
+    throw DataDependentError(
+        "aten::repeat_interleave.Tensor without output_size produces an output whose size depends "
+        "on the values of `repeats` (" +
+        std::string(c10::toString(repeats.scalar_type())) + " " + c10::str(repeats.sizes()) +
+        "), which is a meta or fake tensor: pass output_size, or create `repeats` under "
+        "metaload::RealGuard (Python: `with metaload.real():`).");
+  }
+  META_CHECK(*output_size >= 0, "repeat_interleave", "allocated size does not match required size");
+  return new_meta({*output_size}, repeats.scalar_type());
+}
+
 // ---- reductions -------------------------------------------------------------------------------
 
 // The shape of a reduction over `dim` (all dims when absent or empty), as make_reduction makes
@@ -942,6 +965,7 @@ const std::vector<KernelDef>& pointwise_index_kernels() {
       METALOAD_META_KERNEL("multinomial", multinomial),
       METALOAD_META_KERNEL("searchsorted.Tensor", searchsorted_tensor),
       METALOAD_META_KERNEL("bucketize.Tensor", bucketize_tensor),
+      METALOAD_META_KERNEL("repeat_interleave.Tensor", repeat_interleave_tensor),
       METALOAD_META_KERNEL("max", max_all),
       METALOAD_META_KERNEL("min", min_all),
       METALOAD_META_KERNEL("median", median_all),

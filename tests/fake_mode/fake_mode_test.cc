@@ -8,6 +8,7 @@
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
 #include "fake_mode/scan.h"
+#include "fake_mode/scan_module.h"
 
 namespace metaload {
 namespace {
@@ -106,15 +107,92 @@ TEST(FakeMode, MixingDevicesIsTheErrorARealRunRaisesExceptZeroDimCpuTensors) {
 
 TEST(FakeMode, RealTensorsEnterAsFakeOnTheirDeviceAndStayUntouched) {
   at::Tensor real = torch::arange(6, torch::kFloat).reshape({2, 3});
+  at::Tensor real_scalar = torch::tensor(2.0);
+  const c10::Device cpu(c10::kCPU);
   {
-    FakeMode mode(c10::Device(c10::kCPU));
+    // The mode claims cuda:1, so "on their own device" (cpu) and "on the mode's" differ.
+    FakeMode mode(kCuda1);
     at::Tensor y = real * 2 + 1;
     EXPECT_TRUE(is_fake(y));
-    EXPECT_EQ(y.device(), c10::Device(c10::kCPU));
+    EXPECT_EQ(y.device(), cpu);
+    // Views and aliases of a real tensor (what torch.tensor / as_tensor hand to lift_fresh)
+    // stay on its device too.
+    for (const at::Tensor& t : {real.detach(), at::lift_fresh(real), real.view({3, 2}),
+                                real_scalar.detach(), at::lift_fresh(real_scalar)}) {
+      EXPECT_TRUE(is_fake(t));
+      EXPECT_EQ(t.device(), cpu);
+    }
+    EXPECT_EQ((torch::ones({2, 3}) * real_scalar.detach()).device(), kCuda1);
     real.add_(100);  // an in-place op on a real tensor computes on a stand-in
   }
   EXPECT_FALSE(is_fake(real));
   EXPECT_EQ(real.sum().item<float>(), 15.0f);  // data intact and readable
+}
+
+TEST(FakeMode, CrossDeviceCopyAndCpuIndicesAreAllowedAsInARealRun) {
+  FakeMode mode(kCuda0);
+  const auto on_cpu = torch::TensorOptions().device(torch::kCPU);
+  at::Tensor gpu = torch::zeros({4, 3});
+  at::Tensor cpu = torch::ones({4, 3}, on_cpu);
+  at::Tensor real_cpu;
+  {
+    c10::impl::ExcludeDispatchKeyGuard real(c10::DispatchKey::Fake);
+    real_cpu = torch::ones({3}, on_cpu);
+  }
+  ASSERT_FALSE(is_fake(real_cpu));
+  // copy_ from cpu into cuda (gpu.copy_(cpu), gpu[0] = cpu_row): the result is self.
+  at::Tensor& copied = gpu.copy_(cpu);
+  EXPECT_EQ(copied.unsafeGetTensorImpl(), gpu.unsafeGetTensorImpl());
+  EXPECT_EQ(gpu.select(0, 0).copy_(real_cpu).device(), kCuda0);
+  EXPECT_EQ(cpu.copy_(gpu).device(), c10::Device(c10::kCPU));  // and back
+  // Advanced indexing with cpu indices on a cuda tensor: self's device.
+  at::Tensor idx = torch::tensor({0, 2}, on_cpu.dtype(torch::kLong));
+  ASSERT_TRUE(idx.is_cpu());
+  at::Tensor picked = gpu.index({idx});
+  EXPECT_EQ(picked.device(), kCuda0);
+  EXPECT_EQ(picked.sizes(), at::IntArrayRef({2, 3}));
+  EXPECT_EQ(gpu.index_put_({idx}, torch::ones({2, 3})).device(), kCuda0);
+  EXPECT_EQ(at::index_put(gpu, {idx}, torch::ones({3})).device(), kCuda0);
+  EXPECT_EQ(at::_index_put_impl_(gpu, {idx}, torch::ones({3}), false, false).device(), kCuda0);
+  EXPECT_EQ(gpu.index_put_({idx}, torch::tensor(1.0, on_cpu)).device(), kCuda0);  // cpu scalar
+  // What a real run still rejects: index_select with cpu indices, non-scalar cpu values, cpu
+  // operands of ordinary ops.
+  auto expect_device_error = [](auto&& fn) {
+    try {
+      fn();
+      ADD_FAILURE() << "mixed cuda and cpu without an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Expected all tensors to be on the same device"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  expect_device_error([&] { (void)gpu.index_select(0, idx); });
+  expect_device_error([&] { (void)gpu.index_put_({idx}, torch::ones({2, 3}, on_cpu)); });
+  expect_device_error([&] { (void)at::add(gpu, cpu); });
+}
+
+TEST(FakeMode, RepeatInterleaveWithIntRepeatsHasItsShape) {
+  at::Tensor real = torch::arange(3).repeat_interleave(2);  // real tensors: libtorch's kernel
+  EXPECT_TRUE(real.equal(torch::tensor({0, 0, 1, 1, 2, 2})));
+  FakeMode mode(kCuda0);
+  at::Tensor x = torch::randn({2, 3, 4}, torch::TensorOptions().requires_grad(true));
+  at::Tensor flat = x.repeat_interleave(2);
+  EXPECT_EQ(flat.sizes(), at::IntArrayRef({48}));
+  EXPECT_EQ(flat.device(), kCuda0);
+  EXPECT_TRUE(flat.requires_grad());
+  at::Tensor along = x.repeat_interleave(3, 1);
+  EXPECT_EQ(along.sizes(), at::IntArrayRef({2, 9, 4}));
+  EXPECT_EQ(along.strides(), at::IntArrayRef({36, 4, 1}));  // contiguous, as index_select gives
+  EXPECT_EQ(x.repeat_interleave(3, -1, /*output_size=*/12).sizes(), at::IntArrayRef({2, 3, 12}));
+  EXPECT_THROW(x.repeat_interleave(3, -1, /*output_size=*/5), c10::Error);
+  EXPECT_THROW(x.repeat_interleave(-1, 0), c10::Error);
+  // A repeats tensor: known with output_size, a typed error without.
+  at::Tensor repeats = torch::ones({4}, torch::kLong);
+  EXPECT_EQ(at::repeat_interleave(repeats, c10::optional<int64_t>(7)).sizes(),
+            at::IntArrayRef({7}));
+  EXPECT_EQ(torch::randn({4, 2}).repeat_interleave(repeats, 0, 7).sizes(), at::IntArrayRef({7, 2}));
+  EXPECT_THROW(torch::randn({4, 2}).repeat_interleave(repeats, 0), DataDependentError);
 }
 
 TEST(FakeMode, MetaBuiltParametersCountAsFakeOnTheModeDevice) {
@@ -151,6 +229,10 @@ TEST(FakeMode, DataDependentOpsRaiseATypedErrorNamingTheOp) {
   EXPECT_TRUE(t.equal(t));  // the same memory: equal without values
   expect_named([&] { t.to(torch::kLong).repeat_interleave(t.to(torch::kLong)); },
                "repeat_interleave");
+  at::Tensor counts = torch::zeros({5}, torch::kLong);
+  expect_named([&] { at::bincount(counts); }, "aten::bincount");
+  expect_named([&] { at::unique_consecutive(t); }, "aten::unique_consecutive");
+  expect_named([&] { at::unique_dim(t, 0); }, "aten::unique_dim");
 }
 
 TEST(FakeMode, NestsRestoresAndStaysOnItsThread) {
@@ -215,6 +297,52 @@ TEST(Scan, RunsACallableOnFakeInputsAndCollectsReportedModules) {
   EXPECT_FALSE(observer);  // detached after the run
   EXPECT_FALSE(fake_mode_device().has_value());
   EXPECT_FALSE(is_fake(real_input));
+}
+
+// A Sequential nests in another only as a subclass with a typed forward (AnyModule needs one).
+struct BlockImpl : torch::nn::SequentialImpl {
+  using SequentialImpl::SequentialImpl;
+  at::Tensor forward(at::Tensor x) { return SequentialImpl::forward(std::move(x)); }
+};
+TORCH_MODULE(Block);
+
+TEST(Scan, ATorchNnModuleReportsItsOutputAndEverySequentialChildByPath) {
+  torch::nn::Sequential net(nullptr);
+  torch::nn::Linear linear(nullptr);
+  {
+    MetaMode meta;
+    net = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(),
+                                Block(torch::nn::Linear(64, 16), torch::nn::ReLU()),
+                                torch::nn::Linear(16, 8));
+    linear = torch::nn::Linear(32, 4);
+  }
+  ScanResult r = scan(net, {torch::ones({5, 32})}, kCuda0);
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_TRUE(is_fake(r.outputs[0]));
+  EXPECT_EQ(r.outputs[0].sizes(), at::IntArrayRef({5, 8}));
+  const std::map<std::string, ShapeInfo> expected = {
+      {"", {{5, 8}, at::kFloat, kCuda0}},     {"0", {{5, 64}, at::kFloat, kCuda0}},
+      {"1", {{5, 64}, at::kFloat, kCuda0}},   {"2", {{5, 16}, at::kFloat, kCuda0}},
+      {"2.0", {{5, 16}, at::kFloat, kCuda0}}, {"2.1", {{5, 16}, at::kFloat, kCuda0}},
+      {"3", {{5, 8}, at::kFloat, kCuda0}},
+  };
+  EXPECT_EQ(r.modules, expected);
+  // Any other module is one call: its output under "" (a shared_ptr to the impl works too).
+  ScanResult one = scan(linear.ptr(), {torch::ones({2, 32})}, kCuda1);
+  ASSERT_EQ(one.modules.size(), 1u);
+  EXPECT_EQ(one.modules[""], (ShapeInfo{{2, 4}, at::kFloat, kCuda1}));
+  EXPECT_TRUE(linear->weight.is_meta());
+  EXPECT_FALSE(fake_mode_device().has_value());
+  // Wrong inputs: a typed error for the count, the module's own error for the shape.
+  EXPECT_THROW(scan(linear.ptr(), {}, kCuda0), ScanError);
+  EXPECT_THROW(
+      scan(torch::nn::AnyModule(linear),
+           {torch::ones({2, 32}), torch::ones({2}), torch::ones({2}), torch::ones({2})}, kCuda0),
+      ScanError);
+  EXPECT_THROW(scan(torch::nn::AnyModule(linear), {torch::ones({2, 32}), torch::ones({2})}, kCuda0),
+               c10::Error);  // Linear's forward takes one tensor
+  EXPECT_THROW(scan(net, {torch::ones({5, 31})}, kCuda0), c10::Error);
+  EXPECT_FALSE(fake_mode_device().has_value());
 }
 
 }  // namespace

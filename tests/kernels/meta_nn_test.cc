@@ -11,6 +11,9 @@ using at::kDouble;
 using at::kFloat;
 using at::kLong;
 
+// The floating dtypes that models run in, cycled one per random case where a test had one dtype.
+constexpr at::ScalarType kCycle[] = {kFloat, kDouble, at::kBFloat16, at::kHalf};
+
 std::vector<int64_t> rand_list(Gen& g, int64_t n, int64_t lo, int64_t hi) {
   return g.sizes(n, lo, hi);
 }
@@ -516,11 +519,12 @@ TEST(MetaPool, AdaptiveAvgPoolMatchesCpu) {
     for (int64_t ndim : {4, 5}) {
       auto sizes = g.sizes(ndim, 1, 6);
       std::vector<int64_t> out = g.sizes(3, 1, 4);
+      const auto dtype = (rep + ndim) % 2 ? kDouble : kFloat;  // all the 1.13 CPU kernel takes
       for (Layout l : all_layouts()) {
         expect_meta_matches_cpu(
-            c10::str("_adaptive_avg_pool3d ", name(l), " out=", out),
+            c10::str("_adaptive_avg_pool3d ", dtype, " ", name(l), " out=", out),
             [&](const Inputs& x) { return flat(at::_adaptive_avg_pool3d(x[0], out)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
       }
     }
   }
@@ -540,18 +544,19 @@ TEST(MetaPool, MaxPool3dWithIndicesMatchesCpu) {
     std::vector<int64_t> p, d = g.sizes(3, 1, 2);
     for (int i = 0; i < 3; ++i) p.push_back(g.uniform(0, k[i] / 2));
     const bool ceil = g.uniform(0, 1) == 1;
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // all the 1.13 CPU kernel takes
     for (int64_t ndim : {4, 5}) {
       std::vector<int64_t> sizes;
       if (ndim == 5) sizes.push_back(g.uniform(1, 2));
       sizes.push_back(g.uniform(1, 3));
       for (int i = 0; i < 3; ++i) sizes.push_back(d[i] * (k[i] - 1) + 1 + g.uniform(0, 4));
       for (Layout l : all_layouts()) {
-        expect_meta_matches_cpu(c10::str("max_pool3d_with_indices ", name(l), " k=", k, " s=", s,
-                                         " p=", p, " d=", d, " ceil=", ceil),
+        expect_meta_matches_cpu(c10::str("max_pool3d_with_indices ", dtype, " ", name(l), " k=", k,
+                                         " s=", s, " p=", p, " d=", d, " ceil=", ceil),
                                 [&](const Inputs& x) {
                                   return flat(at::max_pool3d_with_indices(x[0], k, s, p, d, ceil));
                                 },
-                                {g.make(sizes, kFloat, l)});
+                                {g.make(sizes, dtype, l)});
       }
     }
   }
@@ -568,19 +573,20 @@ TEST(MetaPool, GridSamplerMatchesCpu) {
   Gen g(52);
   for (int rep = 0; rep < 4; ++rep) {
     const int64_t n = g.uniform(1, 3), c = g.uniform(1, 3);
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // the CPU kernels take float and double
     for (Layout l : {Layout::kContiguous, Layout::kChannelsLast, Layout::kTransposed}) {
       for (int64_t mode : {0, 1, 2}) {
         expect_meta_matches_cpu(
-            c10::str("grid_sampler_2d ", name(l), " mode ", mode),
+            c10::str("grid_sampler_2d ", dtype, " ", name(l), " mode ", mode),
             [&](const Inputs& x) { return flat(at::grid_sampler_2d(x[0], x[1], mode, 0, false)); },
-            {g.make({n, c, g.uniform(1, 6), g.uniform(1, 6)}, kFloat, l),
-             g.make({n, g.uniform(1, 5), g.uniform(1, 5), 2}, kFloat)});
+            {g.make({n, c, g.uniform(1, 6), g.uniform(1, 6)}, dtype, l),
+             g.make({n, g.uniform(1, 5), g.uniform(1, 5), 2}, dtype)});
       }
       expect_meta_matches_cpu(
-          c10::str("grid_sampler_3d ", name(l)),
+          c10::str("grid_sampler_3d ", dtype, " ", name(l)),
           [&](const Inputs& x) { return flat(at::grid_sampler_3d(x[0], x[1], 0, 1, true)); },
-          {g.make({n, c, g.uniform(1, 4), g.uniform(1, 4), g.uniform(1, 4)}, kFloat, l),
-           g.make({n, g.uniform(1, 3), g.uniform(1, 3), g.uniform(1, 3), 3}, kFloat)});
+          {g.make({n, c, g.uniform(1, 4), g.uniform(1, 4), g.uniform(1, 4)}, dtype, l),
+           g.make({n, g.uniform(1, 3), g.uniform(1, 3), g.uniform(1, 3), 3}, dtype)});
     }
   }
   expect_both_fail(
@@ -598,22 +604,23 @@ TEST(MetaPool, Im2ColCol2ImMatchCpu) {
     std::vector<int64_t> hw{d[0] * (k[0] - 1) + 1 + g.uniform(0, 4),
                             d[1] * (k[1] - 1) + 1 + g.uniform(0, 4)};
     const int64_t c = g.uniform(1, 3);
+    const auto dtype = kCycle[rep % 4];
     for (bool batched : {true, false}) {
       std::vector<int64_t> sizes = batched ? std::vector<int64_t>{g.uniform(1, 2), c, hw[0], hw[1]}
                                            : std::vector<int64_t>{c, hw[0], hw[1]};
       for (Layout l : all_layouts()) {
         expect_meta_matches_cpu(
-            c10::str("im2col ", name(l), " k=", k, " d=", d, " p=", p, " s=", s),
+            c10::str("im2col ", dtype, " ", name(l), " k=", k, " d=", d, " p=", p, " s=", s),
             [&](const Inputs& x) { return flat(at::im2col(x[0], k, d, p, s)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
       }
       // col2im of the matching column tensor restores (N, C, H, W).
-      Tensor cols = at::im2col(g.make(sizes, kFloat), k, d, p, s);
+      Tensor cols = at::im2col(g.make(sizes, dtype), k, d, p, s);
       for (Layout l : {Layout::kContiguous, Layout::kTransposed}) {
         expect_meta_matches_cpu(
             c10::str("col2im ", name(l)),
             [&](const Inputs& x) { return flat(at::col2im(x[0], hw, k, d, p, s)); },
-            {g.make(cols.sizes(), kFloat, l)});
+            {g.make(cols.sizes(), dtype, l)});
       }
     }
   }
@@ -631,27 +638,28 @@ TEST(MetaPool, UpsampleNearest3dVecMatchesCpu) {
     auto sizes = g.sizes(5, 1, 4);
     std::vector<int64_t> out = g.sizes(3, 1, 7);
     std::vector<double> scales{1.5, 2.0, 0.75 + 0.25 * g.uniform(1, 4)};
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // the 1.13 CPU kernel has no 16-bit
     for (Layout l : all_layouts()) {
       expect_meta_matches_cpu(
-          c10::str("upsample_nearest3d.vec size ", name(l)),
+          c10::str("upsample_nearest3d.vec size ", dtype, " ", name(l)),
           [&](const Inputs& x) {
             return flat(at::upsample_nearest3d(x[0], at::OptionalIntArrayRef(out),
                                                c10::optional<at::ArrayRef<double>>()));
           },
-          {g.make(sizes, kFloat, l)});
+          {g.make(sizes, dtype, l)});
       expect_meta_matches_cpu(c10::str("upsample_nearest3d.vec scales ", name(l)),
                               [&](const Inputs& x) {
                                 return flat(at::upsample_nearest3d(x[0], at::OptionalIntArrayRef(),
                                                                    at::ArrayRef<double>(scales)));
                               },
-                              {g.make(sizes, kFloat, l)});
+                              {g.make(sizes, dtype, l)});
       expect_meta_matches_cpu(
           c10::str("_upsample_nearest_exact3d.vec ", name(l)),
           [&](const Inputs& x) {
             return flat(at::_upsample_nearest_exact3d(x[0], at::OptionalIntArrayRef(out),
                                                       c10::optional<at::ArrayRef<double>>()));
           },
-          {g.make(sizes, kFloat, l)});
+          {g.make(sizes, dtype, l)});
     }
   }
 }
@@ -659,6 +667,7 @@ TEST(MetaPool, UpsampleNearest3dVecMatchesCpu) {
 TEST(MetaPool, PaddingUnpoolingShuffleMatchCpu) {
   Gen g(55);
   for (int rep = 0; rep < 4; ++rep) {
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // the 1.13 CPU kernels have no 16-bit
     for (int64_t ndim : {3, 4}) {
       auto sizes = g.sizes(ndim, 2, 6);
       std::vector<int64_t> pad{g.uniform(0, sizes[ndim - 1] - 1), g.uniform(0, sizes[ndim - 1] - 1),
@@ -666,14 +675,14 @@ TEST(MetaPool, PaddingUnpoolingShuffleMatchCpu) {
                                g.uniform(0, sizes[ndim - 2] - 1)};
       for (Layout l : all_layouts()) {
         expect_meta_matches_cpu(
-            c10::str("reflection_pad2d ", name(l), " pad=", pad),
+            c10::str("reflection_pad2d ", dtype, " ", name(l), " pad=", pad),
             [&](const Inputs& x) { return flat(at::reflection_pad2d(x[0], pad)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
         expect_meta_matches_cpu(c10::str("max_unpool2d ", name(l)),
                                 [&](const Inputs& x) {
                                   return flat(at::max_unpool2d(x[0], x[1], {7, 8}));
                                 },
-                                {g.make(sizes, kFloat, l), at::zeros(sizes, kLong)});
+                                {g.make(sizes, dtype, l), at::zeros(sizes, kLong)});
       }
     }
     for (int64_t ndim : {4, 5}) {
@@ -684,7 +693,7 @@ TEST(MetaPool, PaddingUnpoolingShuffleMatchCpu) {
             [&](const Inputs& x) {
               return flat(at::max_unpool3d(x[0], x[1], {5, 6, 7}, {2, 2, 2}, {0, 0, 0}));
             },
-            {g.make(sizes, kFloat, l), at::zeros(sizes, kLong)});
+            {g.make(sizes, dtype, l), at::zeros(sizes, kLong)});
       }
     }
     auto sizes = g.sizes(4, 1, 4);
@@ -694,7 +703,7 @@ TEST(MetaPool, PaddingUnpoolingShuffleMatchCpu) {
       expect_meta_matches_cpu(
           c10::str("channel_shuffle ", name(l), " groups=", groups),
           [&](const Inputs& x) { return flat(at::channel_shuffle(x[0], groups)); },
-          {g.make(sizes, kFloat, l)});
+          {g.make(sizes, dtype, l)});
     }
   }
   expect_both_fail(

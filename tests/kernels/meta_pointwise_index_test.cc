@@ -1,6 +1,7 @@
 // Meta kernels of kernels/meta_pointwise_index.cc against the CPU kernels: random shapes with
 // broadcasting, layouts (contiguous, channels-last, transposed, sliced, permuted, expanded),
 // dtypes, out= tensors in every state, and the argument errors.
+#include "c10_ext/mode_key.h"
 #include "tests/kernels/meta_harness.h"
 
 namespace metaload::testing {
@@ -12,6 +13,7 @@ using at::kByte;
 using at::kComplexFloat;
 using at::kDouble;
 using at::kFloat;
+using at::kHalf;
 using at::kInt;
 using at::kLong;
 
@@ -28,6 +30,13 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> broadcast_pair(Gen& g) {
 
 Layout any_layout(Gen& g) {
   return all_layouts()[g.uniform(0, all_layouts().size() - 1)];
+}
+
+// The floating dtypes models hold weights and activations in; kernels tested in one dtype cycle
+// through them (one per random case, so the run time stays that of a single dtype).
+constexpr at::ScalarType kModelDtypes[] = {kFloat, kDouble, kBFloat16, kHalf};
+at::ScalarType model_dtype(int rep) {
+  return kModelDtypes[rep % 4];
 }
 
 // ---- activations ----------------------------------------------------------------------------
@@ -241,6 +250,7 @@ TEST(MetaPointwise, BinaryOpsMatchCpu) {
 TEST(MetaIndex, IndexSelectMatchesCpu) {
   Gen g(110);
   for (int rep = 0; rep < 20; ++rep) {
+    const auto dtype = model_dtype(rep);  // embeddings are looked up in half / bfloat16 too
     auto sizes = g.sizes(g.uniform(0, 4), 1, 5);
     const int64_t ndim = sizes.size();
     const int64_t dim = ndim == 0 ? 0 : g.uniform(-ndim, ndim - 1);
@@ -249,12 +259,12 @@ TEST(MetaIndex, IndexSelectMatchesCpu) {
       Tensor index = ndim == 0 || g.uniform(0, 3) == 0
                          ? at::randint(0, bound, {}, itype)
                          : at::randint(0, bound, {g.uniform(0, 6)}, itype);
-      Tensor self = g.make(sizes, kFloat, any_layout(g));
+      Tensor self = g.make(sizes, dtype, any_layout(g));
       expect_meta_matches_cpu(
-          c10::str("index_select dim ", dim),
+          c10::str("index_select ", dtype, " dim ", dim),
           [dim](const Inputs& x) { return flat(at::index_select(x[0], dim, x[1])); },
           {self, index});
-      for (const Tensor& out : {at::empty({0}, kFloat), at::empty({5, 5}, kFloat)}) {
+      for (const Tensor& out : {at::empty({0}, dtype), at::empty({5, 5}, dtype)}) {
         expect_meta_matches_cpu(c10::str("index_select.out dim ", dim, " into ", describe(out)),
                                 [dim](const Inputs& x) {
                                   Tensor o = x[2];
@@ -263,8 +273,9 @@ TEST(MetaIndex, IndexSelectMatchesCpu) {
                                 {self, index, out});
       }
       expect_meta_matches_cpu(
-          "embedding", [](const Inputs& x) { return flat(at::embedding(x[0], x[1])); },
-          {g.make({7, 3}, kFloat), at::randint(0, 7, g.sizes(g.uniform(0, 3), 1, 4), itype)});
+          c10::str("embedding ", dtype),
+          [](const Inputs& x) { return flat(at::embedding(x[0], x[1])); },
+          {g.make({7, 3}, dtype), at::randint(0, 7, g.sizes(g.uniform(0, 3), 1, 4), itype)});
     }
   }
   expect_both_fail(
@@ -281,10 +292,11 @@ TEST(MetaIndex, IndexSelectMatchesCpu) {
 TEST(MetaIndex, TakeRollFlipDiagMatchCpu) {
   Gen g(111);
   for (int rep = 0; rep < 12; ++rep) {
+    const auto dtype = model_dtype(rep);
     auto sizes = g.sizes(g.uniform(1, 4), 0, 4);
     const int64_t ndim = sizes.size();
     for (Layout l : all_layouts()) {
-      Tensor x = g.make(sizes, kFloat, l);
+      Tensor x = g.make(sizes, dtype, l);
       std::vector<int64_t> dims, shifts;
       for (int64_t d = 0; d < ndim; ++d) {
         if (g.uniform(0, 1)) {
@@ -307,28 +319,30 @@ TEST(MetaIndex, TakeRollFlipDiagMatchCpu) {
             {x, at::randint(0, x.numel(), g.sizes(g.uniform(0, 3), 1, 3), kLong)});
       }
     }
+    // diag's CPU kernel has no Half in 1.13: bfloat16 stands for the 16-bit case.
+    const auto diag_dtype = dtype == kHalf ? kBFloat16 : dtype;
     for (int64_t n : {1, 2}) {
       auto s = g.sizes(n, 1, 5);
       const int64_t diagonal = g.uniform(-6, 6);
       if (n == 2 && (diagonal > s[1] || -diagonal > s[0])) {
         expect_both_fail(
             c10::str("diag of ", s, " diagonal ", diagonal),
-            [&](const Inputs& v) { return flat(at::diag(v[0], diagonal)); }, {g.make(s, kFloat)},
-            "is out of range for a matrix");
+            [&](const Inputs& v) { return flat(at::diag(v[0], diagonal)); },
+            {g.make(s, diag_dtype)}, "is out of range for a matrix");
         continue;
       }
-      for (const Tensor& out : {at::empty({0}, kFloat), at::empty({3, 3}, kFloat)}) {
+      for (const Tensor& out : {at::empty({0}, diag_dtype), at::empty({3, 3}, diag_dtype)}) {
         expect_meta_matches_cpu(
             c10::str("diag.out ", n, "D diagonal ", diagonal, " into ", describe(out)),
             [&](const Inputs& v) {
               Tensor o = v[1];
               return flat(at::diag_out(o, v[0], diagonal));
             },
-            {g.make(s, kFloat, any_layout(g)), out});
+            {g.make(s, diag_dtype, any_layout(g)), out});
       }
-      expect_meta_matches_cpu(c10::str("diag ", n, "D diagonal ", diagonal),
+      expect_meta_matches_cpu(c10::str("diag ", diag_dtype, " ", n, "D diagonal ", diagonal),
                               [&](const Inputs& v) { return flat(at::diag(v[0], diagonal)); },
-                              {g.make(s, kFloat, any_layout(g))});
+                              {g.make(s, diag_dtype, any_layout(g))});
     }
   }
   expect_both_fail(
@@ -353,6 +367,36 @@ TEST(MetaIndex, TakeRollFlipDiagMatchCpu) {
   expect_both_fail(
       "take index dtype", [](const Inputs& v) { return flat(at::take(v[0], v[1])); },
       {g.make({3}, kFloat), at::zeros({2}, kInt)}, "Expected a long tensor for index");
+}
+
+TEST(MetaIndex, RepeatInterleaveTensorMatchesCpuGivenOutputSize) {
+  Gen g(114);
+  for (int rep = 0; rep < 6; ++rep) {
+    for (auto itype : {kLong, kInt}) {
+      Tensor repeats = at::randint(0, 4, {g.uniform(0, 5)}, itype);
+      const int64_t total = repeats.sum().item<int64_t>();
+      expect_meta_matches_cpu(
+          c10::str("repeat_interleave ", itype, " output_size ", total),
+          [&](const Inputs& x) {
+            return flat(at::repeat_interleave(x[0], c10::optional<int64_t>(total)));
+          },
+          {repeats});
+    }
+  }
+  // Without output_size the size is sum(repeats): a value, which meta tensors lack.
+  EXPECT_THROW(at::repeat_interleave(at::empty({3}, at::TensorOptions(kLong).device(at::kMeta))),
+               DataDependentError);
+  expect_meta_matches_cpu("repeat_interleave of no repeats",
+                          [](const Inputs& x) { return flat(at::repeat_interleave(x[0])); },
+                          {at::empty({0}, kLong)});
+  expect_both_fail(
+      "repeat_interleave rank",
+      [](const Inputs& x) { return flat(at::repeat_interleave(x[0], c10::optional<int64_t>(4))); },
+      {at::ones({2, 2}, kLong)}, "only accept 1D vector");
+  expect_both_fail(
+      "repeat_interleave dtype",
+      [](const Inputs& x) { return flat(at::repeat_interleave(x[0], c10::optional<int64_t>(2))); },
+      {at::ones({2}, kFloat)}, "has to be Long or Int");
 }
 
 TEST(MetaIndex, EmbeddingBagMatchesCpu) {
@@ -431,26 +475,27 @@ TEST(MetaPointwise, RandpermLossesPreluLogSigmoidMatchCpu) {
       }
     }
     auto sizes = g.sizes(g.uniform(1, 4), 1, 4);
+    const auto dtype = rep % 2 ? kDouble : kFloat;  // binary_cross_entropy's CPU kernel: no 16-bit
     for (Layout l : all_layouts()) {
-      Tensor x = g.make(sizes, kFloat, l);
+      Tensor x = g.make(sizes, dtype, l);
       for (int64_t reduction : {0, 1, 2}) {
         expect_meta_matches_cpu(
-            c10::str("binary_cross_entropy ", name(l), " reduction ", reduction),
+            c10::str("binary_cross_entropy ", dtype, " ", name(l), " reduction ", reduction),
             [&](const Inputs& v) {
               return flat(at::binary_cross_entropy(v[0], v[1], v[2], reduction));
             },
-            {x, g.make(sizes, kFloat, any_layout(g)),
-             g.uniform(0, 1) ? g.make({sizes.back()}, kFloat) : Tensor()});
+            {x, g.make(sizes, dtype, any_layout(g)),
+             g.uniform(0, 1) ? g.make({sizes.back()}, dtype) : Tensor()});
       }
       expect_meta_matches_cpu(c10::str("log_sigmoid_forward ", name(l)),
                               [](const Inputs& v) { return flat(at::log_sigmoid_forward(v[0])); },
                               {x});
       expect_meta_matches_cpu(c10::str("prelu shared ", name(l)),
                               [](const Inputs& v) { return flat(at::prelu(v[0], v[1])); },
-                              {x, g.make({1}, kFloat)});
+                              {x, g.make({1}, dtype)});
       expect_meta_matches_cpu(c10::str("prelu per channel ", name(l)),
                               [](const Inputs& v) { return flat(at::prelu(v[0], v[1])); },
-                              {x, g.make({sizes.size() > 1 ? sizes[1] : 1}, kFloat)});
+                              {x, g.make({sizes.size() > 1 ? sizes[1] : 1}, dtype)});
     }
     const int64_t b = g.uniform(1, 3), c = g.uniform(1, 4), h = g.uniform(1, 4),
                   w = g.uniform(1, 4);
@@ -460,8 +505,8 @@ TEST(MetaPointwise, RandpermLossesPreluLogSigmoidMatchCpu) {
           [&](const Inputs& v) {
             return flat(at::nll_loss2d_forward(v[0], v[1], v[2], reduction, -100));
           },
-          {g.make({b, c, h, w}, kFloat, any_layout(g)), at::randint(0, c, {b, h, w}, kLong),
-           g.uniform(0, 1) ? g.make({c}, kFloat) : Tensor()});
+          {g.make({b, c, h, w}, dtype, any_layout(g)), at::randint(0, c, {b, h, w}, kLong),
+           g.uniform(0, 1) ? g.make({c}, dtype) : Tensor()});
     }
   }
   expect_both_fail(
@@ -504,10 +549,13 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
     std::vector<int64_t> self_sizes =
         g.uniform(0, 1) ? std::vector<int64_t>{i, j} : std::vector<int64_t>{j};
     if (g.uniform(0, 2) == 0) self_sizes = {1, 1};
+    const auto mm_dtype = model_dtype(rep) == kHalf ? kFloat : model_dtype(rep);  // CPU: no half mm
     expect_meta_matches_cpu(
-        "addbmm", [](const Inputs& x) { return flat(at::addbmm(x[0], x[1], x[2], 0.5, 2)); },
-        {g.make(self_sizes, kFloat, any_layout(g)), g.make({b, i, k}, kFloat, any_layout(g)),
-         g.make({b, k, j}, kFloat, any_layout(g))});
+        c10::str("addbmm ", mm_dtype),
+        [](const Inputs& x) { return flat(at::addbmm(x[0], x[1], x[2], 0.5, 2)); },
+        {g.make(self_sizes, mm_dtype, any_layout(g)), g.make({b, i, k}, mm_dtype, any_layout(g)),
+         g.make({b, k, j}, mm_dtype, any_layout(g))});
+    const auto dist_dtype = rep % 2 ? kDouble : kFloat;
     auto batch = g.sizes(g.uniform(0, 2), 1, 3);
     std::vector<int64_t> s1 = batch, s2(batch.begin() + g.uniform(0, batch.size()), batch.end());
     s1.insert(s1.end(), {g.uniform(1, 30), 3});
@@ -515,9 +563,9 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
     for (int64_t mode : {0, 1, 2}) {
       for (double p : {1.0, 2.0}) {
         expect_meta_matches_cpu(
-            c10::str("_cdist_forward mode ", mode, " p ", p),
+            c10::str("_cdist_forward ", dist_dtype, " mode ", mode, " p ", p),
             [&](const Inputs& x) { return flat(at::_cdist_forward(x[0], x[1], p, mode)); },
-            {g.make(s1, kFloat, any_layout(g)), g.make(s2, kFloat, any_layout(g))});
+            {g.make(s1, dist_dtype, any_layout(g)), g.make(s2, dist_dtype, any_layout(g))});
       }
     }
   }
@@ -544,21 +592,24 @@ TEST(MetaProducts, DotTraceAddbmmCdistMatchCpu) {
 TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
   Gen g(130);
   for (int rep = 0; rep < 8; ++rep) {
+    const auto dtype = model_dtype(rep);
+    const auto float_dtype = rep % 2 ? kDouble : kFloat;  // multinomial, searchsorted
     auto sizes = g.sizes(g.uniform(0, 4), 0, 4);
     for (Layout l : all_layouts()) {
       for (c10::optional<bool> train :
            {c10::optional<bool>(true), c10::optional<bool>(false), c10::optional<bool>()}) {
         expect_meta_matches_cpu(
-            c10::str("native_dropout ", name(l), " train ", train.has_value() ? *train : -1),
+            c10::str("native_dropout ", dtype, " ", name(l), " train ",
+                     train.has_value() ? *train : -1),
             [&](const Inputs& x) { return flat(at::native_dropout(x[0], 0.3, train)); },
-            {g.make(sizes, kFloat, l)});
+            {g.make(sizes, dtype, l)});
       }
     }
     const int64_t cats = g.uniform(1, 6);
     for (bool two_d : {false, true}) {
       std::vector<int64_t> s =
           two_d ? std::vector<int64_t>{g.uniform(1, 3), cats} : std::vector<int64_t>{cats};
-      Tensor probs = g.make(s, kFloat) + 0.1;
+      Tensor probs = g.make(s, float_dtype) + 0.1;
       for (bool replacement : {false, true}) {
         const int64_t n = replacement ? g.uniform(1, 8) : g.uniform(1, cats);
         expect_meta_matches_cpu(
@@ -567,10 +618,10 @@ TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
       }
     }
     auto vs = g.sizes(g.uniform(0, 3), 1, 4);
-    Tensor boundaries = at::arange(0, 10, 2, kFloat);
+    Tensor boundaries = at::arange(0, 10, 2, float_dtype);
     for (bool out_int32 : {false, true}) {
       for (bool right : {false, true}) {
-        Tensor values = g.make(vs, kFloat, any_layout(g));
+        Tensor values = g.make(vs, float_dtype, any_layout(g));
         expect_meta_matches_cpu(
             "searchsorted 1-D boundaries",
             [&](const Inputs& x) { return flat(at::searchsorted(x[0], x[1], out_int32, right)); },
@@ -584,13 +635,13 @@ TEST(MetaRandomSearch, DropoutMultinomialSearchsortedMatchCpu) {
     if (!vs.empty()) {
       std::vector<int64_t> bs(vs.begin(), vs.end() - 1);
       bs.push_back(5);
-      Tensor sorted = std::get<0>(at::sort(g.make(bs, kFloat), -1));
+      Tensor sorted = std::get<0>(at::sort(g.make(bs, float_dtype), -1));
       expect_meta_matches_cpu(
           "searchsorted N-D boundaries with sorter and side",
           [&](const Inputs& x) {
             return flat(at::searchsorted(x[0], x[1], false, false, "right", x[2]));
           },
-          {sorted, g.make(vs, kFloat), at::argsort(sorted, int64_t{-1}, false)});
+          {sorted, g.make(vs, float_dtype), at::argsort(sorted, int64_t{-1}, false)});
     }
   }
   expect_both_fail(
