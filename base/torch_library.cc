@@ -34,13 +34,14 @@ bool decide_owner() {
 
 }  // namespace
 
-bool owns_metaload_operators() {
+__attribute__((visibility("protected"))) bool owns_metaload_operators() {
   static const bool owner = decide_owner();
   return owner;
 }
 
-bool register_metaload_library(torch::Library::Kind kind, c10::optional<c10::DispatchKey> key,
-                               void (*init)(torch::Library&), const char* file, uint32_t line) {
+__attribute__((visibility("protected"))) bool register_metaload_library(
+    torch::Library::Kind kind, c10::optional<c10::DispatchKey> key, void (*init)(torch::Library&),
+    const char* file, uint32_t line) {
   if (!owns_metaload_operators()) return false;
   try {
     // Kept for the life of the process, like torch's own static registrations.

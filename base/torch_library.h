@@ -16,16 +16,15 @@ namespace metaload {
 
 // Runs `init` on a fresh library object of `kind` for namespace "metaload", unless another copy
 // of the library registered the namespace first; a failure is a warning, never an abort.
-// Protected: every loaded copy must run its own (with its own notion of "first"), never one
-// interposed from another copy; still exported, for builds that link components as separate
-// shared libraries (Bazel's test binaries).
-__attribute__((visibility("protected"))) bool register_metaload_library(
-    torch::Library::Kind kind, c10::optional<c10::DispatchKey> key, void (*init)(torch::Library&),
-    const char* file, uint32_t line);
+// Defined with protected visibility: every loaded copy runs its own (with its own notion of
+// "first"), never one interposed from another copy, yet it stays exported for builds that link
+// components as separate shared libraries (Bazel's test binaries).
+bool register_metaload_library(torch::Library::Kind kind, c10::optional<c10::DispatchKey> key,
+                               void (*init)(torch::Library&), const char* file, uint32_t line);
 
 // Whether this copy of the library owns the metaload:: operators (false when another copy loaded
 // first).
-__attribute__((visibility("protected"))) bool owns_metaload_operators();
+bool owns_metaload_operators();
 
 }  // namespace metaload
 
