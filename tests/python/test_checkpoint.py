@@ -278,6 +278,12 @@ def run_cli(*args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+def test_cli_links_no_libtorch():
+    # describe / key / tp must start in milliseconds: the torch subcommands are loaded on demand.
+    out = subprocess.run(["ldd", cli_path()], capture_output=True, text=True).stdout
+    assert "libtorch" not in out and "libc10" not in out, out
+
+
 @pytest.fixture
 def gpt2_like(tmp_path):
     sd = {"wte.weight": torch.zeros(50, 8), "h.0.attn.bias": torch.zeros(1, 1, 4, 4), "ln_f.bias": torch.zeros(8)}
