@@ -18,9 +18,9 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "loader/engine_device.h"
+#include "loader/progress.h"
 #include "loader/slots.h"
 
 namespace metaload {
@@ -317,12 +317,6 @@ class OpenFiles {
   std::vector<struct stat> stats_;
 };
 
-int resolve_threads(int requested) {
-  if (requested > 0) return requested;
-  const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
-}
-
 // MADV_POPULATE_WRITE (Linux 5.14): faults the pages in with one call instead of one fault per
 // page inside the read. Pages only partly in the range are left to fault normally.
 #ifndef MADV_POPULATE_WRITE
@@ -340,47 +334,15 @@ void prefault(void* p, uint64_t n) {
   }
 }
 
-}  // namespace
-
-ProgressPrinter::ProgressPrinter(const EngineOptions& o, uint64_t total) : total_(total) {
-  enabled_ = o.bar == ProgressBar::kOn || (o.bar == ProgressBar::kAuto && ::isatty(2));
-}
-
-void ProgressPrinter::show(uint64_t done, double secs, bool final) {
-  if (!enabled_ || total_ == 0) return;
-  const double gbs = secs > 0 ? done / secs / 1e9 : 0;
-  const double eta = gbs > 0 ? (total_ - done) / 1e9 / gbs : 0;
-  const int width = 24;
-  const int filled = static_cast<int>(width * static_cast<double>(done) / total_);
-  char bar[width + 1];
-  for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
-  bar[width] = 0;
-  std::fprintf(stderr, "\rmetaload [%s] %.2f/%.2f GB  %.2f GB/s  ETA %.1f s ", bar, done / 1e9,
-               total_ / 1e9, gbs, eta);
-  if (final) {  // the exact figure: small loads would read 0.00 GB
-    std::fprintf(stderr, " %llu bytes in %.2f s\n", static_cast<unsigned long long>(done), secs);
-  }
-  std::fflush(stderr);
-  shown_ = !final;
-}
-
-void ProgressPrinter::abandon() {
-  if (shown_) std::fputc('\n', stderr);
-  shown_ = false;
-}
-
-namespace {
-
 // State shared by the reader threads of one run.
-class Run {
+class Run : public ProgressRun {
  public:
   Run(const EngineOptions& o, const std::vector<CopyJob>& jobs, const std::vector<Piece>& pieces,
       const OpenFiles& files)
-      : opt(o),
+      : ProgressRun(o, 0),
         jobs(jobs),
         pieces(pieces),
         files(files),
-        t0(std::chrono::steady_clock::now()),
         job_filled(new std::atomic<uint64_t>[jobs.size()]),
         file_bytes(new std::atomic<uint64_t>[files.size()]),
         file_first(new std::atomic<int64_t>[files.size()]),
@@ -394,44 +356,16 @@ class Run {
     for (const Piece& p : pieces) total += p.length;
   }
 
-  const EngineOptions& opt;
   const std::vector<CopyJob>& jobs;
   const std::vector<Piece>& pieces;
   const OpenFiles& files;
-  const std::chrono::steady_clock::time_point t0;
-  uint64_t total = 0;
 
   std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::atomic<int> running{0};
-  std::atomic<uint64_t> done{0}, reads{0}, direct{0};
+  std::atomic<uint64_t> reads{0}, direct{0};
   std::unique_ptr<std::atomic<uint64_t>[]> job_filled;
   std::unique_ptr<std::atomic<uint64_t>[]> file_bytes;
   std::unique_ptr<std::atomic<int64_t>[]> file_first, file_last;
   std::atomic<uint64_t> staging_live{0}, staging_peak{0}, device_staging{0};
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::exception_ptr error;
-
-  void fail(std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = e;
-    }
-    stop = true;
-    cv.notify_all();
-  }
-
-  bool should_stop() {
-    if (stop.load(std::memory_order_relaxed)) return true;
-    if (opt.cancel != nullptr && opt.cancel->load()) {
-      fail(std::make_exception_ptr(LoadCancelled("load cancelled after " + std::to_string(done) +
-                                                 " of " + std::to_string(total) + " bytes")));
-      return true;
-    }
-    return false;
-  }
 
   int64_t now_ns() const {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -496,62 +430,6 @@ class Run {
   void delivered(const Piece& p) {
     for (const PiecePart& part : p.parts) job_filled[part.job] += part.dst_bytes;
     done += p.length;
-  }
-
-  // Runs `threads` workers and, on this thread, the progress reporting; rethrows the first error.
-  template <class Worker>
-  void execute(int threads, Worker worker) {
-    ProgressPrinter printer(opt, total);
-    std::vector<std::thread> pool;
-    running = threads;
-    try {
-      for (int t = 0; t < threads; ++t) {
-        pool.emplace_back([this, worker, t] {
-          try {
-            worker(t);
-          } catch (...) {
-            fail(std::current_exception());
-          }
-          if (--running == 0) {
-            std::lock_guard<std::mutex> lock(mu);
-            cv.notify_all();
-          }
-        });
-      }
-    } catch (...) {
-      // Could not start a thread: stop the ones that run, then report.
-      fail(std::current_exception());
-      running -= threads - static_cast<int>(pool.size());
-    }
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      while (running > 0) {
-        cv.wait_for(lock, std::chrono::milliseconds(100));
-        if (running == 0) break;
-        lock.unlock();
-        report_progress(printer, false);
-        lock.lock();
-      }
-    }
-    for (std::thread& t : pool) t.join();
-    if (!error) report_progress(printer, true);
-    if (error) printer.abandon();
-  }
-
-  void report_progress(ProgressPrinter& printer, bool final) {
-    Progress pr;
-    pr.bytes_done = done;
-    pr.bytes_total = total;
-    pr.seconds = seconds_since(t0);
-    printer.show(pr.bytes_done, pr.seconds, final);
-    if (opt.progress) {
-      try {
-        opt.progress(pr);
-      } catch (...) {
-        fail(std::current_exception());
-      }
-    }
-    should_stop();  // notices a cancel even while every reader is busy
   }
 
   // Every slot got exactly its bytes, and no file changed underneath.

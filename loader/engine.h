@@ -142,21 +142,6 @@ struct EngineOptions {
   EngineHooks hooks;
 };
 
-// The progress bar on stderr ("metaload [###...] 0.12/0.50 GB  1.30 GB/s  ETA 0.3 s"), drawn
-// when EngineOptions::bar says so; shared by the engines and the zero-copy mapping.
-class ProgressPrinter {
- public:
-  ProgressPrinter(const EngineOptions& o, uint64_t total);
-  void show(uint64_t done, double secs, bool final);
-  // Ends a bar left mid-line by a failed load, so the error starts on its own line.
-  void abandon();
-
- private:
-  uint64_t total_;
-  bool enabled_ = false;
-  bool shown_ = false;
-};
-
 struct FileReport {
   std::string path;
   uint64_t bytes = 0;  // bytes read from this file

@@ -2,12 +2,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <memory>
-#include <mutex>
-#include <thread>
 
+#include "loader/progress.h"
 #include "loader/slots.h"
 #include "loader/swap.h"
 
@@ -123,66 +121,18 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
   for (const Range& r : ranges)
     for (uint64_t o = 0; o < r.length; o += kPopulateChunk)
       chunks.push_back({r.map, r.offset + o, std::min(kPopulateChunk, r.length - o)});
-  const int n = std::max(
-      1, std::min<int>(options.threads > 0 ? options.threads : std::thread::hardware_concurrency(),
-                       static_cast<int>(chunks.size())));
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::atomic<bool> stop{false};
-  std::atomic<int> running{n};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::exception_ptr> errors(n + 1);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < n; ++t) {
-    threads.emplace_back([&, t] {
-      try {
-        for (size_t c = next++; c < chunks.size() && !stop; c = next++) {
-          chunks[c].map->populate(chunks[c].offset, chunks[c].length);
-          done += chunks[c].length;
-        }
-      } catch (...) {
-        errors[t] = std::current_exception();
-        stop = true;
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (--running == 0) cv.notify_all();
-    });
-  }
-  ProgressPrinter printer(options, report->mapped_bytes);
-  auto report_progress = [&](bool final) {
-    if (report->mapped_bytes == 0) return;  // nothing mapped: the engine reports alone
-    Progress pr;
-    pr.bytes_done = done;
-    pr.bytes_total = report->mapped_bytes;
-    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    printer.show(pr.bytes_done, pr.seconds, final);
-    try {
-      if (options.progress) options.progress(pr);
-      if (options.cancel != nullptr && options.cancel->load() && !final) {
-        throw LoadCancelled("load cancelled after " + std::to_string(pr.bytes_done) + " of " +
-                            std::to_string(pr.bytes_total) + " mapped bytes");
-      }
-    } catch (...) {
-      if (!errors[n]) errors[n] = std::current_exception();
-      stop = true;
-    }
-  };
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) {
-      lock.unlock();
-      report_progress(false);
-      lock.lock();
-    }
-  }
-  for (auto& th : threads) th.join();
-  if (!stop) report_progress(true);
-  for (auto& e : errors) {
-    if (e) {
-      printer.abandon();
-      std::rethrow_exception(e);  // `out` (and with it every mapping) dies with the throw
-    }
+  if (!chunks.empty()) {
+    ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
+    std::atomic<size_t> next{0};
+    run.execute(std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())),
+                [&](int) {
+                  for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
+                    chunks[c].map->populate(chunks[c].offset, chunks[c].length);
+                    run.done += chunks[c].length;
+                  }
+                });
+    // `out` (and with it every mapping) dies with the throw.
+    if (run.error) std::rethrow_exception(run.error);
   }
   report->bytes += report->mapped_bytes;
   report->slot_bytes += report->mapped_bytes;
