@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "base/registration.h"
@@ -167,12 +166,16 @@ const char* const kDataDependentOps[] = {
     "_assert_async",
 };
 
-bool has_meta_kernel(const char* qualified) {
+// "nonzero.out" -> aten::nonzero, overload "out".
+c10::OperatorName aten_op_name(const char* qualified) {
   std::string s(qualified);
   const auto dot = s.find('.');
-  c10::OperatorName name("aten::" + s.substr(0, dot),
-                         dot == std::string::npos ? "" : s.substr(dot + 1));
-  auto op = c10::Dispatcher::singleton().findOp(name);
+  return c10::OperatorName("aten::" + s.substr(0, dot),
+                           dot == std::string::npos ? "" : s.substr(dot + 1));
+}
+
+bool has_meta_kernel(const char* qualified) {
+  auto op = c10::Dispatcher::singleton().findOp(aten_op_name(qualified));
   return !op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta);  // absent op: nothing to do
 }
 
@@ -213,15 +216,9 @@ const bool g_registered = (register_when_safe(&register_data_dependent_kernels),
 }  // namespace
 
 bool is_data_dependent_op(const c10::OperatorName& name) {
-  if (name.name.rfind("aten::", 0) != 0) return false;
   if (name.name == "aten::item") return true;  // composite: what it calls is dispatched below modes
   for (const char* op : kDataDependentOps) {
-    const std::string_view q(op);
-    const auto dot = q.find('.');
-    const std::string_view base = q.substr(0, dot);
-    const std::string_view overload = dot == std::string_view::npos ? "" : q.substr(dot + 1);
-    if (std::string_view(name.name).substr(6) == base && name.overload_name == overload)
-      return true;
+    if (name == aten_op_name(op)) return true;
   }
   return false;
 }
