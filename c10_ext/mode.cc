@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "base/torch_compat.h"
 #include "c10_ext/data_dependent.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
@@ -35,12 +36,13 @@ constexpr size_t kShadowLimitBytes = 64 * 1024;
 
 // Hands out host memory whose DataPtr claims the meta device, so the TensorImpl stays on meta.
 struct ShadowAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) METALOAD_ALLOCATE_CONST override {
     void* p = n ? std::malloc(n) : nullptr;
     if (n && !p) throw std::bad_alloc();
     return {p, p, &std::free, c10::Device(c10::kMeta)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &std::free; }
+  METALOAD_ALLOCATOR_COPY_DATA
 };
 ShadowAllocator g_shadow_allocator;
 

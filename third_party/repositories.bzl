@@ -9,15 +9,26 @@ def _link_all(ctx, src, dst):
     ctx.symlink(src, dst)
 
 def _libtorch_impl(ctx):
+    # METALOAD_TORCH_PREFIX: the libtorch to build against. /usr (Debian's libtorch-dev, the default)
+    # or a torch wheel's folder (.../site-packages/torch, as tools/torch2_env's environment has).
     prefix = ctx.os.environ.get("METALOAD_TORCH_PREFIX", "/usr")
     inc = prefix + "/include"
-    libdir = ctx.os.environ.get("METALOAD_TORCH_LIBDIR", prefix + "/lib/x86_64-linux-gnu")
+    wheel = ctx.path(prefix + "/lib/libtorch.so").exists
+    default_libdir = prefix + "/lib" if wheel else prefix + "/lib/x86_64-linux-gnu"
+    libdir = ctx.os.environ.get("METALOAD_TORCH_LIBDIR", default_libdir)
     if not ctx.path(inc + "/torch/library.h").exists:
-        fail("libtorch headers not found under %s: install libtorch-dev (tools/setup does)" % inc)
+        fail("libtorch headers not found under %s: install libtorch-dev (tools/setup does) or set " % inc +
+             "METALOAD_TORCH_PREFIX to a torch wheel's folder")
 
-    # Only these four folders: linking all of /usr/include would shadow the compiler's own
-    # headers and break #include_next.
-    for d in ["torch", "ATen", "c10", "caffe2"]:
+    # Only these folders: linking all of /usr/include would shadow the compiler's own headers and
+    # break #include_next. torch 2.x wheels bundle {fmt} 11+ (fmt/base.h), which their headers
+    # need: it comes along and is compiled header-only, whatever fmt the system has.
+    dirs = ["torch", "ATen", "c10", "caffe2"]
+    defines = ["_GLIBCXX_USE_CXX11_ABI=1"]
+    if ctx.path(inc + "/fmt/base.h").exists:
+        dirs.append("fmt")
+        defines.append("FMT_HEADER_ONLY=1")
+    for d in dirs:
         _link_all(ctx, inc + "/" + d, "include/" + d)
     libs = []
     for lib in ["libc10.so", "libtorch_cpu.so", "libtorch.so"]:
@@ -29,11 +40,11 @@ cc_library(
     name = "libtorch",
     hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"]),
     includes = ["include", "include/torch/csrc/api/include"],
-    defines = ["_GLIBCXX_USE_CXX11_ABI=1"],
+    defines = %s,
     srcs = %s,
     linkopts = ["-Wl,-rpath,%s", "-lpthread"],
 )
-""" % (repr(libs), libdir))
+""" % (repr(defines), repr(libs), libdir))
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_impl,

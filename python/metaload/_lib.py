@@ -1,7 +1,8 @@
 """Finds and loads libmetaload.so, and turns its errors into metaload exception classes."""
+import functools
+import mmap
 import os
 import re
-import functools
 
 import torch
 
@@ -22,11 +23,39 @@ def library_path():
         "(bazel-bin/libmetaload.so or build/<dir>/libmetaload.so) or install it next to the package")
 
 
+_BUILD_INFO = re.compile(rb"metaload-build-info: metaload=([^ ]+) torch=(\d+)\.(\d+)\.(\d+);")
+
+
+def build_info(path=None):
+    """(metaload version, torch version) the library at `path` was built for, read from its bytes
+    (base/build_info.cc) without loading it."""
+    path = path or library_path()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        match = _BUILD_INFO.search(m)
+    if match is None:
+        raise ImportError(f"metaload: {path} is not a metaload library (no build information in it)")
+    return match.group(1).decode(), ".".join(g.decode() for g in match.groups()[1:])
+
+
+def check_torch_version(path, torch_version=None):
+    """Refuses a library built for another torch (major.minor differ: the C++ ABI differs), with
+    one message naming both, before loading it: never an undefined-symbol trace or a crash."""
+    torch_version = torch_version or torch.__version__
+    _, built = build_info(path)
+    running = re.match(r"(\d+)\.(\d+)", torch_version)
+    if running is None or running.groups() != tuple(built.split(".")[:2]):
+        raise ImportError(
+            f"metaload: {path} was built for torch {built}, but this Python runs torch "
+            f"{torch_version}: rebuild metaload against this torch (pip install . --no-build-isolation, "
+            f"or point METALOAD_LIB at a build made for it)")
+
+
 def load():
     """Loads the extension once; returns torch.ops.metaload."""
     global _loaded
     if _loaded is None:
         path = library_path()
+        check_torch_version(path)
         # Under LD_PRELOAD the library is already in the process; loading it again is harmless.
         torch.ops.load_library(path)
         # Kernels held back while the library was preloaded into this interpreter (LD_PRELOAD)

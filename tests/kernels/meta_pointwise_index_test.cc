@@ -1,6 +1,8 @@
 // Meta kernels of kernels/meta_pointwise_index.cc against the CPU kernels: random shapes with
 // broadcasting, layouts (contiguous, channels-last, transposed, sliced, permuted, expanded),
 // dtypes, out= tensors in every state, and the argument errors.
+#include <ATen/core/grad_mode.h>
+
 #include "c10_ext/mode_key.h"
 #include "tests/kernels/meta_harness.h"
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 
+#include "base/torch_compat.h"
 #include "loader/engine_device.h"
 #include "loader/plan.h"
 #include "loader/safetensors.h"
@@ -77,7 +78,7 @@ struct CountingCpuAllocator final : c10::Allocator {
     --live;
     std::free(p);
   }
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) METALOAD_ALLOCATE_CONST override {
     void* p = nullptr;
     if (::posix_memalign(&p, 64, std::max<size_t>(n, 1)) != 0) throw std::bad_alloc();
     ++live;
@@ -85,6 +86,7 @@ struct CountingCpuAllocator final : c10::Allocator {
     return {p, p, &release, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  METALOAD_ALLOCATOR_COPY_DATA
 };
 std::atomic<int64_t> CountingCpuAllocator::live{0}, CountingCpuAllocator::made{0};
 

@@ -17,7 +17,7 @@ def lib_path():
 
 
 def run_python(code, env=None, preload=False, timeout=300):
-    """Runs `code` in a fresh /usr/bin/python3; returns the CompletedProcess."""
+    """Runs `code` in a fresh interpreter (this one); returns the CompletedProcess."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + e.get("PYTHONPATH", "")
     e["METALOAD_LIB"] = lib_path()
@@ -26,5 +26,5 @@ def run_python(code, env=None, preload=False, timeout=300):
     if preload:
         e["LD_PRELOAD"] = lib_path()
     e.update(env or {})
-    return subprocess.run(["/usr/bin/python3", "-c", code], env=e, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
                           timeout=timeout)

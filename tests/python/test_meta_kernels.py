@@ -43,7 +43,7 @@ def lib_path():
 
 
 def run_python(code, env=None, preload=False, timeout=600, args=()):
-    """Runs code (or this file with args) in a fresh /usr/bin/python3; returns CompletedProcess."""
+    """Runs code (or this file with args) in a fresh interpreter (this one); returns CompletedProcess."""
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + e.get("PYTHONPATH", "")
     e["METALOAD_LIB"] = lib_path()
@@ -53,7 +53,7 @@ def run_python(code, env=None, preload=False, timeout=600, args=()):
     if preload:
         e["LD_PRELOAD"] = lib_path()
     e.update(env or {})
-    cmd = ["/usr/bin/python3", "-c", code] if code else ["/usr/bin/python3", __file__, *args]
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, __file__, *args]
     return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
 
 

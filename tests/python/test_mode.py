@@ -2,6 +2,7 @@
 import os
 import shutil
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -310,7 +311,7 @@ def test_import_finds_the_library_next_to_the_package(tmp_path):
     env.pop("METALOAD_LIB", None)
     env.pop("LD_PRELOAD", None)
     env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run(["/usr/bin/python3", "-c", "import metaload, torch\n"
+    r = subprocess.run([sys.executable, "-c", "import metaload, torch\n"
                         "with metaload.meta(): assert torch.zeros(1).is_meta\n"
                         "print(metaload.__file__)"], env=env, capture_output=True, text=True,
                        timeout=300)

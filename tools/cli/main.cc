@@ -2,6 +2,7 @@
 // what is wrong), 1 anything unexpected.
 #include <map>
 
+#include "base/version.h"
 #include "tools/cli/command.h"
 
 int main(int argc, char** argv) {
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
       if (std::string(argv[1]) == t.name) return metaload::cli::run_torch_command(argc, argv);
   }
   CLI::App app{"metaload: checkpoints and models without loading them"};
+  app.set_version_flag("--version", std::string("metaload ") + METALOAD_VERSION);
   app.require_subcommand(1);
   std::map<const CLI::App*, std::function<int()>> runners;
   for (const auto& c : commands()) {
