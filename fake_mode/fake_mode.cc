@@ -293,8 +293,11 @@ void register_fake_fallback() {
         kFakeKey, c10::KernelFunction::makeFromBoxedFunction<&fake_fallback>(),
         "metaload fake tensor fallback (fake_mode/fake_mode.cc)"));
     // Autograd and device guards look up a guard for the claimed device; a CPU-only libtorch has
-    // none for CUDA, so fake cuda tensors get a no-op one (a CUDA libtorch keeps its own).
-    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    // none for CUDA, and a CUDA libtorch on a machine without a GPU has one that fails on every
+    // call (no driver). Fake cuda tensors then get a no-op one; real CUDA could not run anyway.
+    // Where a GPU exists, libtorch's own guard stays.
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() == 0) {
       static c10::impl::DeviceGuardImplRegistrar registrar(
           c10::DeviceType::CUDA, new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>());
     }

@@ -156,9 +156,11 @@ std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uin
   for (size_t i : order) {
     const SlotRequest& r = requests[i];
     const uint64_t align = std::max<uint64_t>(r.align, 1);
+    // Every slot starts 64-byte aligned, as torch's own allocator gives: SIMD kernels (oneDNN in
+    // torch 2.x) take other code paths on misaligned data and round differently.
     const bool follows = prev != nullptr && prev->read_direct && r.read_direct &&
                          prev->file == r.file && prev->file_offset + prev->bytes == r.file_offset &&
-                         cursor % align == 0;
+                         cursor % std::max<uint64_t>(align, 64) == 0;
     if (!follows) cursor = (cursor + 63) / 64 * 64;
     offsets[i] = cursor;
     cursor += r.bytes;

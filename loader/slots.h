@@ -93,9 +93,8 @@ struct SlotRequest {
 };
 
 // Offsets into one arena for every request, and the arena's total size. Each slot is aligned to
-// 64 bytes, except that a slot read directly which follows the previous direct slot in the same
-// file byte for byte is placed right after it (if its own alignment allows), so both come in one
-// read.
+// 64 bytes; a slot read directly which follows the previous direct slot in the same file byte for
+// byte is placed right after it when that keeps it 64-byte aligned, so both come in one read.
 // True when a virtio-balloon device with free page reporting is bound (fresh huge pages are then
 // slow to touch, see above). Read once from /sys.
 bool free_page_reporting_active();

@@ -31,7 +31,8 @@ def build_info(path=None):
     (base/build_info.cc) without loading it."""
     path = path or library_path()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        match = _BUILD_INFO.search(m)
+        at = m.find(b"metaload-build-info: ")
+        match = _BUILD_INFO.match(m[at:at + 200]) if at >= 0 else None
     if match is None:
         raise ImportError(f"metaload: {path} is not a metaload library (no build information in it)")
     return match.group(1).decode(), ".".join(g.decode() for g in match.groups()[1:])

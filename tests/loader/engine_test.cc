@@ -784,20 +784,22 @@ TEST(TpTest, RanksSlicesPutTogetherEqualTheFullLoad) {
 
 // --- slots ------------------------------------------------------------------------------------
 
-TEST(SlotsTest, LayoutKeepsFileNeighboursAdjacent) {
-  std::vector<SlotRequest> req(4);
-  req[0] = {1000, 4, 0, 0, true};
-  req[1] = {500, 4, 0, 1000, true};  // follows req[0] in the file: adjacent in memory
-  req[2] = {300, 2, 0, 1600, true};  // a hole in the file: new 64-byte aligned slot
-  req[3] = {100, 4, 1, 0, false};    // another file
+TEST(SlotsTest, LayoutKeepsFileNeighboursAdjacentAndEverySlotAligned) {
+  std::vector<SlotRequest> req(5);
+  req[0] = {1024, 4, 0, 0, true};
+  req[1] = {500, 4, 0, 1024, true};  // follows req[0] in the file: adjacent in memory
+  req[2] = {300, 4, 0, 1524, true};  // follows too, but right after req[1] it would not be aligned
+  req[3] = {300, 2, 0, 1900, true};  // a hole in the file: new 64-byte aligned slot
+  req[4] = {100, 4, 1, 0, false};    // another file
   uint64_t total = 0;
   std::vector<uint64_t> off = layout_slots(req, &total);
   EXPECT_EQ(off[0], 0u);
-  EXPECT_EQ(off[1], 1000u);
+  EXPECT_EQ(off[1], 1024u);
   EXPECT_EQ(off[2], 1536u);
   EXPECT_EQ(off[3], 1856u);
-  EXPECT_EQ(total, 1956u);
-  for (uint64_t o : off) EXPECT_EQ(o % 4, 0u);
+  EXPECT_EQ(off[4], 2176u);
+  EXPECT_EQ(total, 2276u);
+  for (uint64_t o : off) EXPECT_EQ(o % 64, 0u);
 }
 
 TEST(SlotsTest, PageModeResolvesByFreePageReporting) {
