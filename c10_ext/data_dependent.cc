@@ -216,7 +216,9 @@ const bool g_registered = (register_when_safe(&register_data_dependent_kernels),
 }  // namespace
 
 bool is_data_dependent_op(const c10::OperatorName& name) {
-  if (name.name == "aten::item") return true;  // composite: what it calls is dispatched below modes
+  // Composites: what they call is dispatched below the modes, where torch 2.x has Meta kernels of
+  // its own for _local_scalar_dense (an untyped "cannot be called on meta tensors").
+  if (name.name == "aten::item" || name.name == "aten::is_nonzero") return true;
   for (const char* op : kDataDependentOps) {
     if (name == aten_op_name(op)) return true;
   }

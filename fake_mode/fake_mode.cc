@@ -18,6 +18,7 @@
 
 #include "base/registration.h"
 #include "base/torch_library.h"
+#include "c10_ext/data_dependent.h"
 #include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
 #include "fake_mode/fake_tensor.h"
@@ -40,10 +41,12 @@ c10::Device normalize(c10::Device d) {
 // ----------------------------------------------------------------------------
 
 struct OpInfo {
-  int8_t device = -1;      // index of a `device` argument (factories, _to_copy)
-  int8_t pin_memory = -1;  // index of a `pin_memory` argument
-  int8_t unchecked = -1;   // index of an argument a real run takes from any device
-  bool own = false;        // a torch.ops.metaload operator: runs as it is
+  int8_t device = -1;         // index of a `device` argument (factories, _to_copy)
+  int8_t pin_memory = -1;     // index of a `pin_memory` argument
+  int8_t unchecked = -1;      // index of an argument a real run takes from any device
+  bool own = false;           // a torch.ops.metaload operator: runs as it is
+  bool reads_values = false;  // item, nonzero, unique...: a typed error, whatever Meta kernels
+                              // this torch has (2.x's Python ones raise their own errors)
 };
 
 // The argument of an op that a real run accepts on any device (native_functions.yaml marks these
@@ -63,6 +66,7 @@ const char* unchecked_argument(const std::string& name) {
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   info.own = is_own_op(schema);
+  info.reads_values = is_data_dependent_op(schema.operator_name());
   const char* unchecked = unchecked_argument(schema.name());
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
@@ -207,6 +211,7 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
     return op.callBoxed(stack);
   }
+  if (info.reads_values) raise_data_dependent(op, stack);
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
   auto& s = *stack;

@@ -173,7 +173,7 @@ def test_forcing_in_one_thread_never_affects_another():
     (lambda t: t.masked_select(t > 0), "aten::masked_select"),
     (lambda t: torch.unique(t), "unique"),
     (lambda t: float(t.sum()), "aten::item"),
-    (lambda t: bool(t.sum() > 0), "_local_scalar_dense"),
+    (lambda t: bool(t.sum() > 0), "aten::is_nonzero"),
     (lambda t: torch.equal(t, t.clone()), "aten::equal"),
 ])
 def test_data_dependent_reads_raise_a_typed_error_naming_the_op(read, op):
