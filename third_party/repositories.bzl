@@ -31,6 +31,14 @@ def _libtorch_impl(ctx):
     for d in dirs:
         _link_all(ctx, inc + "/" + d, "include/" + d)
     libs = []
+    if wheel:
+        # A wheel's libtorch exports crashing copies of some libstdc++ functions (std::filesystem):
+        # the real libstdc++ goes first in every binary's needed list (as in CMakeLists.txt).
+        for d in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]:
+            if ctx.path(d + "/libstdc++.so.6").exists:
+                _link_all(ctx, d + "/libstdc++.so.6", "lib/libstdc++.so.6")
+                libs.append("lib/libstdc++.so.6")
+                break
     for lib in ["libc10.so", "libtorch_cpu.so", "libtorch.so"]:
         _link_all(ctx, libdir + "/" + lib, "lib/" + lib)
         libs.append("lib/" + lib)

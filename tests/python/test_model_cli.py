@@ -210,3 +210,10 @@ def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
     report = TransformersModel(str(snapshot), progress_bar=False).dispatch()
     assert report.mapped_bytes == report.bytes == int(m.group(3))
     expect_usage_error(cli(*args[:-1], "1,x"), "--prompt", "'x'")
+
+
+def test_version_flag_prints_the_package_version():
+    import metaload
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"metaload {metaload.__version__}"

@@ -23,6 +23,8 @@ int parse_and_run(CLI::App& app, const std::map<const CLI::App*, std::function<i
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);  // the version on stdout, exit 0
   } catch (const CLI::ParseError& e) {
     std::cerr << usage << ": error: " << one_line(e.what()) << " (see " << usage << " --help)\n";
     return 2;

@@ -50,6 +50,9 @@ int run_torch_command(int argc, char** argv) {
     // + build/X/libmetaload.so; an install: both in one directory.
     for (const char* rel : {"/libmetaload.so", "/../libmetaload.so", "/../../libmetaload.so"})
       candidates.push_back(dir + rel);
+#ifdef METALOAD_INSTALLED_LIB  // pip install: the tool in bin/, the library in the package
+    candidates.push_back(dir + "/" + METALOAD_INSTALLED_LIB);
+#endif
   }
   std::string tried;
   for (const std::string& path : candidates) {
