@@ -137,7 +137,9 @@ Tensor hardtanh(const Tensor& self, const at::Scalar&, const at::Scalar&) {
 
 // ---- where / logical ------------------------------------------------------------------------
 
-Tensor where_self(const Tensor& condition, const Tensor& self, const Tensor& other) {
+// where.self and where.self_out (torch 2.x's where.self goes through the out= form).
+Tensor where_impl(const Tensor& condition, const Tensor& self, const Tensor& other,
+                  const Tensor* out) {
   const char* op = "where";
   const ScalarType common = result_type(self, other);
   ScalarType cond_type = condition.scalar_type();
@@ -150,19 +152,34 @@ Tensor where_self(const Tensor& condition, const Tensor& self, const Tensor& oth
   META_CHECK(cond_type == ScalarType::Bool || cond_type == ScalarType::Byte, op,
              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
              cond_type);
+  if (out != nullptr) {
+    META_CHECK(out->scalar_type() == common, op, "Expected out type to be ", common, " but got ",
+               out->scalar_type());
+  }
   Tensor cond = on_meta(cpu_promoted(condition, ScalarType::Bool));
   Tensor a = on_meta(cpu_promoted(self, common));
   Tensor b = on_meta(cpu_promoted(other, common));
   at::TensorIteratorConfig config;
-  config.check_all_same_dtype(false)
-      .declare_static_dtype_and_device(common, cond.device())
-      .add_owned_output(Tensor())
-      .add_input(cond)
-      .add_input(a)
-      .add_input(b);
-  MetaIter it;
+  config.check_all_same_dtype(false).declare_static_dtype_and_device(common, cond.device());
+  if (out != nullptr) {
+    config.add_output(*out);
+  } else {
+    config.add_owned_output(Tensor());
+  }
+  config.add_input(cond).add_input(a).add_input(b);
+  MetaIter it(out != nullptr ? *out : Tensor());
   build_checked(op, [&] { it.build(config); });
   return it.out();
+}
+
+Tensor where_self(const Tensor& condition, const Tensor& self, const Tensor& other) {
+  return where_impl(condition, self, other, nullptr);
+}
+
+Tensor& where_self_out(const Tensor& condition, const Tensor& self, const Tensor& other,
+                       Tensor& out) {
+  where_impl(condition, self, other, &out);
+  return out;
 }
 
 Tensor& logical_not_out(const Tensor& self, Tensor& out) {
@@ -931,6 +948,7 @@ const std::vector<KernelDef>& pointwise_index_kernels() {
       METALOAD_META_KERNEL("hardswish", hardswish),
       METALOAD_META_KERNEL("hardtanh", hardtanh),
       METALOAD_META_KERNEL("where.self", where_self),
+      METALOAD_META_KERNEL("where.self_out", where_self_out),
       METALOAD_META_KERNEL("logical_not", logical_not),
       METALOAD_META_KERNEL("logical_not_", logical_not_),
       METALOAD_META_KERNEL("logical_not.out", logical_not_out),
