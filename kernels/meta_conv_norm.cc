@@ -1,6 +1,11 @@
 // Meta kernels for convolution, the normalisations and the fused transformer ops: shapes, dtypes
 // and strides exactly as libtorch's CPU kernels produce them, argument checks as they make them.
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/irange.h>
+
+#include <algorithm>
 
 #include "kernels/meta_common.h"
 
@@ -9,10 +14,92 @@ namespace {
 
 // ---- convolution ----------------------------------------------------------------------------
 
-// at::_convolution's checks (check_shape_forward and friends) and its output size; the output
-// layout follows the CPU backends: channels-last for 2-d convolutions whose input or weight
-// suggests it (mkldnn and thnn both do this), contiguous otherwise (1-d convolutions run as 2-d
-// ones on unsqueezed tensors; transposed and 3-d convolutions produce contiguous outputs on CPU).
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+// mkldnn_bf16_device_check() / mkldnn_fp16_device_check() (CPU features), read through the ops
+// torch exposes them as; false where this libtorch has no such op.
+bool mkldnn_supports(const char* op) {
+  auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(op, ""));
+  return handle.has_value() && handle->typed<bool()>().call();
+}
+
+// ConvParams::use_mkldnn of 2.x for a CPU convolution: oneDNN takes float when the problem is
+// big enough (thresholds copied from Convolution.cpp), bfloat16 / half when the CPU supports
+// them, transposed ones unless output_padding >= stride.
+bool cpu_conv_uses_mkldnn(const Tensor& input, const Tensor& weight, IntArrayRef stride,
+                          IntArrayRef dilation, IntArrayRef output_padding, bool transposed,
+                          int64_t groups) {
+  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  for (auto i : c10::irange(stride.size())) {
+    if (transposed && output_padding[i] >= stride[i]) return false;
+  }
+  static const bool bf16 = mkldnn_supports("mkldnn::_is_mkldnn_bf16_supported");
+  static const bool fp16 = mkldnn_supports("mkldnn::_is_mkldnn_fp16_supported");
+  const ScalarType t = input.scalar_type();
+  if ((t == ScalarType::BFloat16 && bf16) || (t == ScalarType::Half && fp16)) return true;
+  if (t != ScalarType::Float) return false;
+  auto any_not_one = [](IntArrayRef v) {
+    return std::any_of(v.begin(), v.end(), [](int64_t x) { return x != 1; });
+  };
+  const int64_t n = input.size(0);
+  const int64_t w1 = weight.size(-1), w2 = weight.size(-2);
+  return (any_not_one(stride) || any_not_one(dilation) || n >= 16 || w1 != 1 || w2 != 1 ||
+          at::get_num_threads() > 1) &&
+         (groups > 1 || (w1 > 3 && w2 > 3) || n > 1 ||
+          n * input.size(1) * input.size(2) * input.size(3) > 20480);
+}
+#endif
+
+// The layout of a CPU convolution's output (determine_backend_memory_format). 2-d convolutions
+// (1-d ones run as 2-d on input.contiguous().unsqueeze(2) and weight.unsqueeze(2)) come out
+// channels-last when the input or the weight suggests it: mkldnn and thnn both do this, and since
+// 2.x the transposed backends too (1.13's are contiguous). 3-d ones are contiguous, except in
+// 2.x where oneDNN runs them (mkldnn_conv_use_channels_last, not for double). For a 1-d
+// convolution, ChannelsLast means the squeezed (N, C, L) with channels innermost.
+MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool transposed,
+                             IntArrayRef stride, IntArrayRef dilation, IntArrayRef output_padding,
+                             int64_t groups) {
+  const int64_t dim = weight.dim() - 2;
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+  if (dim == 3) {
+    const bool cl3d = input.suggest_memory_format() == MemoryFormat::ChannelsLast3d ||
+                      weight.suggest_memory_format() == MemoryFormat::ChannelsLast3d;
+    const bool fp64 = input.scalar_type() == ScalarType::Double ||
+                      weight.scalar_type() == ScalarType::Double;
+    return cl3d && !fp64 &&
+                   cpu_conv_uses_mkldnn(input, weight, stride, dilation, output_padding,
+                                        transposed, groups)
+               ? MemoryFormat::ChannelsLast3d
+               : MemoryFormat::Contiguous;
+  }
+#else
+  (void)stride, (void)dilation, (void)output_padding, (void)groups;
+  if (transposed || dim == 3) return MemoryFormat::Contiguous;
+#endif
+  if (dim == 2) {
+    return input.suggest_memory_format() == MemoryFormat::ChannelsLast ||
+                   weight.suggest_memory_format() == MemoryFormat::ChannelsLast
+               ? MemoryFormat::ChannelsLast
+               : MemoryFormat::Contiguous;
+  }
+  // 1-d: a permuted weight can still make the unsqueezed problem channels-last.
+  auto unsq = [](IntArrayRef sizes, IntArrayRef strides) {
+    c10::SmallVector<int64_t, 4> sz(sizes.begin(), sizes.end());
+    c10::SmallVector<int64_t, 4> st(strides.begin(), strides.end());
+    sz.insert(sz.begin() + 2, 1);
+    st.insert(st.begin() + 2, sizes[2] * strides[2]);
+    return suggest_format(sz, st) == MemoryFormat::ChannelsLast;
+  };
+  // (.contiguous() keeps the strides of a tensor that already is contiguous.)
+  auto input_strides = input.is_contiguous() ? c10::SmallVector<int64_t, 5>(
+                                                   input.strides().begin(), input.strides().end())
+                                             : contiguous_strides(input.sizes());
+  return unsq(input.sizes(), input_strides) || unsq(weight.sizes(), weight.strides())
+             ? MemoryFormat::ChannelsLast
+             : MemoryFormat::Contiguous;
+}
+
+// at::_convolution's checks (check_shape_forward and friends) and its output size, in the CPU
+// backends' layout (cpu_conv_format).
 Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
                  const c10::optional<Tensor>& bias_opt, IntArrayRef stride_in,
                  IntArrayRef padding_in, IntArrayRef dilation_in, bool transposed,
@@ -91,33 +178,14 @@ Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
     }
   }
 
-  bool channels_last = false;
-  if (!transposed && dim == 2) {
-    channels_last = input.suggest_memory_format() == MemoryFormat::ChannelsLast ||
-                    weight.suggest_memory_format() == MemoryFormat::ChannelsLast;
-  } else if (!transposed && dim == 1) {
-    // _convolution runs it as a 2-d one on input.contiguous().unsqueeze(2) and weight.unsqueeze(2)
-    // and squeezes the output: a permuted weight can still make that channels-last.
-    auto unsq = [](IntArrayRef sizes, IntArrayRef strides) {
-      c10::SmallVector<int64_t, 4> sz(sizes.begin(), sizes.end());
-      c10::SmallVector<int64_t, 4> st(strides.begin(), strides.end());
-      sz.insert(sz.begin() + 2, 1);
-      st.insert(st.begin() + 2, sizes[2] * strides[2]);
-      return suggest_format(sz, st) == MemoryFormat::ChannelsLast;
-    };
-    // (.contiguous() keeps the strides of a tensor that already is contiguous.)
-    auto input_strides = input.is_contiguous() ? c10::SmallVector<int64_t, 5>(
-                                                     input.strides().begin(), input.strides().end())
-                                               : contiguous_strides(input.sizes());
-    if (unsq(input.sizes(), input_strides) || unsq(weight.sizes(), weight.strides())) {
-      // (N, C, 1, L) channels-last squeezed back: channels innermost.
-      int64_t n = out_sizes[0], c = out_sizes[1], l = out_sizes[2];
-      (void)n;
-      return new_meta(out_sizes, {c * l, 1, c}, input.scalar_type());
-    }
+  const MemoryFormat format =
+      cpu_conv_format(input, weight, transposed, stride, dilation, output_padding, groups);
+  if (dim == 1 && format == MemoryFormat::ChannelsLast) {
+    // (N, C, 1, L) channels-last squeezed back: channels innermost.
+    const int64_t c = out_sizes[1], l = out_sizes[2];
+    return new_meta(out_sizes, {c * l, 1, c}, input.scalar_type());
   }
-  return new_meta(out_sizes, input.scalar_type(),
-                  channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+  return new_meta(out_sizes, input.scalar_type(), format);
 }
 
 Tensor convolution(const Tensor& input, const Tensor& weight, const c10::optional<Tensor>& bias,
@@ -298,14 +366,31 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm(const Tensor& input,
   META_CHECK(input.is_contiguous(format), op,
              "Expected X.is_contiguous(memory_format) to be true, but got false (input of size ",
              input.sizes(), " and strides ", input.strides(), ")");
+  const ScalarType dtype = input.scalar_type();
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+  // 2.x takes Float parameters with a BFloat16 / Half input ("mixed type", check_mixed_data_type);
+  // mean and rstd are then Float.
+  const bool mixed = (weight != nullptr && weight->scalar_type() != dtype) ||
+                     (bias != nullptr && bias->scalar_type() != dtype);
+  if (mixed) {
+    for (const Tensor* t : {weight, bias}) {
+      META_CHECK(t == nullptr || t->scalar_type() == ScalarType::Float, op,
+                 "mixed dtype (CPU): expect parameter to have scalar type of Float");
+    }
+    META_CHECK(dtype == ScalarType::BFloat16 || dtype == ScalarType::Half, op,
+               "mixed dtype (CPU): all inputs must share same datatype.");
+  }
+  const ScalarType stat_type = mixed ? ScalarType::Float : dtype;
+#else
   // The CPU kernel reads weight and bias as the input's dtype (no mixed types in 1.13).
   for (const Tensor* t : {weight, bias}) {
-    META_CHECK(t == nullptr || t->scalar_type() == input.scalar_type(), op, "expected scalar type ",
-               input.scalar_type(), " but found ", t->scalar_type());
+    META_CHECK(t == nullptr || t->scalar_type() == dtype, op, "expected scalar type ", dtype,
+               " but found ", t->scalar_type());
   }
-  const ScalarType dtype = input.scalar_type();
-  return {new_meta(input.sizes(), dtype, format), new_meta({n, group}, dtype),
-          new_meta({n, group}, dtype)};
+  const ScalarType stat_type = dtype;
+#endif
+  return {new_meta(input.sizes(), dtype, format), new_meta({n, group}, stat_type),
+          new_meta({n, group}, stat_type)};
 }
 
 // CPU weight_norm (the fused kernel under torch.nn.utils.weight_norm): w contiguous, the norm
@@ -426,6 +511,39 @@ std::tuple<Tensor, Tensor, Tensor> transform_bias_rescale_qkv(const Tensor& qkv,
           view_of(all, sizes, strides, 2 * each)};
 }
 
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+// CPU 2.x: a mask that is not 2-d (or an input that is not 4-d) counts as mask_type 2 and must
+// have the input's shape; type 1 takes a (B, L) padding mask and type 0 an (L, L) attention mask
+// for a (B, H, L, L) input. Whether the type is given at all (and is 0, 1 or 2) is only checked
+// after the dtype. The output is like the input (layout preserved).
+Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int64_t> dim,
+                      c10::optional<int64_t> mask_type_arg) {
+  const char* op = "_masked_softmax";
+  META_CHECK(mask.scalar_type() == ScalarType::Bool, op, "Mask should be a boolean tensor");
+  c10::optional<int64_t> mask_type = mask_type_arg;
+  if (mask.dim() != 2 || input.dim() != 4) mask_type = 2;
+  if (mask_type == 2) {
+    META_CHECK(input.sizes() == mask.sizes(), op,
+               "For mask_type == 2 mask shape should match input shape, got mask of size ",
+               mask.sizes(), " for input of size ", input.sizes());
+  } else if (mask_type == 1) {
+    META_CHECK(input.size(0) == mask.size(0) && input.size(2) == mask.size(1), op,
+               "For mask_type == 1 mask shape should be (B, L), got mask of size ", mask.sizes(),
+               " for input of size ", input.sizes());
+  } else if (mask_type == 0) {
+    META_CHECK(input.size(2) == mask.size(0) && input.size(2) == mask.size(1), op,
+               "For mask_type == 0 mask shape should be (L, L), got mask of size ", mask.sizes(),
+               " for input of size ", input.sizes());
+  }
+  if (dim.has_value()) wrap_dim(op, *dim, input.dim());
+  META_CHECK(at::isFloatingType(input.scalar_type()), op, "\"masked_softmax\" not implemented for '",
+             input.scalar_type(), "'");
+  META_CHECK(mask_type.has_value(), op, "Mask Type should be defined");
+  META_CHECK(*mask_type >= 0 && *mask_type <= 2, op,
+             "Mask Type should be 0 (src_mask) or 1 (src_key_padding_mask), or 2 (default_mask)");
+  return new_meta_like(input, input.scalar_type());
+}
+#else
 // CPU 1.13 wants the mask in the input's shape and a mask_type; the CUDA kernel also takes an
 // (L, L) src mask (type 0) or a (B, L) key padding mask (type 1) for a (B, H, L, L) input. The
 // output is like the input (layout preserved).
@@ -450,6 +568,8 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int
   if (dim.has_value()) wrap_dim(op, *dim, input.dim());
   return new_meta_like(input, input.scalar_type());
 }
+
+#endif
 
 }  // namespace
 
