@@ -62,9 +62,9 @@ def run_python(code, env=None, preload=False, timeout=600, args=()):
 # meta libraries _meta_registrations made (NO_PY_META below), leaving libtorch's C++ kernels.
 WITHOUT_PY_META = {"PYTORCH_DISABLE_LIBRARY": "1", "METALOAD_TEST_NO_PY_META": "1"}
 NO_PY_META = """
-import os, torch
-if os.environ.get("METALOAD_TEST_NO_PY_META") == "1":
-    import torch._meta_registrations as _m
+import os, sys, torch
+_m = sys.modules.get("torch._meta_registrations")  # imported by `import torch` on 2.x
+if os.environ.get("METALOAD_TEST_NO_PY_META") == "1" and _m is not None:
     for _name in dir(_m):
         if _name.startswith("_meta_lib_dont_use_me") and hasattr(getattr(_m, _name), "_destroy"):
             getattr(_m, _name)._destroy()
