@@ -63,11 +63,11 @@ MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool tra
   if (dim == 3) {
     const bool cl3d = input.suggest_memory_format() == MemoryFormat::ChannelsLast3d ||
                       weight.suggest_memory_format() == MemoryFormat::ChannelsLast3d;
-    const bool fp64 = input.scalar_type() == ScalarType::Double ||
-                      weight.scalar_type() == ScalarType::Double;
+    const bool fp64 =
+        input.scalar_type() == ScalarType::Double || weight.scalar_type() == ScalarType::Double;
     return cl3d && !fp64 &&
-                   cpu_conv_uses_mkldnn(input, weight, stride, dilation, output_padding,
-                                        transposed, groups)
+                   cpu_conv_uses_mkldnn(input, weight, stride, dilation, output_padding, transposed,
+                                        groups)
                ? MemoryFormat::ChannelsLast3d
                : MemoryFormat::Contiguous;
   }
@@ -90,8 +90,8 @@ MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool tra
     return suggest_format(sz, st) == MemoryFormat::ChannelsLast;
   };
   // (.contiguous() keeps the strides of a tensor that already is contiguous.)
-  auto input_strides = input.is_contiguous() ? c10::SmallVector<int64_t, 5>(
-                                                   input.strides().begin(), input.strides().end())
+  auto input_strides = input.is_contiguous() ? c10::SmallVector<int64_t, 5>(input.strides().begin(),
+                                                                            input.strides().end())
                                              : contiguous_strides(input.sizes());
   return unsq(input.sizes(), input_strides) || unsq(weight.sizes(), weight.strides())
              ? MemoryFormat::ChannelsLast
@@ -252,11 +252,19 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const char* op, const Tensor&
   // The CPU kernel's fast path takes inputs contiguous in either format (and contiguous
   // parameters) and decides by is_contiguous(), which also settles ambiguous size-1 layouts that
   // suggest_memory_format() would call the other way; the slow path uses suggest_memory_format().
-  bool fast = input.is_contiguous() || input.is_contiguous(MemoryFormat::ChannelsLast);
+  // 2.x's fast path also takes channels-last-3d inputs.
+  const bool cl2d = input.is_contiguous(MemoryFormat::ChannelsLast);
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+  const bool cl3d = input.is_contiguous(MemoryFormat::ChannelsLast3d);
+#else
+  const bool cl3d = false;
+#endif
+  bool fast = input.is_contiguous() || cl2d || cl3d;
   for (const auto& [name, t] : params) fast = fast && (t == nullptr || t->is_contiguous());
-  const MemoryFormat format =
-      fast ? (input.is_contiguous() ? MemoryFormat::Contiguous : MemoryFormat::ChannelsLast)
-           : input.suggest_memory_format();
+  const MemoryFormat format = !fast                   ? input.suggest_memory_format()
+                              : input.is_contiguous() ? MemoryFormat::Contiguous
+                              : cl2d                  ? MemoryFormat::ChannelsLast
+                                                      : MemoryFormat::ChannelsLast3d;
   return {new_meta(input.sizes(), input.scalar_type(), format), new_meta({stat_size}, stat_type),
           new_meta({stat_size}, stat_type)};
 }
@@ -536,8 +544,8 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int
                " for input of size ", input.sizes());
   }
   if (dim.has_value()) wrap_dim(op, *dim, input.dim());
-  META_CHECK(at::isFloatingType(input.scalar_type()), op, "\"masked_softmax\" not implemented for '",
-             input.scalar_type(), "'");
+  META_CHECK(at::isFloatingType(input.scalar_type()), op,
+             "\"masked_softmax\" not implemented for '", input.scalar_type(), "'");
   META_CHECK(mask_type.has_value(), op, "Mask Type should be defined");
   META_CHECK(*mask_type >= 0 && *mask_type <= 2, op,
              "Mask Type should be 0 (src_mask) or 1 (src_key_padding_mask), or 2 (default_mask)");

@@ -559,6 +559,19 @@ Tensor prelu(const Tensor& self, const Tensor& weight) {
   return new_meta(self.sizes(), self.scalar_type(), self.suggest_memory_format());
 }
 
+// libtorch 2.x's prelu is CompositeImplicitAutograd (it checks the weight, reshapes it to
+// broadcast over the channels, then calls this); on CPU the output is at::empty_like(self), which
+// TensorIterator resizes (with the usual warning) when the weight broadcasts to a larger shape.
+Tensor prelu_kernel(const Tensor& self, const Tensor& weight) {
+  const char* op = "_prelu_kernel";
+  Tensor out = new_meta_like(self, self.scalar_type());
+  at::TensorIteratorConfig config;
+  config.add_output(out).add_input(self).add_input(weight);
+  MetaIter it(out);
+  build_checked(op, [&] { it.build(config); });
+  return out;
+}
+
 // ---- products ---------------------------------------------------------------------------------
 
 Tensor dot_impl(const char* op, const Tensor& self, const Tensor& other) {
@@ -971,6 +984,7 @@ const std::vector<KernelDef>& pointwise_index_kernels() {
       METALOAD_META_KERNEL("nll_loss2d_forward", nll_loss2d_forward),
       METALOAD_META_KERNEL("log_sigmoid_forward", log_sigmoid_forward),
       METALOAD_META_KERNEL("prelu", prelu),
+      METALOAD_META_KERNEL("_prelu_kernel", prelu_kernel),
       METALOAD_META_KERNEL("roll", roll),
       METALOAD_META_KERNEL("flip", flip),
       METALOAD_META_KERNEL("diag.out", diag_out),

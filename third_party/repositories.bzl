@@ -31,6 +31,11 @@ def _libtorch_impl(ctx):
     for d in dirs:
         _link_all(ctx, inc + "/" + d, "include/" + d)
     libs = []
+
+    # A wheel's libtorch.so needs libtorch_cuda.so & co. from its own folder; Bazel links a copy
+    # under _solib, whose $ORIGIN is elsewhere. An old-style RPATH (unlike RUNPATH) also serves
+    # those indirect dependencies.
+    dtags = ["-Wl,--disable-new-dtags"] if wheel else []
     if wheel:
         # A wheel's libtorch exports crashing copies of some libstdc++ functions (std::filesystem):
         # the real libstdc++ goes first in every binary's needed list (as in CMakeLists.txt).
@@ -50,9 +55,9 @@ cc_library(
     includes = ["include", "include/torch/csrc/api/include"],
     defines = %s,
     srcs = %s,
-    linkopts = ["-Wl,-rpath,%s", "-lpthread"],
+    linkopts = ["-Wl,-rpath,%s", "-lpthread"] + %s,
 )
-""" % (repr(defines), repr(libs), libdir))
+""" % (repr(defines), repr(libs), libdir, repr(dtags)))
 
 libtorch_repository = repository_rule(
     implementation = _libtorch_impl,

@@ -339,6 +339,14 @@ TEST(MetaGroupNorm, MatchesCpu) {
   }
 }
 
+// native_group_norm's message for a Double input with Float parameters: 2.x accepts Float
+// parameters with a 16-bit input (check_mixed_data_type), 1.13 wants the input's dtype throughout.
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+constexpr const char* kGroupNormMixedDtypeError = "all inputs must share same datatype";
+#else
+constexpr const char* kGroupNormMixedDtypeError = "expected scalar type Double but found Float";
+#endif
+
 TEST(MetaGroupNorm, RejectsWhatTheCpuKernelRejects) {
   Gen g(31);
   expect_both_fail(
@@ -351,7 +359,13 @@ TEST(MetaGroupNorm, RejectsWhatTheCpuKernelRejects) {
         return flat(at::native_group_norm(t[0], t[1], {}, 2, 4, 12, 2, 1e-5));
       },
       {g.make({2, 4, 3, 4}, kBFloat16), g.make({4}, kFloat)},
-      "expected scalar type BFloat16 but found Float");
+      "expected scalar type BFloat16 but found Float");  // 1.13; 2.x takes it (and must match)
+  expect_both_fail(
+      "parameter dtype with a double input",
+      [](const Inputs& t) {
+        return flat(at::native_group_norm(t[0], t[1], {}, 2, 4, 12, 2, 1e-5));
+      },
+      {g.make({2, 4, 3, 4}, kDouble), g.make({4}, kFloat)}, kGroupNormMixedDtypeError);
 }
 
 TEST(MetaWeightNorm, MatchesCpu) {
@@ -471,6 +485,14 @@ TEST(MetaTransformer, TransformBiasRescaleQkvAndMaskedSoftmaxMatchCpu) {
   }
 }
 
+// _masked_softmax of a (B, L) mask without a mask_type: 1.13's CPU kernel takes only masks of
+// the input's shape, 2.x's also (B, L) and (L, L) ones, given their type.
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+constexpr const char* kUntypedPaddingMaskError = "Mask Type should be defined";
+#else
+constexpr const char* kUntypedPaddingMaskError = "Mask shape should match input shape";
+#endif
+
 TEST(MetaTransformer, RejectsWhatTheCpuKernelRejects) {
   Gen g(43);
   auto mha = [](int64_t d, int64_t h) {
@@ -491,12 +513,17 @@ TEST(MetaTransformer, RejectsWhatTheCpuKernelRejects) {
       "mask shape",
       [](const Inputs& x) { return flat(at::_masked_softmax(x[0], x[1], 3, c10::nullopt)); },
       {g.make({2, 2, 3, 3}, kFloat), at::zeros({2, 2, 3, 4}, kBool)},
-      "Mask shape should match input shape");
+      "shape should match input shape");
+  // 1.13 wants a mask_type; 2.x treats a mask of the input's shape as type 2 (and must match).
   expect_both_fail(
       "mask type",
       [](const Inputs& x) { return flat(at::_masked_softmax(x[0], x[1], 3, c10::nullopt)); },
       {g.make({2, 2, 3, 3}, kFloat), at::zeros({2, 2, 3, 3}, kBool)},
       "Mask Type should be defined");
+  expect_both_fail(
+      "padding mask without a mask type",
+      [](const Inputs& x) { return flat(at::_masked_softmax(x[0], x[1], 3, c10::nullopt)); },
+      {g.make({2, 2, 3, 3}, kFloat), at::zeros({2, 3}, kBool)}, kUntypedPaddingMaskError);
 }
 
 // ---- pooling and friends ----------------------------------------------------------------------
@@ -551,12 +578,14 @@ TEST(MetaPool, MaxPool3dWithIndicesMatchesCpu) {
       sizes.push_back(g.uniform(1, 3));
       for (int i = 0; i < 3; ++i) sizes.push_back(d[i] * (k[i] - 1) + 1 + g.uniform(0, 4));
       for (Layout l : all_layouts()) {
-        expect_meta_matches_cpu(c10::str("max_pool3d_with_indices ", dtype, " ", name(l), " k=", k,
-                                         " s=", s, " p=", p, " d=", d, " ceil=", ceil),
-                                [&](const Inputs& x) {
-                                  return flat(at::max_pool3d_with_indices(x[0], k, s, p, d, ceil));
-                                },
-                                {g.make(sizes, dtype, l)});
+        // 2.x's CPU kernel refuses a 4-d input laid out channels-last (2-d); 1.13's takes it.
+        expect_meta_agrees_with_cpu(
+            c10::str("max_pool3d_with_indices ", dtype, " ", name(l), " k=", k, " s=", s, " p=", p,
+                     " d=", d, " ceil=", ceil),
+            [&](const Inputs& x) {
+              return flat(at::max_pool3d_with_indices(x[0], k, s, p, d, ceil));
+            },
+            {g.make(sizes, dtype, l)}, "Unsupported memory format");
       }
     }
   }
