@@ -37,7 +37,7 @@ std::string describe_tensor_args(const c10::FunctionSchema& schema,
 const char* what_it_reads(const std::string& op) {
   if (op == "aten::_local_scalar_dense" || op == "aten::item")
     return "reads a value (Tensor.item(), printing, tolist)";
-  if (op == "aten::equal") return "compares values";
+  if (op == "aten::equal" || op == "aten::allclose") return "compares values";
   return "produces an output whose size depends on the values";
 }
 
@@ -218,7 +218,10 @@ const bool g_registered = (register_when_safe(&register_data_dependent_kernels),
 bool is_data_dependent_op(const c10::OperatorName& name) {
   // Composites: what they call is dispatched below the modes, where torch 2.x has Meta kernels of
   // its own for _local_scalar_dense (an untyped "cannot be called on meta tensors").
-  if (name.name == "aten::item" || name.name == "aten::is_nonzero") return true;
+  if (name.name == "aten::item" || name.name == "aten::is_nonzero" ||
+      name.name == "aten::allclose") {
+    return true;
+  }
   for (const char* op : kDataDependentOps) {
     if (name == aten_op_name(op)) return true;
   }

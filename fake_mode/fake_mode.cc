@@ -47,6 +47,7 @@ struct OpInfo {
   bool own = false;           // a torch.ops.metaload operator: runs as it is
   bool reads_values = false;  // item, nonzero, unique...: a typed error, whatever Meta kernels
                               // this torch has (2.x's Python ones raise their own errors)
+  bool mask_index = false;    // aten::index: with a bool/uint8 mask its shape is the mask's count
 };
 
 // The argument of an op that a real run accepts on any device (native_functions.yaml marks these
@@ -63,10 +64,24 @@ const char* unchecked_argument(const std::string& name) {
   return nullptr;
 }
 
+// x[mask]: aten::index with a bool or uint8 index tensor, whose result has as many rows as the
+// mask has true values (torch 2.x's Python Meta kernel raises an untyped error for it).
+bool indexes_with_a_mask(const torch::jit::Stack& stack, size_t n_args) {
+  const c10::IValue& indices = stack[stack.size() - n_args + 1];
+  if (!indices.isList()) return false;
+  for (const c10::IValue& i : indices.toListRef()) {
+    if (!i.isTensor()) continue;
+    const auto type = i.toTensor().scalar_type();
+    if (type == at::kBool || type == at::kByte) return true;
+  }
+  return false;
+}
+
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   info.own = is_own_op(schema);
   info.reads_values = is_data_dependent_op(schema.operator_name());
+  info.mask_index = schema.name() == "aten::index";
   const char* unchecked = unchecked_argument(schema.name());
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
@@ -212,6 +227,9 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     return op.callBoxed(stack);
   }
   if (info.reads_values) raise_data_dependent(op, stack);
+  if (info.mask_index && indexes_with_a_mask(*stack, schema.arguments().size())) {
+    raise_data_dependent(op, stack);
+  }
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
   auto& s = *stack;
