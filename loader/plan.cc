@@ -12,6 +12,7 @@
 
 #include "base/torch_library.h"
 #include "loader/hf_cache.h"
+#include "loader/progress_board.h"
 #include "loader/swap.h"
 
 namespace metaload {
@@ -293,7 +294,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<std::string> revision, c10::optional<at::Device> device,
                          c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
                          int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar,
-                         c10::optional<bool> map_files) {
+                         c10::optional<bool> map_files, int64_t progress_id) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -311,7 +312,14 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   opt.strict = strict;
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
   if (map_files) opt.map_files = *map_files;
+  if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
   return load_report_json(load_tensors(t, ref, opt));
+}
+
+// Python: the latest {bytes_done, bytes_total} of a load started with `progress_id` (see
+// loader/progress_board.h), or [] before its first report.
+std::vector<int64_t> load_progress_op(int64_t progress_id, bool release) {
+  return ProgressBoard::instance().read(progress_id, release);
 }
 
 }  // namespace
@@ -320,8 +328,10 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def(
       "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
-      "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None) -> str",
+      "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
+      "int progress_id=0) -> str",
       &load_into_op);
+  m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
 }
 
 }  // namespace metaload

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 
@@ -146,10 +147,34 @@ uint64_t TensorSpec::nbytes() const {
   return tensor_nbytes(dtype, shape, "", name);
 }
 
+namespace {
+
+// The dtype's place in the safetensors library's own Dtype enum (measured on safetensors 0.8; the
+// F6 pair, which its Python side cannot write, placed as in its Rust source), by which its writers
+// order tensors. Sizes never decrease along it, except that the sub-byte F4/F6 sit between BOOL and
+// U8 -- harmless for alignment, as no tensor ends in a partial byte (tensor_nbytes).
+int safetensors_rank(DType d) {
+  static const std::map<DType, int> rank = [] {
+    const DType order[] = {DType::BOOL,    DType::F4,          DType::F6_E2M3,     DType::F6_E3M2,
+                           DType::U8,      DType::I8,          DType::F8_E5M2,     DType::F8_E4M3,
+                           DType::F8_E8M0, DType::F8_E4M3FNUZ, DType::F8_E5M2FNUZ, DType::I16,
+                           DType::U16,     DType::F16,         DType::BF16,        DType::I32,
+                           DType::U32,     DType::F32,         DType::C64,         DType::F64,
+                           DType::I64,     DType::U64};
+    static_assert(std::size(order) == kNumDTypes, "every DType needs its safetensors rank");
+    std::map<DType, int> r;
+    for (DType t : order) r.emplace(t, static_cast<int>(r.size()));
+    return r;
+  }();
+  return rank.at(d);
+}
+
+}  // namespace
+
 void sort_for_writing(std::vector<TensorSpec>& specs) {
   std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
-    int ba = dtype_bits(a.dtype), bb = dtype_bits(b.dtype);
-    if (ba != bb) return ba > bb;
+    const int ra = safetensors_rank(a.dtype), rb = safetensors_rank(b.dtype);
+    if (ra != rb) return ra > rb;
     return a.name < b.name;
   });
 }

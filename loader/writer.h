@@ -30,8 +30,11 @@ struct TensorSpec {
   uint64_t nbytes() const;  // tensor_nbytes(dtype, shape, "", name)
 };
 
-// The format's recommended order: larger dtypes first (so every tensor stays aligned to its
-// element size), then by name.
+// The order the safetensors library writes in, so that files are byte-identical to its
+// save_file's for the same tensors (and metadata of at most one entry, which it keeps in a hash
+// map): by its Dtype enum descending -- larger dtypes first, so every tensor stays aligned to its
+// element size; same-size dtypes U64 I64 F64 C64, F32 U32 I32, BF16 F16 U16 I16, ... -- then by
+// name (bytewise).
 void sort_for_writing(std::vector<TensorSpec>& specs);
 
 // Writes one safetensors file. Usage: add() every tensor, then write() once.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/torch_library.h"
+#include "loader/progress_board.h"
 #include "model/dtypes.h"
 #include "model/fixtures.h"
 #include "model/transformers_model.h"
@@ -53,7 +54,7 @@ struct ModelHolder : torch::CustomClassHolder {
 c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::string> revision,
                                            std::string device, c10::optional<std::string> dtype,
                                            int64_t tp_rank, int64_t tp_size, int64_t threads,
-                                           bool dispatch, bool progress_bar) {
+                                           bool dispatch, bool progress_bar, int64_t progress_id) {
   ModelOptions o;
   o.device = at::Device(device);
   if (dtype) o.dtype = scalar_type_named(*dtype);
@@ -63,6 +64,8 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
   o.threads = static_cast<int>(threads);
   o.dispatch = dispatch;
   o.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
+  // Dispatches post their progress for the Python package to poll (loader/progress_board.h).
+  if (progress_id != 0) o.engine.progress = ProgressBoard::instance().writer(progress_id);
   return c10::make_intrusive<ModelHolder>(std::make_shared<TransformersModel>(ref, o));
 }
 

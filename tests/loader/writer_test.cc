@@ -29,6 +29,22 @@ std::string tensor_bytes(const SafetensorsHeader& h, const TensorInfo& t) {
   return all.substr(h.data_start + t.begin, t.nbytes());
 }
 
+// Within one element size, the safetensors library's dtype order wins over names, so that files
+// are byte-identical to its save_file's (tests/python/test_safetensors_api.py compares the bytes).
+TEST(Writer, SameSizeDtypesInTheSafetensorsLibrarysOrder) {
+  std::vector<TensorSpec> specs = {
+      {"a", DType::I32, {1}},     {"b", DType::F32, {1}},  {"c", DType::U32, {1}},
+      {"d", DType::F16, {1}},     {"e", DType::BF16, {1}}, {"f", DType::I16, {1}},
+      {"g", DType::U16, {1}},     {"h", DType::BOOL, {1}}, {"i", DType::U8, {1}},
+      {"j", DType::I8, {1}},      {"k", DType::F64, {1}},  {"l", DType::I64, {1}},
+      {"m", DType::U64, {1}},     {"n", DType::C64, {1}},  {"o", DType::F8_E5M2, {1}},
+      {"p", DType::F8_E4M3, {1}}, {"q", DType::I32, {1}}};
+  sort_for_writing(specs);
+  std::string order;
+  for (const TensorSpec& s : specs) order += s.name;
+  EXPECT_EQ(order, "mlknbcaqedgfpojih");  // U64 I64 F64 C64 F32 U32 I32 I32 BF16 F16 U16 I16 ...
+}
+
 TEST(Writer, WritesAlignedHeaderAndRecommendedOrder) {
   TempDir dir;
   auto a = iota_bytes(2 * 3 * 2, 1);  // F16
