@@ -9,10 +9,17 @@
 The work happens in libmetaload.so (found through METALOAD_LIB or next to this package); this
 package is a thin layer over torch.ops.metaload.
 """
-from ._lib import Error, build_info, error_class, library_path, load
-from ._fake import fake, is_fake, scan
+from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
+                   FamilyError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
+                   ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
+                   ResolveError, ScanError, ShapeError, ShardError, SliceError, SwapError, TPError,
+                   UnknownOpError, UsageError, VerifyError, build_info, error_class, library_path,
+                   load)
+from ._fake import fake, is_fake
+from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, load_into
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
+from ._safetensors import load_file, safe_open, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
 from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint, from_model_key,
@@ -20,40 +27,65 @@ from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint,
 
 ops = load()
 __version__ = build_info()[0]
-DataDependentError = error_class("DataDependentError")
-ModeError = error_class("ModeError")
-MismatchError = error_class("MismatchError")
-LoadError = error_class("LoadError")
 
 __all__ = [
     "__version__",
     "CheckpointInfo",
-    "DataDependentError",
-    "Error",
     "FileReport",
-    "LoadError",
     "LoadReport",
-    "MismatchError",
-    "ModeError",
+    "ModuleShape",
+    "Scan",
     "TransformersModel",
     "bytes_per_element",
     "checkpoint",
     "describe_checkpoint",
-    "from_model_key",
-    "load_into",
-    "make_checkpoint",
-    "max_tp_size",
-    "save_safetensors",
-    "to_model_key",
-    "tp_degree_for",
     "fake",
     "forcing_stats",
+    "from_model_key",
     "is_fake",
     "is_forcing",
     "library_path",
+    "load_file",
+    "load_into",
+    "make_checkpoint",
+    "max_tp_size",
     "meta",
     "ops",
     "real",
     "reset_forcing_stats",
+    "safe_open",
+    "save_file",
+    "save_safetensors",
     "scan",
+    "to_model_key",
+    "tp_degree_for",
+    # Errors: metaload.Error and every C++ kind, under its C++ parent (_lib.py).
+    "Error",
+    "ConfigError",
+    "ConversionError",
+    "DataDependentError",
+    "DeviceError",
+    "DTypeError",
+    "FamilyError",
+    "FixtureError",
+    "FormatError",
+    "LoadCancelled",
+    "LoadError",
+    "MismatchError",
+    "ModeError",
+    "ModelError",
+    "ModelKeyError",
+    "ModulePathError",
+    "PlanError",
+    "ReadError",
+    "ResolveError",
+    "ScanError",
+    "ShapeError",
+    "ShardError",
+    "SliceError",
+    "SwapError",
+    "TPError",
+    "UnknownOpError",
+    "UsageError",
+    "VerifyError",
 ]

@@ -66,23 +66,189 @@ def load():
     return torch.ops.metaload
 
 
+_classes = {}
+
+
 class Error(RuntimeError):
     """Base of every error metaload raises; the C++ kind is the class name."""
 
     kind = "Error"
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ == __name__:  # the kinds below (not a user's own subclasses)
+            cls.kind = cls.__name__
+            cls.__module__ = "metaload"
+            _classes[cls.__name__] = cls
 
-_classes = {"Error": Error}
-_prefix = re.compile(r"\[metaload\.([A-Za-z]+)\] ")
+
+Error.__module__ = "metaload"
+_classes["Error"] = Error
+
+
+# The C++ error kinds, each under the parent it has in C++ (METALOAD_DEFINE_ERROR(Kind, Parent) in
+# the headers named, FormatError/ShardError in loader/errors.h, MismatchError in loader/plan.h):
+# `except metaload.LoadError` catches what `catch (const metaload::LoadError&)` catches.
+# tests/python/test_api.py checks this table against the headers.
+class ModeError(Error):
+    """A mode entered or left in the wrong order, or on the wrong thread (c10_ext/mode_key.h)."""
+
+
+class DataDependentError(Error):
+    """A read of values that a meta or fake tensor does not have (c10_ext/mode_key.h)."""
+
+
+class ShapeError(Error):
+    """A shape kernel rejected its inputs (kernels/meta_registry.h)."""
+
+
+class UnknownOpError(Error):
+    """An operator with no shape kernel reached a meta or fake tensor (kernels/meta_registry.h)."""
+
+
+class ConversionError(Error):
+    """A dtype conversion metaload cannot do (kernels/convert.h)."""
+
+
+class ScanError(Error):
+    """A module tree that cannot be scanned (fake_mode/scan_module.h)."""
+
+
+class FormatError(Error):
+    """A malformed safetensors file or index; `.rule` is the stable rule identifier
+    ("size-mismatch", ...) listed in loader/README.md (loader/errors.h)."""
+
+    @property
+    def rule(self):
+        m = re.search(r"\(rule ([A-Za-z0-9_-]+)\)\s*$", str(self))
+        return m.group(1) if m else None
+
+
+class ShardError(FormatError):
+    """A sharded checkpoint's index disagrees with its shards (loader/errors.h)."""
+
+
+class ResolveError(Error):
+    """A checkpoint reference that names nothing; the message lists where it looked."""
+
+
+class LoadError(Error):
+    """Base of the errors of loading weights (loader/engine.h)."""
+
+
+class ReadError(LoadError):
+    """A checkpoint file could not be read (loader/engine.h)."""
+
+
+class LoadCancelled(LoadError):
+    """The load was cancelled (loader/engine.h)."""
+
+
+class DeviceError(LoadError):
+    """The target device failed or does not exist (loader/engine.h)."""
+
+
+class VerifyError(LoadError):
+    """Loaded bytes failed their final check (loader/engine.h)."""
+
+
+class PlanError(LoadError):
+    """An impossible load request (loader/engine.h)."""
+
+
+class SliceError(LoadError):
+    """A tensor-parallel slice that does not exist (loader/tp.h)."""
+
+
+class SwapError(LoadError):
+    """The loaded tensors could not take the targets' place (loader/swap.h)."""
+
+
+class MismatchError(LoadError):
+    """The checkpoint does not fit the module (loader/plan.h). Besides the message, which lists
+    every problem one per line, `.missing` (module names the checkpoint lacks), `.unexpected`
+    (checkpoint names the module lacks) and `.mismatched` (module names whose shape, dtype or
+    TP shard does not fit) are lists of names."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.missing, self.unexpected, self.mismatched = _mismatch_names(
+            str(args[0]) if args else "")
+
+
+class DTypeError(Error):
+    """A dtype or quantization name that is not known (model/dtypes.h)."""
+
+
+class ModelKeyError(Error):
+    """A malformed model key (model/model_key.h)."""
+
+
+class TPError(Error):
+    """A tensor-parallel degree the model cannot be split into (model/tp.h)."""
+
+
+class ConfigError(Error):
+    """A config.json a model family cannot use (model/families/config.h)."""
+
+
+class FamilyError(Error):
+    """A model family's rule that does not apply (model/families/config.h)."""
+
+
+class FixtureError(Error):
+    """A fixture checkpoint that cannot be made as asked (model/fixtures.h)."""
+
+
+class ModelError(Error):
+    """A TransformersModel request that cannot be served (model/transformers_model.h)."""
+
+
+class ModulePathError(ModelError):
+    """A module path a model does not have; the message lists the closest
+    (model/transformers_model.h)."""
+
+
+class UsageError(Error):
+    """A command line the metaload tool does not accept (tools/cli/torch/torch_cli.h)."""
+
+
+# The lines MismatchError's message lists its problems on (loader/plan.cc's list_block):
+#   "  missing: <module name> [<shape>]"
+#   "  unexpected: <checkpoint name>[ (as <module name>)] in <file>"
+#   "  mismatched: <module name>: <why>"
+# (model/transformers_model.cc writes its TP problems as mismatched lines too.)
+_MISMATCH_LINE = re.compile(r"^  (missing|unexpected|mismatched): (.*)$", re.MULTILINE)
+
+
+def _mismatch_names(message):
+    found = {"missing": [], "unexpected": [], "mismatched": []}
+    for kind, entry in _MISMATCH_LINE.findall(message):
+        if kind == "missing":
+            name = re.sub(r" \[[-0-9, ]*\]$", "", entry)
+        elif kind == "unexpected":
+            name = entry.split(" (as ", 1)[0] if " (as " in entry else entry.rsplit(" in ", 1)[0]
+        else:
+            name = entry.split(": ", 1)[0]
+        found[kind].append(name)
+    return found["missing"], found["unexpected"], found["mismatched"]
+
+
+def error_kinds():
+    """{kind: class} of every metaload error class (the C++ kinds and Error itself)."""
+    return dict(_classes)
 
 
 def error_class(kind):
-    """The Python class for a C++ error kind, made on first use (all derive from metaload.Error)."""
+    """The Python class for a C++ error kind; a kind this package does not know yet (a newer
+    library) gets a class made on first use, derived from metaload.Error."""
     cls = _classes.get(kind)
     if cls is None:
-        cls = type(kind, (Error,), {"kind": kind, "__module__": "metaload"})
-        _classes[kind] = cls
+        cls = type(kind, (Error,), {"__module__": __name__})
     return cls
+
+
+_prefix = re.compile(r"\[metaload\.([A-Za-z]+)\] ")
 
 
 def translate(exc):

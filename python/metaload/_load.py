@@ -15,7 +15,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _lib
+from . import _lib, _progress
 
 
 class FileReport(NamedTuple):
@@ -36,44 +36,85 @@ class LoadReport(NamedTuple):
     threads: int
     engine: str
     files: List[FileReport]
+    # As torch's load_state_dict(strict=False) returns them: module names the checkpoint has no
+    # tensor for (left as they were), and checkpoint names the module has no place for (not
+    # read). Both empty after a strict load, which fails instead.
+    missing_keys: List[str] = []
+    unexpected_keys: List[str] = []
 
     @property
     def gb_per_s(self) -> float:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-def _report(text: str) -> LoadReport:
+def _report(text: str, missing_keys: Optional[List[str]] = None,
+            unexpected_keys: Optional[List[str]] = None) -> LoadReport:
     d: Dict[str, Any] = json.loads(text)
     d["files"] = [FileReport(**f) for f in d["files"]]
-    return LoadReport(**d)
+    return LoadReport(**d, missing_keys=list(missing_keys or []),
+                      unexpected_keys=list(unexpected_keys or []))
+
+
+def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
+    """Every tensor name of checkpoint `ref`, from its headers (no tensor data is read)."""
+    ops = _lib.load()
+    files = json.loads(ops.open_checkpoint(str(ref), revision))["files"]
+    names: List[str] = []
+    for f in files:
+        names.extend(t["name"] for t in json.loads(ops.read_safetensors_header(f))["tensors"])
+    return names
 
 
 @_lib.typed_errors
 def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device, None] = None,
               dtype: Optional[torch.dtype] = None, *, tp_rank: int = 0, tp_size: int = 1,
               threads: int = 0, staging_bytes: int = 0, strict: bool = True,
-              revision: Optional[str] = None, progress: bool = True,
+              revision: Optional[str] = None, progress: _progress.Progress = True,
               mmap: Optional[bool] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
     device: where the tensors go (default cpu). dtype: floating-point tensors load as this dtype
-    (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert). progress: a
-    bar on stderr when it is a terminal. mmap: on cpu, tensors stored as they are loaded point
-    into copy-on-write mappings of the checkpoint files instead of being copied (no fresh memory;
-    the files must not be rewritten in place while the model lives); default: on for checkpoints
-    in the Hugging Face cache (immutable blobs), off for other files. Returns a LoadReport.
+    (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert).
+    strict: as load_state_dict's: with False, module tensors the checkpoint lacks keep what they
+    hold (meta stays meta) and checkpoint tensors the module lacks are not read; the report's
+    missing_keys and unexpected_keys name them. A tensor whose shape or dtype does not fit fails
+    the load either way (metaload.MismatchError). Tied tensors (one object under two names) need
+    one name in the checkpoint.
+    progress: True, a bar on stderr when it is a terminal; False, none; a callable
+    (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
+    called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
+    the checkpoint files instead of being copied (no fresh memory; the files must not be rewritten
+    in place while the model lives); default: on for checkpoints in the Hugging Face cache
+    (immutable blobs), off for other files. Returns a LoadReport; nothing changes unless every
+    tensor loaded.
     """
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
         from ._mode import real
     except ImportError:
         real = contextlib.nullcontext
+    bar, callback = _progress.split(progress)
     state = module.state_dict(keep_vars=True)  # the Parameters themselves; ties appear twice
+    missing: List[str] = []
+    unexpected: List[str] = []
+    if not strict:
+        in_checkpoint = checkpoint_tensor_names(ref, revision)
+        present = set(in_checkpoint)
+        # A name absent from the checkpoint still loads when its tensor object is tied to one
+        # that is there (the library fills the tie from it).
+        tied_to_present = {id(t) for n, t in state.items() if n in present}
+        missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
+        unexpected = [n for n in in_checkpoint if n not in state]
+        gone = set(missing)
+        state = {n: t for n, t in state.items() if n not in gone}
     names = list(state.keys())
     tensors = list(state.values())
     dev = torch.device(device) if device is not None else None
-    with real():
-        out = ops.load_into(tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size,
-                            threads, staging_bytes, strict, progress, mmap)
-    return _report(out)
+    args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
+            staging_bytes, strict, bar, mmap]
+    with real(), _progress.Watch(callback) as watch:
+        if watch.id:
+            args.append(watch.id)
+        out = ops.load_into(*args)
+    return _report(out, missing, unexpected)

@@ -2,7 +2,7 @@
 arrive on the first real forward (the C++ class torch.classes.metaload.TransformersModel).
 
     model = metaload.TransformersModel("openai-community/gpt2")   # reads config.json only
-    shapes = model.scan(batch=2, seq=16)                          # {path: ModuleShape}, no weights
+    shapes = model.scan(batch=2, seq=16)                          # {path: ModuleShape}: a Scan
     w = model.parameter("transformer.h.0.attn.c_attn.weight")     # meta for now
     layer = model.capture("transformer.h.3")
     logits = model(torch.tensor([[464, 2068, 7586]]))             # dispatches, then runs
@@ -13,43 +13,25 @@ Errors surface as metaload.<Kind> exceptions (ResolveError, ConfigError, Mismatc
 ModulePathError, ModelError, ...).
 """
 import json
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+import warnings
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _lib
+from . import _lib, _progress
 from ._lib import typed_errors
-from ._load import FileReport, LoadReport
-
-
-class ModuleShape(NamedTuple):
-    path: str
-    cls: str
-    shape: Tuple[int, ...]
-    dtype: str
-    device: str
-    calls: int
-    bytes: int
-
-
-class Scan(NamedTuple):
-    device: str
-    seconds: float
-    total_bytes: int
-    modules: Dict[str, ModuleShape]  # by path, in the order the modules first ran
+from ._load import LoadReport
+from ._load import _report as _load_report
+from ._scan import ModuleShape, Scan  # noqa: F401 (metaload.model.ModuleShape, as before)
+from ._scan import from_json as _scan_from_json
 
 
 def _scan(text):
-    j = json.loads(text)
-    modules = {m["path"]: ModuleShape(m["path"], m["class"], tuple(m["shape"]), m["dtype"],
-                                      m["device"], m["calls"], m["bytes"]) for m in j["modules"]}
-    return Scan(j["device"], j["seconds"], j["total_bytes"], modules)
+    return _scan_from_json(json.loads(text))
 
 
 def _report(text):
-    j = json.loads(text)
-    files = [FileReport(f["path"], f["bytes"], f["seconds"]) for f in j.pop("files")]
-    return LoadReport(files=files, **j)
+    return _load_report(text)
 
 
 class Capture:
@@ -85,11 +67,32 @@ class TransformersModel:
     @typed_errors
     def __init__(self, ref: str, *, revision: Optional[str] = None, device="cpu", dtype=None,
                  tp_rank: int = 0, tp_size: int = 1, threads: int = 0, dispatch: bool = False,
-                 progress_bar: bool = True):
+                 progress: _progress.Progress = True, progress_bar: Optional[bool] = None):
+        """progress: as load_into's (True: a bar on stderr when it is a terminal; False; a
+        callable (done_bytes, total_bytes) or a tqdm-like object), for the dispatch, whenever it
+        happens. progress_bar: the old name of progress (deprecated)."""
         _lib.load()
-        self._m = torch.classes.metaload.TransformersModel(
-            str(ref), revision, str(torch.device(device)), None if dtype is None else str(dtype),
-            tp_rank, tp_size, threads, dispatch, progress_bar)
+        if progress_bar is not None:
+            warnings.warn("TransformersModel(progress_bar=...) is now progress=...",
+                          DeprecationWarning, stacklevel=3)
+            progress = progress_bar
+        bar, self._progress = _progress.split(progress)
+        args = [str(ref), revision, str(torch.device(device)),
+                None if dtype is None else str(dtype), tp_rank, tp_size, threads, dispatch, bar]
+        self._progress_id = 0
+        if self._progress is not None:
+            _progress.require()
+            self._progress_id = _progress.Watch.new_id()
+        if _progress.supported():
+            args.append(self._progress_id)  # a library with progress ids takes one (0: none)
+        with self._watch(dispatching=dispatch):
+            self._m = torch.classes.metaload.TransformersModel(*args)
+
+    def _watch(self, dispatching=None):
+        """Forwards the dispatch's progress to the callback while a call that may dispatch runs."""
+        if dispatching is None:
+            dispatching = not self._m.dispatched()
+        return _progress.Watch(self._progress if dispatching else None, self._progress_id)
 
     @classmethod
     def from_model_key(cls, key: str, **placement) -> "TransformersModel":
@@ -117,7 +120,8 @@ class TransformersModel:
     @typed_errors
     def dispatch(self) -> LoadReport:
         """Loads the weights into the same tensors (idempotent: later calls load nothing)."""
-        return _report(self._m.dispatch())
+        with self._watch():
+            return _report(self._m.dispatch())
 
     @typed_errors
     def scan(self, ids: Optional[torch.Tensor] = None, *, batch: Optional[int] = None,
@@ -134,14 +138,16 @@ class TransformersModel:
     @typed_errors
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits. Real ids dispatch first; meta or fake ids scan (fake logits)."""
-        return self._m.forward(ids)
+        with self._watch():
+            return self._m.forward(ids)
 
     __call__ = forward
 
     @typed_errors
     def generate(self, ids: torch.Tensor, n: int) -> torch.Tensor:
         """Greedy decoding of n tokens: [batch, seq + n]."""
-        return self._m.generate(ids, n)
+        with self._watch():
+            return self._m.generate(ids, n)
 
     @typed_errors
     def parameter(self, name: str) -> torch.Tensor:

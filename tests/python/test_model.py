@@ -98,9 +98,9 @@ def build(tmp_path, name, cfg, opts, monkeypatch):
         hub = tmp_path / "hub"
         made = make_checkpoint(hf_cache=str(hub), repo=f"metaload-test/{safe}", **kw)
         monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-        return TransformersModel(f"metaload-test/{safe}", progress_bar=False), made
+        return TransformersModel(f"metaload-test/{safe}", progress=False), made
     made = make_checkpoint(str(tmp_path / safe), **kw)
-    return TransformersModel(made["dir"], progress_bar=False), made
+    return TransformersModel(made["dir"], progress=False), made
 
 
 @pytest.mark.parametrize("name,cfg,opts", CASES, ids=[c[0] for c in CASES])
@@ -127,7 +127,7 @@ def tiny(tmp_path, config="llama-tiny", **kw):
 
 
 def test_same_tensor_objects_before_and_after_dispatch(tmp_path):
-    model = TransformersModel(tiny(tmp_path), progress_bar=False)
+    model = TransformersModel(tiny(tmp_path), progress=False)
     before = model.named_parameters()
     w = model.parameter("model.layers.0.self_attn.q_proj.weight")
     assert w.is_meta and w is before["model.layers.0.self_attn.q_proj.weight"]
@@ -149,7 +149,7 @@ def test_same_tensor_objects_before_and_after_dispatch(tmp_path):
 
 
 def test_scan_never_loads_and_reports_every_module(tmp_path):
-    model = TransformersModel(tiny(tmp_path, "gpt2-tiny"), progress_bar=False)
+    model = TransformersModel(tiny(tmp_path, "gpt2-tiny"), progress=False)
     scan = model.scan(batch=2, seq=7)
     assert not model.dispatched
     assert all(p.is_meta for p in model.named_parameters().values())
@@ -160,7 +160,7 @@ def test_scan_never_loads_and_reports_every_module(tmp_path):
     assert scan.total_bytes == sum(x.bytes for x in m.values())
     assert list(m)[-1] == ""
     on_cuda = model.scan(batch=1, seq=3, device="cuda")
-    assert on_cuda.device == "cuda:0" and on_cuda.modules["transformer.ln_f"].device == "cuda:0"
+    assert on_cuda.device == on_cuda.modules["transformer.ln_f"].device == torch.device("cuda:0")
     # ids inside metaload.fake(): forward is a scan, the logits are fake.
     with metaload.fake("cpu"):
         ids = torch.zeros(3, 4, dtype=torch.long)
@@ -168,13 +168,13 @@ def test_scan_never_loads_and_reports_every_module(tmp_path):
     assert metaload.is_fake(logits) and tuple(logits.shape) == (3, 4, 256)
     assert not model.dispatched
     bf16 = TransformersModel(model.info["checkpoint"], dtype=torch.bfloat16)
-    assert bf16.scan(batch=1, seq=2).modules["transformer.h.0"].dtype == "bfloat16"
+    assert bf16.scan(batch=1, seq=2).modules["transformer.h.0"].dtype == torch.bfloat16
     # scan(ids, device=...): only the ids' shape counts; every module claims that device. A tuple
     # output (rotary_emb's cos, sin) is reported element by element as "<path>.0", "<path>.1".
-    llama = TransformersModel(tiny(tmp_path), progress_bar=False)
+    llama = TransformersModel(tiny(tmp_path), progress=False)
     s = llama.scan(torch.zeros(2, 3, dtype=torch.long), device="cuda:1")
-    assert s.device == "cuda:1" and s.modules[""].shape == (2, 3, 256)
-    assert {m.device for m in s.modules.values()} == {"cuda:1"}
+    assert s.device == torch.device("cuda:1") and s.modules[""].shape == (2, 3, 256)
+    assert {m.device for m in s.modules.values()} == {torch.device("cuda:1")}
     assert s.modules["model.layers.0.self_attn.k_proj"].shape == (2, 3, 32)
     cos, sin = s.modules["model.rotary_emb.0"], s.modules["model.rotary_emb.1"]
     assert cos.shape == sin.shape == (2, 3, 16) and cos.cls == "LlamaRotaryEmbedding"
@@ -187,7 +187,7 @@ def test_scan_never_loads_and_reports_every_module(tmp_path):
 
 
 def test_captures_and_module_access(tmp_path):
-    model = TransformersModel(tiny(tmp_path), progress_bar=False)
+    model = TransformersModel(tiny(tmp_path), progress=False)
     h = model.capture("model.layers.1")
     logits = model.capture("")
     model.scan(batch=2, seq=3)
@@ -216,7 +216,7 @@ def test_model_keys(tmp_path, monkeypatch):
     hub = tmp_path / "hub"
     made = make_checkpoint(config="gpt2-tiny", hf_cache=str(hub), repo="openai-community/gpt2-tiny")
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    model = TransformersModel("openai-community/gpt2-tiny", progress_bar=False)
+    model = TransformersModel("openai-community/gpt2-tiny", progress=False)
     key = model.to_model_key()
     assert key == ('metaload.TransformersModel:{"repo_id": "openai-community/gpt2-tiny", '
                    '"revision": null}')
@@ -252,7 +252,7 @@ def test_errors_are_typed_and_leave_the_model_meta(tmp_path):
     cfg["hidden_size"] = 32
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
-    model = TransformersModel(d, progress_bar=False)
+    model = TransformersModel(d, progress=False)
     with pytest.raises(metaload.MismatchError) as e:
         model.dispatch()
     assert "model.embed_tokens.weight: shape [256, 32]" in str(e.value)

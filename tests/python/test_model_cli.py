@@ -89,7 +89,7 @@ def test_scan_and_run_agree_with_the_python_model(tmp_path):
     assert mods["model.layers.1.self_attn.k_proj"]["shape"] == [2, 5, 32]
     assert mods["model.layers.1.self_attn.k_proj"]["bytes"] == 2 * 5 * 32 * 4
     assert scan["total_bytes"] == sum(m["bytes"] for m in scan["modules"])
-    model = TransformersModel(str(d), progress_bar=False)
+    model = TransformersModel(str(d), progress=False)
     assert {p: list(m.shape) for p, m in model.scan(batch=2, seq=5).modules.items()} == \
         {p: m["shape"] for p, m in mods.items()}
     table = cli("scan", d, "--batch", "2", "--seq", "5", "--device", "cuda:0", "--collapse")
@@ -117,7 +117,7 @@ def test_run_places_the_model_by_device_and_dtype(tmp_path):
 
     # --device cpu: the tokens of the default placement (float32 on cpu), here computed in process.
     on_cpu = tokens("--device", "cpu")
-    f32 = TransformersModel(str(d), progress_bar=False).generate(torch.tensor(ids), 6)[:, 5:]
+    f32 = TransformersModel(str(d), progress=False).generate(torch.tensor(ids), 6)[:, 5:]
     assert on_cpu["device"] == "cpu" and on_cpu["dtype"] == "float32"
     assert on_cpu["tokens"] == f32.tolist()
     # bfloat16: the same tokens as the Python model placed in bfloat16 (its own rounding, so the
@@ -125,7 +125,7 @@ def test_run_places_the_model_by_device_and_dtype(tmp_path):
     bf16 = tokens("--dtype", "bfloat16")
     assert bf16["dtype"] == "bfloat16"
     bf16 = bf16["tokens"]
-    model = TransformersModel(str(d), dtype=torch.bfloat16, progress_bar=False)
+    model = TransformersModel(str(d), dtype=torch.bfloat16, progress=False)
     assert model.parameter("model.embed_tokens.weight").dtype == torch.bfloat16
     assert bf16 == model.generate(torch.tensor(ids), 6)[:, 5:].tolist()
     expect_usage_error(cli(*run, "--device", "tpu"), "--device", "tpu")
@@ -207,7 +207,7 @@ def test_demo_runs_the_main_job_on_a_small_default(tmp_path):
                  r"bytes in ", final)
     assert m, again.stderr
     snapshot, = (tmp_path / "data" / "hf-cache" / "models--org--gpt2-tiny" / "snapshots").iterdir()
-    report = TransformersModel(str(snapshot), progress_bar=False).dispatch()
+    report = TransformersModel(str(snapshot), progress=False).dispatch()
     assert report.mapped_bytes == report.bytes == int(m.group(3))
     expect_usage_error(cli(*args[:-1], "1,x"), "--prompt", "'x'")
 

@@ -70,7 +70,7 @@ def test_every_classification_model_scans_on_fake_cuda():
         except metaload.Error as e:
             failed[name] = f"{type(e).__name__}: {str(e)[:150]}"
             continue
-        out_shape, dtype = shapes[""]
+        out_shape, dtype = shapes[""].shape, shapes[""].dtype
         assert out_shape == (2, 1000) and dtype == torch.float32, (name, shapes[""])
         assert all(p.is_meta for p in model.parameters()), name
         ok.append(name)
@@ -98,5 +98,5 @@ def test_scan_equals_a_real_forward_module_by_module(name):
     expected = module_shapes_real(real_model, x)
     meta_model = build_meta(name)
     scanned = metaload.scan(meta_model, x, device="cuda")
-    got = {p: s for p, (s, _) in scanned.items()}
+    got = {p: m.shape for p, m in scanned.items()}
     assert got == expected
