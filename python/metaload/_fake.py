@@ -1,4 +1,5 @@
-"""metaload.fake(device) and metaload.scan(): shapes, dtypes and devices without memory or compute.
+"""metaload.fake(device): shapes, dtypes and devices without memory or compute (metaload.scan,
+which runs a model under it, is in _scan.py).
 
 The C++ FakeMode does the work. Python adds what the dispatcher cannot see: torch's Python bindings
 pass an explicit cpu device to factories when none is given (so the mode's device is filled in
@@ -11,7 +12,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _lib
+from . import _interplay, _lib, _to_args
 
 _state = threading.local()
 
@@ -23,6 +24,10 @@ _FACTORIES = {
     torch.triu_indices, torch.hann_window, torch.hamming_window, torch.bartlett_window,
     torch.blackman_window, torch.kaiser_window,
 }
+# ... and those of newer torches (2.x's default device would fill in theirs: cuda init).
+_FACTORIES |= {f for f in (getattr(torch, "asarray", None), getattr(torch, "empty_permuted", None),
+                           getattr(torch.fft, "fftfreq", None),
+                           getattr(torch.fft, "rfftfreq", None)) if f is not None}
 
 
 # Tensor methods that make new tensors on self's device (or a given one).
@@ -30,6 +35,16 @@ _NEW_METHODS = {
     torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
     torch.Tensor.new_tensor, torch.Tensor.new_empty_strided,
 }
+
+
+# torch functions that make a tensor like a given one, on its device unless told otherwise: torch
+# 1.13's bindings initialise CUDA for a cuda `input` before dispatching.
+_LIKE = {
+    torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like,
+    torch.randn_like, torch.randint_like,
+}
+
+_INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 
 
 def _mode_device():
@@ -43,13 +58,17 @@ def _needs_cuda_detour(device):
 
 class _FakeFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _interplay.torch_fake_mode_inside():  # entered in this scope: it wins (innermost)
+            with _interplay.without_metaload_keys():
+                return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         target = None
         mode_device = _mode_device()
         if mode_device is not None:
             if func in _FACTORIES:
-                if kwargs.get("device") is None and not (func is torch.as_tensor and args and
-                                                         isinstance(args[0], torch.Tensor)):
+                if kwargs.get("device") is None and not (
+                        func in (torch.as_tensor, torch.asarray) and args and
+                        isinstance(args[0], torch.Tensor)):
                     kwargs["device"] = mode_device
                 if _needs_cuda_detour(kwargs.get("device")):
                     target = torch.device(kwargs["device"])
@@ -62,6 +81,18 @@ class _FakeFunctionMode(TorchFunctionMode):
                     target = device
                     kwargs.pop("device", None)
                     args = (torch.empty(0, dtype=args[0].dtype, device="cpu"), *args[1:])
+            elif func in _LIKE and args and isinstance(args[0], torch.Tensor):
+                device = kwargs.get("device")
+                device = args[0].device if device is None else torch.device(device)
+                if _needs_cuda_detour(device):
+                    # Same call made on cpu (same shape, dtype and strides), then moved in C++.
+                    target = device
+                    kwargs["device"] = "cpu"
+            elif func in _INDEXING and len(args) > 1 and _needs_cuda_detour(args[0].device):
+                args = (args[0], _index_lists_on_cpu(args[1]), *args[2:])
+            elif (_RPOW_MAKES_A_TENSOR and func is torch.Tensor.__rpow__ and len(args) == 2 and
+                  _needs_cuda_detour(args[0].device)):
+                func, args = torch.pow, _rpow_args(*args)
             elif func is torch.Tensor.to:
                 args, kwargs, target = _detour_to(args, kwargs)
             elif func is torch.Tensor.cuda:
@@ -87,28 +118,52 @@ class _FakeFunctionMode(TorchFunctionMode):
         return out
 
 
+# torch 1.13's Tensor.__rpow__(self, other) is torch.tensor(other, dtype, device=self.device)
+# ** self: the tensor made on a cuda fake's device initialises CUDA (2.x's: torch.pow(other, self)).
+_RPOW_MAKES_A_TENSOR = int(torch.__version__.split(".")[0]) < 2
+
+
+def _rpow_args(self, other):
+    """torch.pow's arguments for 1.13's self.__rpow__(other): the base has the result type and
+    self's device (as torch.tensor(other) makes it: detached), made without CUDA."""
+    if not isinstance(other, torch.Tensor):
+        return other, self
+    base = other.detach().to(torch.result_type(other, self))
+    return (base if base.device == self.device else _to_device(base, self.device)), self
+
+
+def _index_lists_on_cpu(index):
+    """The index of t[index] with its lists as cpu index tensors. torch turns each list into a
+    tensor on t's device (for a cuda fake, its bindings initialise CUDA first); an index tensor on
+    cpu is allowed for a tensor on any device and selects the same elements."""
+    def as_tensor(i):
+        return torch.tensor(i, device="cpu") if isinstance(i, list) else i
+
+    if isinstance(index, tuple):
+        return tuple(as_tensor(i) for i in index) if any(isinstance(i, list) for i in index) \
+            else index
+    if isinstance(index, list):
+        # torch's rule (treatSequenceAsTuple): a short list holding tensors, sequences, slices,
+        # None or Ellipsis is a tuple of indices; other lists are one index.
+        if len(index) < 32 and any(isinstance(i, (torch.Tensor, list, tuple, slice)) or
+                                   i is None or i is Ellipsis for i in index):
+            return tuple(as_tensor(i) for i in index)
+        return as_tensor(index)
+    return index
+
+
 def _to_device(t, device):
     return _lib.load().fake_to(t, str(device))
 
 
 def _detour_to(args, kwargs):
-    """Tensor.to(...) with a cuda device: do the rest on the tensor's own device, then move."""
-    self, rest = args[0], list(args[1:])
-    device = kwargs.pop("device", None)
-    if rest and isinstance(rest[0], torch.Tensor):
-        other = rest.pop(0)
-        kwargs.setdefault("dtype", other.dtype)
-        device = other.device
-    elif rest and (isinstance(rest[0], (str, torch.device)) or
-                   (isinstance(rest[0], int) and not isinstance(rest[0], bool))):
-        device = rest.pop(0)
-        if isinstance(device, int):
-            device = torch.device("cuda", device)
+    """Tensor.to(...) with a cuda device (any form of .to, _to_args.py): do the rest on the
+    tensor's own device, then move; other calls go to torch unchanged."""
+    spec = _to_args.parse(args[1:], kwargs)
+    device = spec.pop("device", None) if spec is not None else None
     if device is None or not _needs_cuda_detour(device):
-        if device is not None:
-            kwargs["device"] = device
-        return (self, *rest), kwargs, None
-    return (self, *rest), kwargs, torch.device(device)
+        return args, kwargs, None
+    return (args[0],), spec, device
 
 
 @contextlib.contextmanager
@@ -128,7 +183,7 @@ def fake(device="cpu"):
         stack = _state.devices = []
     stack.append(device)
     try:
-        with _FakeFunctionMode():
+        with _interplay.outer_fake_mode_set_aside(), _FakeFunctionMode():
             yield device
     finally:
         stack.pop()
@@ -140,33 +195,6 @@ def is_fake(t):
 
 
 def scan(model, *inputs, device="cpu", **kwargs):
-    """Runs `model` on fake tensors and returns {module path: (shape, dtype)} for every submodule
-    whose output is a tensor (the root module under ""), without memory and without computing.
-
-    Inputs may be real tensors (they count as on their own device), meta tensors (on `device`) or
-    anything the model accepts; nothing is allocated and no weights are needed (build the model
-    under metaload.meta())."""
-    shapes = {}
-    hooks = []
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
-
-    def record(path):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, (tuple, list)) and output else output
-            if isinstance(out, torch.Tensor):
-                shapes[path] = (tuple(out.shape), out.dtype)
-        return hook
-
-    for path, module in model.named_modules():
-        hooks.append(module.register_forward_hook(record(path)))
-    try:
-        with torch.no_grad(), fake(device):
-            inputs = tuple(_to_device(x, device) if isinstance(x, torch.Tensor) and
-                           _needs_cuda_detour(device) and not x.is_meta else x for x in inputs)
-            model(*inputs, **kwargs)
-    finally:
-        for h in hooks:
-            h.remove()
-    return shapes
+    """metaload.scan (in _scan.py, beside the Scan type it returns)."""
+    from ._scan import scan as _scan
+    return _scan(model, *inputs, device=device, **kwargs)

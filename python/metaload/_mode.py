@@ -14,7 +14,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _lib, _values
+from . import _interplay, _lib, _to_args, _values
 
 _state = threading.local()
 
@@ -66,22 +66,14 @@ def _is_device_like(x):
 
 
 def _to_args_on_meta(args, kwargs):
-    """Tensor.to(...) arguments with every device replaced by meta (a tensor argument gives its
-    dtype only)."""
-    args = list(args)
-    if args and isinstance(args[0], torch.Tensor):
-        other = args.pop(0)
-        kwargs.setdefault("dtype", other.dtype)
-        args.insert(0, _redirect(other.device))
-    elif args and _is_device_like(args[0]):
-        args[0] = _redirect(args[0])
-    if "device" in kwargs:
-        kwargs["device"] = _redirect(kwargs["device"])
-    if "other" in kwargs:
-        other = kwargs.pop("other")
-        kwargs.setdefault("dtype", other.dtype)
-        args.insert(0, _redirect(other.device))
-    return args, kwargs
+    """Tensor.to(...) arguments (after self; any form, _to_args.py) with the device redirected,
+    as (args, kwargs); arguments that fit no form go on unchanged (torch raises)."""
+    spec = _to_args.parse(args, kwargs)
+    if spec is None:
+        return list(args), kwargs
+    if spec.get("device") is not None:
+        spec["device"] = _redirect(spec["device"])
+    return [], spec
 
 
 _READS = {
@@ -94,6 +86,9 @@ _READS = {
 
 class _MetaFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _interplay.torch_fake_mode_inside():  # entered in this scope: it wins (innermost)
+            with _interplay.without_metaload_keys():
+                return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if _python_forcing():
             if func in _values.READS and _values.value_of(args[0] if args else None) is not None:
@@ -106,11 +101,16 @@ class _MetaFunctionMode(TorchFunctionMode):
                     "tensors onto meta. Create tensors whose values you need inside "
                     "`with metaload.real():`.")
             if func is torch.Tensor.to:
-                args, kwargs = (args[0], *_to_args_on_meta(args[1:], kwargs)[0]), kwargs
+                rest, kwargs = _to_args_on_meta(args[1:], kwargs)
+                args = (args[0], *rest)
             elif func is torch.Tensor.cuda:
                 return args[0].to(_CPU)
-            elif "device" in kwargs:
+            elif kwargs.get("device") is not None:
                 kwargs["device"] = _redirect(kwargs["device"])
+            elif func in _interplay.DEVICE_CONSTRUCTORS and _interplay.accelerator_default():
+                # torch's default device (set_default_device, `with torch.device`) is filled in
+                # below this mode, before the C++ mode could force it: give cpu here instead.
+                kwargs["device"] = _CPU
         try:
             result = func(*args, **kwargs)
         except RuntimeError as e:
@@ -133,7 +133,7 @@ def meta():
         raise (_lib.translate(e) or e) from None
     _stack().append("meta")
     try:
-        with _MetaFunctionMode():
+        with _interplay.outer_fake_mode_set_aside(), _MetaFunctionMode():
             yield
     finally:
         _stack().pop()

@@ -86,6 +86,8 @@ def track(func, args, kwargs, result, real):
                 values = value_of(args[0]).to(dtype=result.dtype)
             else:
                 kw = {k: _swap(v) for k, v in kwargs.items()}
+                if func in FACTORIES:  # not torch's default device (a torch.device context)
+                    kw["device"] = _CPU
                 values = func(*[_swap(a) for a in args], **kw)
     except Exception:  # values are a bonus: an op they cannot follow just leaves them unknown
         if _mutates(func) and args and value_of(args[0]) is not None:
