@@ -61,10 +61,6 @@ def _redirect(device):
     return _META if d.type == "meta" else _CPU
 
 
-def _is_device_like(x):
-    return isinstance(x, (str, torch.device)) or (isinstance(x, int) and not isinstance(x, bool))
-
-
 def _to_args_on_meta(args, kwargs):
     """Tensor.to(...) arguments (after self; any form, _to_args.py) with the device redirected,
     as (args, kwargs); arguments that fit no form go on unchanged (torch raises)."""
