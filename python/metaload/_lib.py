@@ -29,7 +29,11 @@ _BUILD_INFO = re.compile(rb"metaload-build-info: metaload=([^ ]+) torch=(\d+)\.(
 def build_info(path=None):
     """(metaload version, torch version) the library at `path` was built for, read from its bytes
     (base/build_info.cc) without loading it."""
-    path = path or library_path()
+    return _read_build_info(path or library_path())
+
+
+@functools.lru_cache(maxsize=8)  # import reads it twice (the torch check, then __version__)
+def _read_build_info(path):
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         at = m.find(b"metaload-build-info: ")
         match = _BUILD_INFO.match(m[at:at + 200]) if at >= 0 else None
