@@ -2,6 +2,18 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/detach_ops.h>
+#include <ATen/ops/empty_ops.h>
+#include <ATen/ops/empty_strided_ops.h>
+#include <ATen/ops/fill_ops.h>
+#include <ATen/ops/full_ops.h>
+#include <ATen/ops/normal_ops.h>
+#include <ATen/ops/ones_ops.h>
+#include <ATen/ops/rand_ops.h>
+#include <ATen/ops/randn_ops.h>
+#include <ATen/ops/uniform_ops.h>
+#include <ATen/ops/zero_ops.h>
+#include <ATen/ops/zeros_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -9,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "base/torch_compat.h"
@@ -16,6 +29,7 @@
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
 #include "c10_ext/op_args.h"
+#include "c10_ext/values.h"
 
 namespace metaload {
 namespace {
@@ -64,7 +78,9 @@ struct OpInfo {
   int8_t pin_memory = -1;  // index of the `pin_memory` argument
   int8_t self = -1;        // index of the first Tensor argument
   bool direct_empty = false;
-  bool is_to = false;  // to / _to_copy: an already-meta source is not a saving
+  bool is_to = false;          // to / _to_copy: an already-meta source is not a saving
+  bool value_factory = false;  // arange, linspace, ...: its (small) results get values (values.h)
+  uint64_t writes = 0;         // bit i: argument i is written (in place / out=)
 };
 
 OpInfo classify(const c10::FunctionSchema& schema) {
@@ -74,6 +90,7 @@ OpInfo classify(const c10::FunctionSchema& schema) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
     const auto& a = args[i];
+    if (i < 64 && a.alias_info() && a.alias_info()->isWrite()) info.writes |= uint64_t{1} << i;
     if (a.name() == "device" && is_device_type(*a.type())) info.device = static_cast<int8_t>(i);
     if (a.name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
     if (info.self < 0 && a.type()->kind() == c10::TypeKind::TensorType) {
@@ -98,6 +115,9 @@ OpInfo classify(const c10::FunctionSchema& schema) {
     info.direct_empty = (name == "aten::empty" && overload == "memory_format") ||
                         (name == "aten::empty_strided" && overload.empty());
     info.is_to = name == "aten::to" || name == "aten::_to_copy";
+    info.value_factory = name == "aten::arange" || name == "aten::range" ||
+                         name == "aten::linspace" || name == "aten::logspace" ||
+                         name == "aten::scalar_tensor";
   }
   return info;
 }
@@ -160,8 +180,19 @@ void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.callBoxed(stack);
 }
 
-void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const OpInfo& info = op_info(op);
+// A device argument that is neither cpu nor meta went through torch's Python binding, which
+// initialises that device first unless it is marked initialised; metaload's Python package marks
+// it so while forcing (python/metaload/_device_init.py). Mark it uninitialised again at once, so a
+// thread doing real work still gets torch's full initialisation on its first use.
+void note_device(const c10::IValue& v) {
+  if (v.isDevice()) {
+    const auto type = v.toDevice().type();
+    if (type != c10::kCPU && type != c10::kMeta) require_device_init_again(type);
+  }
+}
+
+// Forces the op's results onto meta (values aside).
+void force(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (info.kind == OpKind::kPassthrough) return call_below(op, stack);
 
   const size_t n_args = op.schema().arguments().size();
@@ -171,6 +202,7 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   switch (info.kind) {
     case OpKind::kDeviceArg: {
       auto& dev = s[base + info.device];
+      note_device(dev);
       bool requested_meta = false;
       if (dev.isDevice()) {
         requested_meta = dev.toDevice().is_meta();
@@ -209,6 +241,7 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
       torch::jit::drop(*stack, n_args);
       // The host data already exists (torch.tensor / numpy made it): nothing saved but the copy.
       count_forced(out, /*saved_bytes=*/info.kind == OpKind::kPin);
+      if (info.kind == OpKind::kLift && self.device().is_cpu()) attach_values(out, self);
       stack->emplace_back(std::move(out));
       return;
     }
@@ -234,6 +267,251 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   call_below(op, stack);
 }
 
+// ---- values (values.h) -------------------------------------------------------------------------
+
+struct MetaInputs {
+  int meta = 0;         // meta tensors among the arguments (also inside lists)
+  int with_values = 0;  // ... of which carry values
+};
+
+MetaInputs scan_meta_inputs(const torch::jit::Stack& s, size_t base) {
+  MetaInputs in;
+  auto visit = [&in](const c10::IValue& v) {
+    if (!v.isTensor()) return;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.is_meta()) return;
+    ++in.meta;
+    if (has_values(t)) ++in.with_values;
+  };
+  for (size_t i = base; i < s.size(); ++i) {
+    if (s[i].isList()) {
+      for (const auto& e : s[i].toListRef()) visit(e);
+    } else {
+      visit(s[i]);
+    }
+  }
+  return in;
+}
+
+void forget_written(const OpInfo& info, const torch::jit::Stack& args) {
+  for (size_t i = 0; i < args.size() && i < 64; ++i) {
+    if ((info.writes >> i & 1) && args[i].isTensor()) forget_values(args[i].toTensor());
+  }
+}
+
+// Runs `op` on CPU for the values: meta tensors with values become CPU aliases of them (an in-place
+// op writes into them), devices become cpu, pinning (which needs a GPU) is dropped.
+torch::jit::Stack run_on_values(const OpInfo& info, const c10::OperatorHandle& op,
+                                torch::jit::Stack args) {
+  auto swap = [](const c10::IValue& v) -> c10::IValue {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
+      return values_alias(v.toTensor());
+    }
+    if (v.isDevice()) return c10::IValue(c10::Device(c10::kCPU));
+    return v;
+  };
+  c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
+  for (auto& v : args) {
+    if (v.isList()) {
+      c10::impl::GenericList in = v.toList();
+      c10::impl::GenericList out(in.elementType());
+      out.reserve(in.size());
+      for (const auto& e : v.toListRef()) out.push_back(swap(e));
+      v = c10::IValue(std::move(out));
+    } else {
+      v = swap(v);
+    }
+  }
+  if (info.pin_memory >= 0 && args[info.pin_memory].isBool()) {
+    args[info.pin_memory] = c10::IValue(false);
+  }
+  op.callBoxed(&args);
+  return args;
+}
+
+bool wants_values(const c10::IValue& v) {
+  auto small_meta = [](const c10::IValue& e) {
+    return e.isTensor() && e.toTensor().defined() && e.toTensor().is_meta() &&
+           e.toTensor().numel() <= kMaxValueElements && !has_values(e.toTensor());
+  };
+  if (!v.isList()) return small_meta(v);
+  for (const auto& e : v.toListRef()) {
+    if (small_meta(e)) return true;
+  }
+  return false;
+}
+
+void attach(const c10::IValue& meta, const c10::IValue& values) {
+  if (meta.isTensor() && values.isTensor()) {
+    attach_values(meta.toTensor(), values.toTensor());
+  } else if (meta.isList() && values.isList()) {
+    const auto m = meta.toListRef();
+    const auto v = values.toListRef();
+    for (size_t i = 0; i < m.size() && i < v.size(); ++i) attach(m[i], v[i]);
+  }
+}
+
+// A result computed on CPU, as the meta tensor forcing gives (with the values attached).
+c10::IValue meta_with_values(const c10::IValue& v) {
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) {
+    at::Tensor out;
+    {
+      c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
+      out = meta_like(v.toTensor());
+    }
+    attach_values(out, v.toTensor());
+    return out;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    for (const auto& e : v.toListRef()) out.push_back(meta_with_values(e));
+    return c10::IValue(std::move(out));
+  }
+  return v;
+}
+
+// Every meta input carries values (or the op makes values from constants): force as usual, and
+// compute the values of its small results on CPU.
+void force_with_values(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       size_t n_args) {
+  torch::jit::Stack args(stack->end() - n_args, stack->end());  // before forcing rewrites them
+  const size_t n_ret = op.schema().returns().size();
+  if (info.kind == OpKind::kReadsValues) {  // item, nonzero, equal, ...: answered from the values
+    torch::jit::Stack results = run_on_values(info, op, std::move(args));
+    torch::jit::drop(*stack, n_args);
+    for (const auto& r : results) stack->push_back(meta_with_values(r));
+    return;
+  }
+  force(info, op, stack);
+  bool wanted = info.writes != 0;
+  for (size_t i = stack->size() - n_ret; i < stack->size() && !wanted; ++i) {
+    wanted = wants_values((*stack)[i]);
+  }
+  if (!wanted) return;
+  torch::jit::Stack results;
+  try {
+    results = run_on_values(info, op, args);
+  } catch (const std::exception&) {  // values are a bonus: an op they cannot follow leaves them
+    forget_written(info, args);      // unknown
+    return;
+  }
+  for (size_t i = 0; i < n_ret && i < results.size(); ++i) {
+    attach((*stack)[stack->size() - n_ret + i], results[i]);
+  }
+}
+
+void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // torch's FakeTensorMode entered inside a metaload scope (an outer one is set aside when the
+  // scope is entered): the innermost scope wins, so the call runs as if metaload were off.
+  if (torch_fake_mode_is_on()) return call_below(op, stack);
+  const OpInfo& info = op_info(op);
+  const size_t n_args = op.schema().arguments().size();
+  const MetaInputs in = scan_meta_inputs(*stack, stack->size() - n_args);
+  if (!info.value_factory && (in.meta == 0 || in.with_values < in.meta)) {
+    if (in.with_values > 0 && info.writes != 0) {  // written by something whose values are unknown
+      forget_written(info, torch::jit::Stack(stack->end() - n_args, stack->end()));
+    }
+    return force(info, op, stack);
+  }
+  force_with_values(info, op, stack, n_args);
+}
+
+// ---- direct kernels for the ops a module constructor calls most -------------------------------
+
+// Every parameter is made (empty), wrapped (Parameter detaches it) and initialised in place
+// (uniform_, normal_, fill_, zero_). On a meta tensor without values those need nothing from
+// MetaMode, and an unboxed kernel that hands them straight to the Meta kernel costs a fraction of
+// the boxed fallback: that keeps a build under MetaMode as cheap as one with device="meta".
+// Anything else (values, a tensor that is not meta, torch's FakeTensorMode) goes through the
+// fallback.
+template <class Op, class Schema = typename Op::schema>
+struct Direct;
+
+template <class Op, class R, class Self, class... Rest>
+struct Direct<Op, R(Self, Rest...)> {
+  static R call(c10::DispatchKeySet ks, Self self, Rest... rest) {
+    if (self.is_meta() && !has_values(self) && !torch_fake_mode_is_on()) {
+      return Op::redispatch(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMetaModeKey),
+                            self, rest...);
+    }
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    torch::jit::Stack stack;
+    torch::jit::push(stack, self, rest...);
+    meta_mode_fallback(op, &stack);
+    if constexpr (std::is_reference<R>::value) {
+      return const_cast<R>(self);  // in place: returns self
+    } else {
+      return stack.back().toTensor();
+    }
+  }
+};
+
+// Arguments of a factory as the fallback rewrites them: the device becomes meta, pinning is
+// dropped.
+template <class T>
+T& to_meta(T& arg, bool* requested_meta) {
+  return arg;
+}
+c10::optional<c10::Device>& to_meta(c10::optional<c10::Device>& device, bool* requested_meta) {
+  if (device.has_value()) {
+    *requested_meta = device->is_meta();
+    note_device(c10::IValue(*device));
+  }
+  device = c10::Device(c10::kMeta);
+  return device;
+}
+c10::optional<bool>& to_meta(c10::optional<bool>& pin_memory, bool*) {  // their only bool?
+  pin_memory = c10::nullopt;
+  return pin_memory;
+}
+
+// Factories: the device argument becomes meta, as in the fallback. empty() and empty_strided()
+// with a 1-D size take the fallback (they may get a host shadow buffer, see shadow_empty).
+template <class Op, bool kMayShadow, class Schema = typename Op::schema>
+struct DirectFactory;
+
+template <class Op, bool kMayShadow, class Size, class... Rest>
+struct DirectFactory<Op, kMayShadow, at::Tensor(Size, Rest...)> {
+  static at::Tensor call(c10::DispatchKeySet, Size size, Rest... rest) {
+    if (!(kMayShadow && size.size() == 1) && !torch_fake_mode_is_on()) {
+      bool requested_meta = false;
+      at::Tensor t;
+      {
+        c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);  // as call_below
+        t = Op::call(size, to_meta(rest, &requested_meta)...);
+      }
+      if (!requested_meta) count_forced(t, /*saved_bytes=*/true);
+      return t;
+    }
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    torch::jit::Stack stack;
+    torch::jit::push(stack, size, rest...);
+    meta_mode_fallback(op, &stack);
+    return stack.back().toTensor();
+  }
+};
+
+void register_direct_kernels() {
+  // Never destroyed, like the fallback.
+  auto* lib = new torch::Library(torch::Library::IMPL, "aten", kMetaModeKey, __FILE__, __LINE__);
+  lib->impl("uniform_", TORCH_FN(Direct<at::_ops::uniform_>::call));
+  lib->impl("normal_", TORCH_FN(Direct<at::_ops::normal_>::call));
+  lib->impl("fill_.Scalar", TORCH_FN(Direct<at::_ops::fill__Scalar>::call));
+  lib->impl("zero_", TORCH_FN(Direct<at::_ops::zero_>::call));
+  lib->impl("detach", TORCH_FN(Direct<at::_ops::detach>::call));
+  lib->impl("empty.memory_format",
+            TORCH_FN((DirectFactory<at::_ops::empty_memory_format, true>::call)));
+  lib->impl("empty_strided", TORCH_FN((DirectFactory<at::_ops::empty_strided, true>::call)));
+  lib->impl("ones", TORCH_FN((DirectFactory<at::_ops::ones, false>::call)));
+  lib->impl("zeros", TORCH_FN((DirectFactory<at::_ops::zeros, false>::call)));
+  lib->impl("full", TORCH_FN((DirectFactory<at::_ops::full, false>::call)));
+  lib->impl("randn", TORCH_FN((DirectFactory<at::_ops::randn, false>::call)));
+  lib->impl("rand", TORCH_FN((DirectFactory<at::_ops::rand, false>::call)));
+}
+
 // ---- registration ------------------------------------------------------------------------------
 
 std::once_flag g_register_once;
@@ -254,6 +532,7 @@ void register_fallback() {
     new c10::RegistrationHandleRAII(dispatcher.registerFallback(
         kMetaModeKey, c10::KernelFunction::makeFromBoxedFunction<&meta_mode_fallback>(),
         "metaload MetaMode fallback (c10_ext/mode.cc)"));
+    register_direct_kernels();
     g_registered.store(true);
   } catch (const std::exception& e) {
     g_register_error = std::string("cannot switch MetaMode on: registering the fallback for ") +

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "c10_ext/mode_key.h"
+#include "c10_ext/values.h"
 
 namespace metaload {
 namespace {
@@ -269,6 +270,42 @@ TEST(MetaMode, DataDependentReadsRaiseATypedErrorNamingTheOp) {
   EXPECT_EQ(x.repeat_interleave(2).sizes(), torch::IntArrayRef({48}));
   EXPECT_EQ(x.repeat_interleave(3, 1).sizes(), torch::IntArrayRef({2, 9, 4}));
   EXPECT_EQ(x.repeat_interleave(3, -1).sizes(), torch::IntArrayRef({2, 3, 12}));
+}
+
+// Small tensors made from constants keep their values (c10_ext/values.h); weights never do.
+TEST(MetaMode, SmallTensorsMadeFromConstantsKeepTheirValues) {
+  MetaMode mode;
+  at::Tensor widths = torch::arange(4) * 2.5 + 1;  // RegNet-style constructor arithmetic
+  ASSERT_TRUE(widths.is_meta());
+  EXPECT_DOUBLE_EQ(widths.sum().item<double>(), 19.0);
+  EXPECT_DOUBLE_EQ(widths.max().item<double>(), 8.5);
+  EXPECT_TRUE(widths.gt(0).all().item<bool>());
+  // A read through to(cpu), as tolist() does: still a meta tensor, whose data pointer holds them.
+  at::Tensor host = widths.to(torch::kCPU).contiguous();
+  ASSERT_TRUE(host.is_meta());
+  ASSERT_NE(host.data_ptr(), nullptr);
+  const float* v = host.data_ptr<float>();
+  EXPECT_EQ(std::vector<float>(v, v + 4), (std::vector<float>{1.0f, 3.5f, 6.0f, 8.5f}));
+  // Views share them, in-place ops by tensors with values update them.
+  at::Tensor tail = widths.narrow(0, 2, 2);
+  EXPECT_DOUBLE_EQ(tail[1].item<double>(), 8.5);
+  widths.mul_(2);
+  EXPECT_DOUBLE_EQ(tail[0].item<double>(), 12.0);
+  at::Tensor steps = torch::linspace(0, 1, 5);
+  EXPECT_DOUBLE_EQ(steps[4].item<double>(), 1.0);
+  EXPECT_EQ(steps.nonzero().sizes(), torch::IntArrayRef({4, 1}));  // answered from the values
+  // Never invented: weights, large tensors, anything mixed with a tensor without values.
+  for (const at::Tensor& t :
+       {torch::zeros({3}), torch::randn({3}), torch::arange(kMaxValueElements + 1),
+        torch::arange(3) + torch::zeros({3}), torch::arange(3.0).add_(torch::ones({3}))}) {
+    EXPECT_TRUE(t.is_meta());
+    EXPECT_THROW(t.sum().item<double>(), DataDependentError) << t.sizes();
+  }
+  // Written by something without values: forgotten, also through a view.
+  at::Tensor a = torch::arange(4.0);
+  at::Tensor view = a.narrow(0, 0, 2);
+  a.copy_(torch::empty({4}));
+  EXPECT_THROW(view.sum().item<double>(), DataDependentError);
 }
 
 TEST(MetaMode, PrintingAForcedTensorIsAnErrorNotACrash) {

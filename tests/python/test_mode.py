@@ -1,4 +1,5 @@
 """metaload.meta() / metaload.real() from Python: factories, conversions, modules, threads, errors."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -177,13 +178,45 @@ def test_forcing_in_one_thread_never_affects_another():
     (lambda t: torch.equal(t, t.clone()), "aten::equal"),
 ])
 def test_data_dependent_reads_raise_a_typed_error_naming_the_op(read, op):
+    # Inside the block: tolist() and numpy() raise it typed (Python wraps them), the reads that
+    # torch's bindings turn into RuntimeError carry the kind in their message ...
     with metaload.meta():
         t = torch.zeros(3)
-        with pytest.raises(metaload.DataDependentError) as info:
+        with pytest.raises(RuntimeError) as inside:
             read(t)
+    assert isinstance(inside.value, metaload.DataDependentError) or \
+        str(inside.value).startswith("[metaload.DataDependentError] ")
+    # ... and the `with` statement re-raises every one of them typed.
+    with pytest.raises(metaload.DataDependentError) as info:
+        with metaload.meta():
+            read(torch.zeros(3))
     assert op in str(info.value)
     assert "metaload.real()" in str(info.value) or "RealGuard" in str(info.value)
     assert isinstance(info.value, metaload.Error) and isinstance(info.value, RuntimeError)
+    assert info.value.__traceback__ is not None  # where in the block it happened
+
+
+def test_tolist_and_numpy_of_meta_tensors_are_typed_inside_the_block():
+    with metaload.meta():
+        t = torch.zeros(3)
+        for read in (lambda: t.tolist(), lambda: t.numpy(), lambda: np.asarray(t)):
+            with pytest.raises(metaload.DataDependentError, match="reads the values"):
+                read()
+    # outside any scope torch's own methods are back, with torch's own errors
+    assert "tolist" not in vars(torch.Tensor) and "numpy" not in vars(torch.Tensor)
+    with pytest.raises(RuntimeError) as info:
+        torch.zeros(3, device="meta").tolist()
+    assert not isinstance(info.value, metaload.Error)
+
+
+def test_errors_that_are_not_metaloads_pass_through_the_block_unchanged():
+    with pytest.raises(RuntimeError, match="size mismatch|must match the size|broadcast") as info:
+        with metaload.meta():
+            torch.zeros(3) + torch.zeros(4)
+    assert not isinstance(info.value, metaload.Error)
+    with pytest.raises(KeyError):
+        with metaload.meta():
+            {}["x"]
 
 
 def test_printing_a_forced_tensor_shows_no_values_and_does_not_crash():
@@ -346,3 +379,118 @@ def test_values_are_never_invented(make):
         t = make()
         with pytest.raises(metaload.DataDependentError):
             t.tolist()
+
+
+def test_meta_runs_no_python_per_torch_call_so_nesting_costs_nothing_per_level():
+    import time
+    depth0 = torch._C._len_torch_function_stack() if hasattr(torch._C,
+                                                              "_len_torch_function_stack") else 0
+
+    def per_call(depth, n=2000):
+        with contextlib.ExitStack() as stack:
+            for _ in range(depth):
+                stack.enter_context(metaload.meta())
+            if hasattr(torch._C, "_len_torch_function_stack"):  # no Python mode on the stack
+                assert torch._C._len_torch_function_stack() == depth0
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    torch.empty(1)
+                best = min(best, (time.perf_counter() - t0) / n)
+            assert torch.empty(1).is_meta
+        return best
+
+    shallow, deep = per_call(1), per_call(64)
+    assert deep < 3 * shallow, (shallow, deep)  # was 2x per level (a Python mode per scope)
+
+
+def test_twenty_thousand_nested_scopes_work_and_unwind():
+    with contextlib.ExitStack() as stack:
+        for i in range(20000):
+            stack.enter_context(metaload.meta() if i % 2 == 0 else metaload.real())
+        assert not torch.empty(1).is_meta  # innermost is real()
+        with metaload.meta():
+            assert torch.empty(1).is_meta
+    assert not metaload.is_forcing() and not torch.empty(1).is_meta
+
+
+def test_a_scope_exited_on_another_thread_is_a_mode_error_and_the_owner_can_still_exit_it():
+    scope = metaload.meta()
+    scope.__enter__()
+    errors = []
+
+    def wrong_thread():
+        try:
+            scope.__exit__(None, None, None)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+
+    t = threading.Thread(target=wrong_thread)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and isinstance(errors[0], metaload.ModeError), errors
+    assert "entered on thread" in str(errors[0]) and "exited on thread" in str(errors[0])
+    assert torch.empty(1).is_meta  # still open on its own thread ...
+    scope.__exit__(None, None, None)  # ... which closes it
+    assert not torch.empty(1).is_meta
+
+
+def test_a_scope_object_cannot_be_entered_twice_but_works_as_a_decorator():
+    scope = metaload.meta()
+    with scope:
+        with pytest.raises(metaload.ModeError, match="already open"):
+            scope.__enter__()
+    calls = []
+
+    @metaload.meta()
+    def build(depth):
+        calls.append(torch.empty(1).is_meta)
+        if depth:
+            build(depth - 1)
+
+    build(2)
+    assert calls == [True, True, True] and not metaload.is_forcing()
+
+
+_CUDA_INIT_PROBE = r'''
+import threading, torch
+calls = []
+class Sentinel(Exception):
+    pass
+def counting_lazy_init():  # stands for torch's initialisation (no GPU is needed to see the calls)
+    calls.append(threading.current_thread().name)
+    raise Sentinel()
+torch.cuda._lazy_init = counting_lazy_init  # before metaload wraps it
+import metaload
+
+def attempt(fn):
+    try:
+        fn()
+    except Sentinel:
+        pass
+
+with metaload.meta():
+    made = [torch.empty(2, device="cuda"), torch.ones(2).cuda(), torch.zeros(2).to("cuda:1"),
+            torch.tensor([[1, 2]], device="cuda"), torch.nn.Linear(2, 2, device="cuda").weight,
+            torch.arange(3, device="cuda")]
+    assert all(t.is_meta for t in made), [t.device for t in made]
+    assert made[3].tolist() == [[1, 2]] and made[5].tolist() == [0, 1, 2]
+    inside = list(calls)
+    # a thread doing real work meanwhile still gets torch's initialisation on its first use
+    worker = threading.Thread(target=attempt, args=(lambda: torch.empty(1, device="cuda"),),
+                              name="worker")
+    worker.start()
+    worker.join()
+    attempt(torch.cuda.current_device)  # torch.cuda's own functions are real requests
+    during = list(calls)
+attempt(lambda: torch.empty(1, device="cuda"))  # and after the scope, this thread's first use
+print(inside, during, calls)
+'''
+
+
+def test_cuda_is_never_initialised_by_meta_and_real_use_still_initialises_it():
+    r = run_python(_CUDA_INIT_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == (
+        "[] ['worker', 'MainThread'] ['worker', 'MainThread', 'MainThread']"), r.stdout
