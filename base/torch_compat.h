@@ -56,37 +56,32 @@ inline bool torch_fake_mode_is_on() {
 // then there is nothing to clear.
 #include <c10/core/DeviceType.h>
 #include <dlfcn.h>
-
-#include <atomic>
 namespace metaload {
 namespace compat_detail {
-// The setter, once libtorch_python is loaded (not cached before: a C++ thread may dispatch before
-// Python imports torch).
+// A symbol of libtorch_python, looked up once: in a Python process torch has loaded it before any
+// call can reach metaload's kernels; a C++ program has none (nullptr, also remembered).
 inline void* torch_python_symbol(const char* symbol) {
-  static std::atomic<void*> found{nullptr};
-  void* f = found.load(std::memory_order_acquire);
-  if (f) return f;
+  void* found = nullptr;
   for (const char* name : {"libtorch_python.so", "libtorch_python.so.1.13"}) {
     if (void* lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD)) {
-      f = dlsym(lib, symbol);
+      found = dlsym(lib, symbol);
       dlclose(lib);  // NOLOAD took a reference; the library stays loaded by torch
-      if (f) break;
+      if (found) break;
     }
   }
-  found.store(f, std::memory_order_release);
-  return f;
+  return found;
 }
 }  // namespace compat_detail
 
 inline void require_device_init_again(c10::DeviceType type) {
 #if METALOAD_TORCH_AT_LEAST(2, 0)
   using Setter = void (*)(c10::DeviceType, bool);
-  auto setter = reinterpret_cast<Setter>(compat_detail::torch_python_symbol(
+  static const auto setter = reinterpret_cast<Setter>(compat_detail::torch_python_symbol(
       "_ZN5torch5utils24set_requires_device_initEN3c1010DeviceTypeEb"));
   if (setter) setter(type, true);
 #else
   using Setter = void (*)(bool);
-  auto setter = reinterpret_cast<Setter>(
+  static const auto setter = reinterpret_cast<Setter>(
       compat_detail::torch_python_symbol("_ZN5torch5utils22set_requires_cuda_initEb"));
   if (setter && type == c10::kCUDA) setter(true);
 #endif
