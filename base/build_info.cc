@@ -1,14 +1,8 @@
 // Which metaload and which libtorch this library was built for, as a plain string inside the .so.
 // The Python package reads it from the file *before* loading the library, so a build for another
 // torch is refused with a message naming both versions instead of an undefined-symbol trace.
-#include <torch/version.h>
-
+#include "base/torch_compat.h"
 #include "base/version.h"
 
-#define METALOAD_STR2(x) #x
-#define METALOAD_STR(x) METALOAD_STR2(x)
-
 extern "C" __attribute__((used, visibility("default"))) const char metaload_build_info[] =
-    "metaload-build-info: metaload=" METALOAD_VERSION
-    " torch=" METALOAD_STR(TORCH_VERSION_MAJOR) "." METALOAD_STR(TORCH_VERSION_MINOR) "." METALOAD_STR(
-        TORCH_VERSION_PATCH) ";";
+    "metaload-build-info: metaload=" METALOAD_VERSION " torch=" METALOAD_TORCH_VERSION_STRING ";";

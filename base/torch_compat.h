@@ -1,19 +1,37 @@
-// Every difference between the libtorch versions metaload builds against (Debian's 1.13 here,
-// pip's 2.x elsewhere) lives here, behind TORCH_VERSION_MAJOR / TORCH_VERSION_MINOR checks.
+// Every difference between the libtorch versions metaload builds against (Debian's 1.13, PyPI's
+// 2.x) lives here and nowhere else: other files use the names below, each saying what differs,
+// and contain no version test of their own (tests/python/test_torch_compat.py checks this). The
+// behaviour flags are constants, so code that branches on them compiles both ways on every
+// version and only the branch of this libtorch runs.
 #pragma once
 
+#include <c10/core/Scalar.h>
+#include <c10/core/SymIntArrayRef.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 #include <torch/version.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
 
 #define METALOAD_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||           \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
-// ---- c10::Allocator
-// ------------------------------------------------------------------------------ 2.x made
-// allocate() non-const and added a pure copy_data(). An allocator written as
-//   struct A final : c10::Allocator { c10::DataPtr allocate(size_t n) METALOAD_ALLOCATE_CONST
-//   override;
-//                                     METALOAD_ALLOCATOR_COPY_DATA ... };
+// ---- The version itself ----
+// "1.13.0", "2.11.0": the libtorch a translation unit is compiled against, as a string literal.
+#define METALOAD_TORCH_STR2(x) #x
+#define METALOAD_TORCH_STR(x) METALOAD_TORCH_STR2(x)
+#define METALOAD_TORCH_VERSION_STRING     \
+  METALOAD_TORCH_STR(TORCH_VERSION_MAJOR) \
+  "." METALOAD_TORCH_STR(TORCH_VERSION_MINOR) "." METALOAD_TORCH_STR(TORCH_VERSION_PATCH)
+
+// ---- c10::Allocator ----
+// 2.x made allocate() non-const and added a pure copy_data(). An allocator written as
+//   struct A final : c10::Allocator {
+//     c10::DataPtr allocate(size_t n) METALOAD_ALLOCATE_CONST override;
+//     METALOAD_ALLOCATOR_COPY_DATA ... };
 // compiles on both.
 #if METALOAD_TORCH_AT_LEAST(2, 0)
 #define METALOAD_ALLOCATE_CONST
@@ -26,10 +44,9 @@
 #define METALOAD_ALLOCATOR_COPY_DATA
 #endif
 
-// ---- torch's Python dispatch modes
-// --------------------------------------------------------------- Whether torch's FakeTensorMode is
-// on for this thread. 2.1+ keeps it in the dispatch-mode stack's FAKE slot; 1.13 has no such slot
-// (and metaload's scopes do not interact with its FakeTensorMode).
+// ---- torch's Python dispatch modes ----
+// Whether torch's FakeTensorMode is on for this thread. 2.1+ keeps it in the dispatch-mode stack's
+// FAKE slot; 1.13 has no such slot (and metaload's scopes do not interact with its FakeTensorMode).
 #if METALOAD_TORCH_AT_LEAST(2, 1)
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 namespace metaload {
@@ -47,8 +64,8 @@ inline bool torch_fake_mode_is_on() {
 }  // namespace metaload
 #endif
 
-// ---- torch's Python bindings: lazy device initialisation
-// ------------------------------------------ The bindings initialise CUDA (torch.cuda._lazy_init)
+// ---- torch's Python bindings: lazy device initialisation ----
+// The bindings initialise CUDA (torch.cuda._lazy_init)
 // before any call with a cuda device unless a flag in libtorch_python says it is done. metaload's
 // Python package lets that flag be set while it forces tensors onto meta;
 // require_device_init_again(type) clears it, through the setter libtorch_python exports (2.x: per
@@ -87,3 +104,103 @@ inline void require_device_init_again(c10::DeviceType type) {
 #endif
 }
 }  // namespace metaload
+// ---- SymInt[] arguments read back as plain ints ----
+// 2.x has a macro that records the call
+// site, 1.13 a one-argument function. Shape kernels run on concrete sizes only (no symbolic
+// shapes), so both simply read the ints. (Detected by the macro itself rather than the version: it
+// appeared within the 2.x series.)
+#if defined(C10_AS_INTARRAYREF_SLOW)
+#define METALOAD_SYMINTS(x) C10_AS_INTARRAYREF_SLOW(x)
+#else
+#define METALOAD_SYMINTS(x) c10::asIntArrayRefSlow(x)
+#endif
+
+namespace metaload::compat {
+
+// ---- Warning handlers ----
+// c10::WarningHandler::process takes one c10::Warning in 2.x and (location, message, verbatim) in
+// 1.13; the handler get/set functions and the guard moved from c10::Warning to c10::WarningUtils.
+// A handler derives from WarningMessageHandler and overrides on_warning(message) instead.
+class WarningMessageHandler : public c10::WarningHandler {
+ public:
+  virtual void on_warning(const std::string& message) = 0;
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& warning) final {
+    on_warning(warning.msg());
+  }
+#else
+  void process(const c10::SourceLocation&, const std::string& message, const bool) final {
+    on_warning(message);
+  }
+#endif
+};
+
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+using WarningHandlerGuard = c10::WarningUtils::WarningHandlerGuard;
+inline c10::WarningHandler* warning_handler() {
+  return c10::WarningUtils::get_warning_handler();
+}
+inline void set_warning_handler(c10::WarningHandler* h) {
+  c10::WarningUtils::set_warning_handler(h);
+}
+#else
+using WarningHandlerGuard = c10::Warning::WarningHandlerGuard;
+inline c10::WarningHandler* warning_handler() {
+  return c10::Warning::get_warning_handler();
+}
+inline void set_warning_handler(c10::WarningHandler* h) {
+  c10::Warning::set_warning_handler(h);
+}
+#endif
+
+// ---- Operator schemas ----
+// var/std(.correction)
+// take `int? correction` in 1.13 and `Scalar? correction` from 2.0 on.
+#if METALOAD_TORCH_AT_LEAST(2, 0)
+using VarCorrectionArg = const c10::optional<c10::Scalar>&;
+#else
+using VarCorrectionArg = c10::optional<int64_t>;
+#endif
+
+inline constexpr bool kTorch2 = METALOAD_TORCH_AT_LEAST(2, 0);
+
+// aten::_native_batch_norm_legit (and its .no_stats / _no_training forms): 2.x split
+// native_batch_norm into these; 1.13 has none of them.
+inline constexpr bool kAtenHasNativeBatchNormLegit = kTorch2;
+
+// 1.13's C++ has no Meta kernel for the ops real models need (convolution, the norms, relu,
+// where, index_select, ...), so metaload's serve all of them; 2.x brings some of its own.
+inline constexpr bool kAtenLacksModelMetaKernels = !kTorch2;
+
+// aten::diag.out: a kernel of metaload's in 1.13 (its message for a 3-d input: "matrix or a
+// vector expected"), torch's composite in 2.x ("Supports 1D or 2D tensors. Got 3D").
+inline constexpr bool kAtenDiagOutIsComposite = kTorch2;
+
+// ---- What the CPU kernels do, which the Meta kernels in kernels/ follow ----
+// Convolution: 2.x's transposed CPU backends give channels-last outputs
+// for channels-last inputs or weights as the others do; 1.13's are always contiguous.
+inline constexpr bool kCpuConvTransposedFollowsChannelsLast = kTorch2;
+// Convolution: 2.x runs 3-d convolutions through oneDNN when it is worth it, and those come out
+// channels-last-3d for channels-last-3d inputs or weights (not for double); 1.13's are contiguous.
+inline constexpr bool kCpuConv3dMkldnnChannelsLast3d = kTorch2;
+// Batch norm: 2.x's fast path also takes channels-last-3d inputs (1.13's: contiguous or 2-d
+// channels-last only), which decides the output layout.
+inline constexpr bool kCpuBatchNormFastPathChannelsLast3d = kTorch2;
+// Group norm: 2.x takes Float weight/bias with a BFloat16/Half input ("mixed type"; mean and rstd
+// are then Float); 1.13 wants the input's dtype throughout.
+inline constexpr bool kCpuGroupNormMixedDtype = kTorch2;
+// _masked_softmax: 2.x infers the mask type from the ranks ((B, L) padding mask, (L, L) attention
+// mask, else the input's shape) and checks the dtype before the type; 1.13 wants a mask of the
+// input's shape unless typed 0 or 1 with the matching 2-d shape.
+inline constexpr bool kCpuMaskedSoftmaxInfersMaskType = kTorch2;
+// max_pool3d: 2.x's kernel takes contiguous or channels-last-3d inputs (and refuses others) and
+// keeps that layout; 1.13's returns contiguous outputs whatever the input.
+inline constexpr bool kCpuMaxPool3dChannelsLast3d = kTorch2;
+// reflection_pad2d: 2.x gives a batched output the input's suggested memory format; 1.13
+// contiguous.
+inline constexpr bool kCpuReflectionPad2dKeepsFormat = kTorch2;
+// Float casts: 1.13's CPU casts produce the scalar conversion's NaN bits (kernels/convert_bits.h
+// reproduces them exactly); 2.x vectorizes some directions with other NaN bits.
+inline constexpr bool kCpuCastNanBitsAreScalar = !kTorch2;
+
+}  // namespace metaload::compat

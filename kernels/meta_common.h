@@ -15,24 +15,10 @@
 #include "base/torch_compat.h"
 #include "kernels/meta_registry.h"
 
-// libtorch 1.13 and 2.x differ in how a SymInt[] argument is read back as plain ints: 2.x has a
-// macro that records the call site, 1.13 a one-argument function. Shape kernels here run on
-// concrete sizes only (no symbolic shapes), so both simply read the ints. (Detected by the macro
-// itself rather than the version: it appeared within the 2.x series.)
-#if defined(C10_AS_INTARRAYREF_SLOW)
-#define METALOAD_SYMINTS(x) C10_AS_INTARRAYREF_SLOW(x)
-#else
-#define METALOAD_SYMINTS(x) c10::asIntArrayRefSlow(x)
-#endif
-
 namespace metaload::meta {
 
-// var/std(.correction) take `int? correction` in 1.13 and `Scalar? correction` from 2.0 on.
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-using CorrectionArg = const c10::optional<at::Scalar>&;
-#else
-using CorrectionArg = c10::optional<int64_t>;
-#endif
+// var/std(.correction)'s correction argument (its type differs between versions).
+using CorrectionArg = compat::VarCorrectionArg;
 
 using at::IntArrayRef;
 using at::ScalarType;

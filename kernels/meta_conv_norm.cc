@@ -14,7 +14,6 @@ namespace {
 
 // ---- convolution ----------------------------------------------------------------------------
 
-#if METALOAD_TORCH_AT_LEAST(2, 0)
 // mkldnn_bf16_device_check() / mkldnn_fp16_device_check() (CPU features), read through the ops
 // torch exposes them as; false where this libtorch has no such op.
 bool mkldnn_supports(const char* op) {
@@ -47,7 +46,6 @@ bool cpu_conv_uses_mkldnn(const Tensor& input, const Tensor& weight, IntArrayRef
          (groups > 1 || (w1 > 3 && w2 > 3) || n > 1 ||
           n * input.size(1) * input.size(2) * input.size(3) > 20480);
 }
-#endif
 
 // The layout of a CPU convolution's output (determine_backend_memory_format). 2-d convolutions
 // (1-d ones run as 2-d on input.contiguous().unsqueeze(2) and weight.unsqueeze(2)) come out
@@ -59,8 +57,8 @@ MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool tra
                              IntArrayRef stride, IntArrayRef dilation, IntArrayRef output_padding,
                              int64_t groups) {
   const int64_t dim = weight.dim() - 2;
-#if METALOAD_TORCH_AT_LEAST(2, 0)
   if (dim == 3) {
+    if (!compat::kCpuConv3dMkldnnChannelsLast3d) return MemoryFormat::Contiguous;
     const bool cl3d = input.suggest_memory_format() == MemoryFormat::ChannelsLast3d ||
                       weight.suggest_memory_format() == MemoryFormat::ChannelsLast3d;
     const bool fp64 =
@@ -71,10 +69,7 @@ MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool tra
                ? MemoryFormat::ChannelsLast3d
                : MemoryFormat::Contiguous;
   }
-#else
-  (void)stride, (void)dilation, (void)output_padding, (void)groups;
-  if (transposed || dim == 3) return MemoryFormat::Contiguous;
-#endif
+  if (transposed && !compat::kCpuConvTransposedFollowsChannelsLast) return MemoryFormat::Contiguous;
   if (dim == 2) {
     return input.suggest_memory_format() == MemoryFormat::ChannelsLast ||
                    weight.suggest_memory_format() == MemoryFormat::ChannelsLast
@@ -254,11 +249,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const char* op, const Tensor&
   // suggest_memory_format() would call the other way; the slow path uses suggest_memory_format().
   // 2.x's fast path also takes channels-last-3d inputs.
   const bool cl2d = input.is_contiguous(MemoryFormat::ChannelsLast);
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  const bool cl3d = input.is_contiguous(MemoryFormat::ChannelsLast3d);
-#else
-  const bool cl3d = false;
-#endif
+  const bool cl3d = compat::kCpuBatchNormFastPathChannelsLast3d &&
+                    input.is_contiguous(MemoryFormat::ChannelsLast3d);
   bool fast = input.is_contiguous() || cl2d || cl3d;
   for (const auto& [name, t] : params) fast = fast && (t == nullptr || t->is_contiguous());
   const MemoryFormat format = !fast                   ? input.suggest_memory_format()
@@ -375,28 +367,28 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm(const Tensor& input,
              "Expected X.is_contiguous(memory_format) to be true, but got false (input of size ",
              input.sizes(), " and strides ", input.strides(), ")");
   const ScalarType dtype = input.scalar_type();
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  // 2.x takes Float parameters with a BFloat16 / Half input ("mixed type", check_mixed_data_type);
-  // mean and rstd are then Float.
-  const bool mixed = (weight != nullptr && weight->scalar_type() != dtype) ||
-                     (bias != nullptr && bias->scalar_type() != dtype);
-  if (mixed) {
-    for (const Tensor* t : {weight, bias}) {
-      META_CHECK(t == nullptr || t->scalar_type() == ScalarType::Float, op,
-                 "mixed dtype (CPU): expect parameter to have scalar type of Float");
+  ScalarType stat_type = dtype;
+  if (compat::kCpuGroupNormMixedDtype) {
+    // Float parameters with a BFloat16 / Half input ("mixed type", check_mixed_data_type); mean
+    // and rstd are then Float.
+    const bool mixed = (weight != nullptr && weight->scalar_type() != dtype) ||
+                       (bias != nullptr && bias->scalar_type() != dtype);
+    if (mixed) {
+      for (const Tensor* t : {weight, bias}) {
+        META_CHECK(t == nullptr || t->scalar_type() == ScalarType::Float, op,
+                   "mixed dtype (CPU): expect parameter to have scalar type of Float");
+      }
+      META_CHECK(dtype == ScalarType::BFloat16 || dtype == ScalarType::Half, op,
+                 "mixed dtype (CPU): all inputs must share same datatype.");
+      stat_type = ScalarType::Float;
     }
-    META_CHECK(dtype == ScalarType::BFloat16 || dtype == ScalarType::Half, op,
-               "mixed dtype (CPU): all inputs must share same datatype.");
+  } else {
+    // The CPU kernel reads weight and bias as the input's dtype.
+    for (const Tensor* t : {weight, bias}) {
+      META_CHECK(t == nullptr || t->scalar_type() == dtype, op, "expected scalar type ", dtype,
+                 " but found ", t->scalar_type());
+    }
   }
-  const ScalarType stat_type = mixed ? ScalarType::Float : dtype;
-#else
-  // The CPU kernel reads weight and bias as the input's dtype (no mixed types in 1.13).
-  for (const Tensor* t : {weight, bias}) {
-    META_CHECK(t == nullptr || t->scalar_type() == dtype, op, "expected scalar type ", dtype,
-               " but found ", t->scalar_type());
-  }
-  const ScalarType stat_type = dtype;
-#endif
   return {new_meta(input.sizes(), dtype, format), new_meta({n, group}, stat_type),
           new_meta({n, group}, stat_type)};
 }
@@ -519,13 +511,13 @@ std::tuple<Tensor, Tensor, Tensor> transform_bias_rescale_qkv(const Tensor& qkv,
           view_of(all, sizes, strides, 2 * each)};
 }
 
-#if METALOAD_TORCH_AT_LEAST(2, 0)
 // CPU 2.x: a mask that is not 2-d (or an input that is not 4-d) counts as mask_type 2 and must
 // have the input's shape; type 1 takes a (B, L) padding mask and type 0 an (L, L) attention mask
 // for a (B, H, L, L) input. Whether the type is given at all (and is 0, 1 or 2) is only checked
 // after the dtype. The output is like the input (layout preserved).
-Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int64_t> dim,
-                      c10::optional<int64_t> mask_type_arg) {
+Tensor masked_softmax_inferred_type(const Tensor& input, const Tensor& mask,
+                                    c10::optional<int64_t> dim,
+                                    c10::optional<int64_t> mask_type_arg) {
   const char* op = "_masked_softmax";
   META_CHECK(mask.scalar_type() == ScalarType::Bool, op, "Mask should be a boolean tensor");
   c10::optional<int64_t> mask_type = mask_type_arg;
@@ -551,12 +543,12 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int
              "Mask Type should be 0 (src_mask) or 1 (src_key_padding_mask), or 2 (default_mask)");
   return new_meta_like(input, input.scalar_type());
 }
-#else
+
 // CPU 1.13 wants the mask in the input's shape and a mask_type; the CUDA kernel also takes an
 // (L, L) src mask (type 0) or a (B, L) key padding mask (type 1) for a (B, H, L, L) input. The
 // output is like the input (layout preserved).
-Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int64_t> dim,
-                      c10::optional<int64_t> mask_type) {
+Tensor masked_softmax_given_type(const Tensor& input, const Tensor& mask,
+                                 c10::optional<int64_t> dim, c10::optional<int64_t> mask_type) {
   const char* op = "_masked_softmax";
   META_CHECK(mask.scalar_type() == ScalarType::Bool, op, "Mask should be a boolean tensor, got ",
              mask.scalar_type());
@@ -577,7 +569,12 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int
   return new_meta_like(input, input.scalar_type());
 }
 
-#endif
+Tensor masked_softmax(const Tensor& input, const Tensor& mask, c10::optional<int64_t> dim,
+                      c10::optional<int64_t> mask_type) {
+  return compat::kCpuMaskedSoftmaxInfersMaskType
+             ? masked_softmax_inferred_type(input, mask, dim, mask_type)
+             : masked_softmax_given_type(input, mask, dim, mask_type);
+}
 
 }  // namespace
 

@@ -69,7 +69,6 @@ Tensor adaptive_avg_pool3d(const Tensor& input, IntArrayRef output_size) {
 
 // ---- max pool 3d ----------------------------------------------------------------------------
 
-#if METALOAD_TORCH_AT_LEAST(2, 0)
 // Whether sizes/strides are dense with dims laid out in `order` (innermost first), size-1 dims
 // ignored: TensorImpl's is_contiguous(format) for Contiguous ({n-1, ..., 0}) and
 // ChannelsLast3d ({1, 4, 3, 2, 0}).
@@ -85,7 +84,6 @@ bool dense_in_order(IntArrayRef sizes, IntArrayRef strides, std::initializer_lis
   }
   return true;
 }
-#endif
 
 std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, IntArrayRef kernel_size,
                                                    IntArrayRef stride_in, IntArrayRef padding_in,
@@ -108,16 +106,17 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, IntArray
   const int64_t ndim = input.dim();
   META_CHECK(ndim == 4 || ndim == 5, op,
              "Expected 4D or 5D tensor for input, but got: ", input.sizes());
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  // 2.x's CPU kernel runs contiguous or channels-last-3d inputs only; a 4-d input whose strides
-  // suggest (2-d) channels-last is refused.
-  const MemoryFormat format = input.suggest_memory_format();
-  META_CHECK(format == MemoryFormat::Contiguous || format == MemoryFormat::ChannelsLast3d, op,
-             "Unsupported memory format. Supports only ChannelsLast3d, Contiguous (input of size ",
-             input.sizes(), " and strides ", input.strides(), ")");
-#else
-  const MemoryFormat format = MemoryFormat::Contiguous;
-#endif
+  // 1.13's CPU kernel has no channels-last 3d: contiguous outputs whatever the input's layout.
+  MemoryFormat format = MemoryFormat::Contiguous;
+  if (compat::kCpuMaxPool3dChannelsLast3d) {
+    // 2.x's runs contiguous or channels-last-3d inputs only; a 4-d input whose strides suggest
+    // (2-d) channels-last is refused.
+    format = input.suggest_memory_format();
+    META_CHECK(format == MemoryFormat::Contiguous || format == MemoryFormat::ChannelsLast3d, op,
+               "Unsupported memory format. Supports only ChannelsLast3d, Contiguous (input of "
+               "size ",
+               input.sizes(), " and strides ", input.strides(), ")");
+  }
   META_CHECK(k[0] > 0 && k[1] > 0 && k[2] > 0, op,
              "kernel size should be greater than zero, but got kT: ", k[0], " kH: ", k[1],
              " kW: ", k[2]);
@@ -147,8 +146,7 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, IntArray
              input.size(ndim - 3), "x", input.size(ndim - 2), "x", input.size(ndim - 1),
              "). Calculated output size: (", c, "x", out[0], "x", out[1], "x", out[2],
              "). Output size is too small");
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  if (ndim == 4) {
+  if (compat::kCpuMaxPool3dChannelsLast3d && ndim == 4) {
     // 2.x's kernel reruns a non-batched input as input.unsqueeze(0) when that is
     // channels-last-3d contiguous but not contiguous, and squeezes its channels-last-3d outputs.
     const int64_t s5[] = {input.size(0) * input.stride(0), input.stride(0), input.stride(1),
@@ -162,8 +160,6 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, IntArray
               new_meta(sizes, squeezed, ScalarType::Long)};
     }
   }
-#endif
-  // 1.13's CPU kernel has no channels-last 3d: contiguous outputs whatever the input's layout.
   return {new_meta(sizes, input.scalar_type(), format), new_meta(sizes, ScalarType::Long, format)};
 }
 
@@ -375,11 +371,12 @@ Tensor reflection_pad2d(const Tensor& input, IntArrayRef padding) {
              ") is too small. Calculated output H: ", oh, " W: ", ow);
   c10::SmallVector<int64_t, 4> sizes(input.sizes().begin(), input.sizes().end() - 2);
   sizes.append({oh, ow});
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  // 2.x's CPU kernel resizes a batched output to the input's suggested memory format.
-  if (ndim == 4) return new_meta(sizes, input.scalar_type(), input.suggest_memory_format());
-#endif
-  return new_meta(sizes, input.scalar_type());  // 1.13: contiguous, whatever the input
+  // 2.x's CPU kernel resizes a batched output to the input's suggested memory format; 1.13's
+  // output is contiguous, whatever the input.
+  if (compat::kCpuReflectionPad2dKeepsFormat && ndim == 4) {
+    return new_meta(sizes, input.scalar_type(), input.suggest_memory_format());
+  }
+  return new_meta(sizes, input.scalar_type());
 }
 
 Tensor max_unpool2d(const Tensor& input, const Tensor& indices, IntArrayRef output_size) {

@@ -31,6 +31,7 @@
 #include <sstream>
 
 #include "base/registration.h"
+#include "base/torch_compat.h"
 #include "base/torch_library.h"
 #include "kernels/meta_common.h"
 
@@ -42,20 +43,10 @@ namespace {
 
 // Swallows warnings while ours go over Python kernels: the dispatcher warns "Overriding a
 // previously registered kernel" for each, which is exactly what we mean to do.
-class SilentWarnings : public c10::WarningHandler {
+class SilentWarnings : public compat::WarningMessageHandler {
  public:
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  void process(const c10::Warning&) override {}
-#else
-  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
-#endif
+  void on_warning(const std::string&) override {}
 };
-
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-using WarningHandlerGuard = c10::WarningUtils::WarningHandlerGuard;
-#else
-using WarningHandlerGuard = c10::Warning::WarningHandlerGuard;
-#endif
 
 struct Registry {
   std::mutex mu;
@@ -196,7 +187,7 @@ std::vector<std::string> register_missing(const std::vector<meta::KernelDef>& de
         lib = reg.libraries.back().get();
       }
       SilentWarnings silent;
-      WarningHandlerGuard guard(&silent);
+      compat::WarningHandlerGuard guard(&silent);
       def.add(*lib);
     } catch (const std::exception& e) {
       std::string why = e.what();

@@ -3,7 +3,6 @@
 // subnormals, rounding ties, overflow thresholds), bit for bit.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/version.h>
 
 #include <cmath>
 #include <cstring>
@@ -11,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/torch_compat.h"
 #include "kernels/convert.h"
 #include "kernels/convert_bits.h"
 #include "loader/engine_device.h"
@@ -58,10 +58,10 @@ void expect_same_as_torch(const at::Tensor& src_bits, FloatFormat from, FloatFor
   at::Tensor want = src.to(torch_type(to)).contiguous().view(bits_type(to));
   at::Tensor got = at::empty({n}, at::TensorOptions().dtype(bits_type(to)));
   convert_cpu(src.data_ptr(), from, got.data_ptr(), to, static_cast<size_t>(n));
-  // Exact NaN bits are the 1.13 rules (convert_bits.h); libtorch 2.x may vectorize other
-  // directions with other NaN bits, and there only NaN-ness is compared.
+  // Exact NaN bits where torch's casts keep the scalar rules (convert_bits.h); elsewhere they
+  // may vectorize some directions with other NaN bits, and there only NaN-ness is compared.
   const bool exact_nan =
-      TORCH_VERSION_MAJOR < 2 &&
+      compat::kCpuCastNanBitsAreScalar &&
       (!(from == FloatFormat::kF32 && to == FloatFormat::kBF16) || torch_f32_bf16_nan_is_ffff());
   const size_t width = float_format_size(to);
   auto bits_at = [&](const at::Tensor& t, int64_t i) -> uint32_t {

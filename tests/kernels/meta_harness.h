@@ -54,31 +54,11 @@ std::vector<Tensor> flat(const std::tuple<Ts...>& t) {
 using Op = std::function<std::vector<Tensor>(const Inputs&)>;
 
 // Collects the warnings raised while it lives instead of printing them.
-class CapturedWarnings : public c10::WarningHandler {
+class CapturedWarnings : public compat::WarningMessageHandler {
  public:
-  CapturedWarnings() : previous_(get()) { set(this); }
-  ~CapturedWarnings() override { set(previous_); }
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-  void process(const c10::Warning& w) override {
-    messages.push_back(w.msg());
-  }
-  static c10::WarningHandler* get() {
-    return c10::WarningUtils::get_warning_handler();
-  }
-  static void set(c10::WarningHandler* h) {
-    c10::WarningUtils::set_warning_handler(h);
-  }
-#else
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override {
-    messages.push_back(msg);
-  }
-  static c10::WarningHandler* get() {
-    return c10::Warning::get_warning_handler();
-  }
-  static void set(c10::WarningHandler* h) {
-    c10::Warning::set_warning_handler(h);
-  }
-#endif
+  CapturedWarnings() : previous_(compat::warning_handler()) { compat::set_warning_handler(this); }
+  ~CapturedWarnings() override { compat::set_warning_handler(previous_); }
+  void on_warning(const std::string& message) override { messages.push_back(message); }
   // How many warnings said that an out= tensor was resized.
   int resized() const {
     int n = 0;

@@ -341,11 +341,9 @@ TEST(MetaGroupNorm, MatchesCpu) {
 
 // native_group_norm's message for a Double input with Float parameters: 2.x accepts Float
 // parameters with a 16-bit input (check_mixed_data_type), 1.13 wants the input's dtype throughout.
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-constexpr const char* kGroupNormMixedDtypeError = "all inputs must share same datatype";
-#else
-constexpr const char* kGroupNormMixedDtypeError = "expected scalar type Double but found Float";
-#endif
+constexpr const char* kGroupNormMixedDtypeError =
+    compat::kCpuGroupNormMixedDtype ? "all inputs must share same datatype"
+                                    : "expected scalar type Double but found Float";
 
 TEST(MetaGroupNorm, RejectsWhatTheCpuKernelRejects) {
   Gen g(31);
@@ -487,11 +485,9 @@ TEST(MetaTransformer, TransformBiasRescaleQkvAndMaskedSoftmaxMatchCpu) {
 
 // _masked_softmax of a (B, L) mask without a mask_type: 1.13's CPU kernel takes only masks of
 // the input's shape, 2.x's also (B, L) and (L, L) ones, given their type.
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-constexpr const char* kUntypedPaddingMaskError = "Mask Type should be defined";
-#else
-constexpr const char* kUntypedPaddingMaskError = "Mask shape should match input shape";
-#endif
+constexpr const char* kUntypedPaddingMaskError = compat::kCpuMaskedSoftmaxInfersMaskType
+                                                     ? "Mask Type should be defined"
+                                                     : "Mask shape should match input shape";
 
 TEST(MetaTransformer, RejectsWhatTheCpuKernelRejects) {
   Gen g(43);

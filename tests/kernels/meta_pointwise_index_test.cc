@@ -291,12 +291,10 @@ TEST(MetaIndex, IndexSelectMatchesCpu) {
       {g.make({4, 4}, kFloat), at::zeros({2}, kLong)}, "Dimension out of range");
 }
 
-// diag.out's message for a 3-d input: metaload's kernel (1.13) or 2.x's composite diag.out.
-#if METALOAD_TORCH_AT_LEAST(2, 0)
-constexpr const char* kDiagRankError = "Supports 1D or 2D tensors. Got 3D";
-#else
-constexpr const char* kDiagRankError = "matrix or a vector expected";
-#endif
+// diag.out's message for a 3-d input: torch's composite diag.out or metaload's kernel.
+constexpr const char* kDiagRankError = compat::kAtenDiagOutIsComposite
+                                           ? "Supports 1D or 2D tensors. Got 3D"
+                                           : "matrix or a vector expected";
 
 TEST(MetaIndex, TakeRollFlipDiagMatchCpu) {
   Gen g(111);

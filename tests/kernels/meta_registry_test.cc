@@ -43,18 +43,16 @@ TEST(MetaRegistry, ModelCriticalOpsHaveOurKernels) {
     MetaKernelOwner owner = meta_kernel_owner(op);
     EXPECT_TRUE(owner == MetaKernelOwner::kMetaload || owner == MetaKernelOwner::kNative)
         << op << " is served by " << to_string(owner);
-#if !METALOAD_TORCH_AT_LEAST(2, 0)
-    EXPECT_EQ(owner, MetaKernelOwner::kMetaload) << op;
-#endif
+    if (compat::kAtenLacksModelMetaKernels) EXPECT_EQ(owner, MetaKernelOwner::kMetaload) << op;
   }
   // Never replaced: libtorch's own C++ kernels.
   EXPECT_EQ(meta_kernel_owner("aten::add.Tensor"), MetaKernelOwner::kNative);
   EXPECT_EQ(meta_kernel_owner("aten::relu_"), MetaKernelOwner::kNative);
   // Data-dependent: never a shape kernel of ours (c10_ext serves it with a typed error kernel).
   EXPECT_NE(meta_kernel_owner("aten::nonzero"), MetaKernelOwner::kMetaload);
-#if !METALOAD_TORCH_AT_LEAST(2, 0)
-  EXPECT_TRUE(contains(meta_kernel_report().absent, "aten::_native_batch_norm_legit"));
-#endif
+  if (!compat::kAtenHasNativeBatchNormLegit) {
+    EXPECT_TRUE(contains(meta_kernel_report().absent, "aten::_native_batch_norm_legit"));
+  }
 }
 
 TEST(MetaRegistry, UnknownOpIsATypedError) {

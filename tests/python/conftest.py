@@ -16,6 +16,17 @@ def lib_path():
     return os.path.abspath(path)
 
 
+def cli_path():
+    """The metaload tool of the build under test: METALOAD_CLI, else next to the library."""
+    if os.environ.get("METALOAD_CLI"):
+        return os.environ["METALOAD_CLI"]
+    base = os.path.dirname(lib_path())
+    for rel in ("tools/metaload", "tools/cli/metaload"):  # Bazel, CMake
+        if os.path.exists(os.path.join(base, rel)):
+            return os.path.join(base, rel)
+    pytest.fail(f"no metaload tool next to {lib_path()}: build //tools:metaload (or set METALOAD_CLI)")
+
+
 def run_python(code, env=None, preload=False, timeout=300):
     """Runs `code` in a fresh interpreter (this one); returns the CompletedProcess."""
     e = dict(os.environ)

@@ -9,21 +9,10 @@ import os
 import re
 import subprocess
 
-import pytest
 import torch
 
-from conftest import lib_path
+from conftest import cli_path
 from metaload.model import TransformersModel
-
-
-def cli_path():
-    if os.environ.get("METALOAD_CLI"):
-        return os.environ["METALOAD_CLI"]
-    base = os.path.dirname(lib_path())
-    for rel in ("tools/metaload", "tools/cli/metaload"):  # Bazel, CMake
-        if os.path.exists(os.path.join(base, rel)):
-            return os.path.join(base, rel)
-    pytest.fail(f"no metaload tool next to {lib_path()}: build //tools:metaload (or set METALOAD_CLI)")
 
 
 def cli(*args, env=None):
