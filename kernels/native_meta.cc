@@ -106,8 +106,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_batch_norm(
   return {out, empty(weight.scalar_type()), empty(weight.scalar_type()), empty(at::kByte)};
 }
 
-// Factories: the composite kernels are at::empty(...) followed by a fill_, which changes no
-// shape; the fake fallback has already put `meta` in the device argument.
+// Factories: the composite kernels are at::empty(...) or at::empty_like(...) (Python in 2.x),
+// followed by a fill_, which changes no shape; the fake fallback has already put `meta` in the
+// device argument. Only strided tensors: a sparse layout is refused as the Meta key refuses it.
+void check_strided(optional<at::Layout> layout, const char* op) {
+  TORCH_CHECK(layout.value_or(at::kStrided) == at::kStrided, op,
+              ": metaload's fake tensors are strided; got layout ", *layout);
+}
+Tensor like(const Tensor& self, optional<ScalarType> dtype, optional<at::Layout> layout,
+            optional<at::Device>, optional<bool>, optional<c10::MemoryFormat> format) {
+  check_strided(layout, "empty_like");
+  return meta::new_meta_like(self, dtype.value_or(self.scalar_type()),
+                             format.value_or(c10::MemoryFormat::Preserve));
+}
+Tensor full_like(const Tensor& self, const Scalar&, optional<ScalarType> dtype,
+                 optional<at::Layout> layout, optional<at::Device> device, optional<bool> pin,
+                 optional<c10::MemoryFormat> format) {
+  return like(self, dtype, layout, device, pin, format);
+}
+Tensor new_filled(const Tensor& self, IntArrayRef size, optional<ScalarType> dtype,
+                  optional<at::Layout> layout, optional<at::Device>, optional<bool>) {
+  check_strided(layout, "new_empty");
+  return meta::new_meta(size, dtype.value_or(self.scalar_type()));
+}
 Tensor scalar_tensor(const Scalar&, optional<ScalarType> dtype, optional<at::Layout> layout,
                      optional<at::Device> device, optional<bool> pin_memory) {
   return at::detail::empty_meta({}, dtype, layout, device, pin_memory, c10::nullopt);
@@ -163,6 +184,8 @@ using Binary = Tensor(CT, CT);
 using BinaryIn = Tensor&(Tensor&, CT);
 using BinaryAlpha = Tensor(CT, CT, CS);
 using BinaryAlphaIn = Tensor&(Tensor&, CT, CS);
+using ScalarAlpha = Tensor(CT, CS, CS);  // add.Scalar, sub.Scalar
+using ScalarAlphaIn = Tensor&(Tensor&, CS, CS);
 using WithScalar = Tensor(CT, CS);
 using WithScalarIn = Tensor&(Tensor&, CS);
 using Affine = Tensor(CT, CT, CT, CS, CS);  // addmm, baddbmm, addmv: beta * self + alpha * (a @ b)
@@ -176,9 +199,19 @@ using DimReduce = Tensor(CT, int64_t, bool);  // any.dim, all.dim
 using Pair = std::tuple<Tensor, Tensor>;
 using ValuesIndices = Pair(CT, int64_t, bool);
 using Diagonal = Tensor(CT, int64_t);  // tril, triu
+using Gelu = Tensor(CT, c10::string_view);
+using GeluIn = Tensor&(Tensor&, c10::string_view);
+using Clamp = Tensor(CT, OptS, OptS);
+using ClampIn = Tensor&(Tensor&, OptS, OptS);
 using Random = Tensor&(Tensor&, double, double, OptGen);
 using CudnnBatchNorm = std::tuple<Tensor, Tensor, Tensor, Tensor>(CT, CT, OptT, OptT, OptT, bool,
                                                                   double, double);
+using Like = Tensor(CT, OptDtype, optional<at::Layout>, optional<at::Device>, optional<bool>,
+                    optional<c10::MemoryFormat>);
+using FullLike = Tensor(CT, CS, OptDtype, optional<at::Layout>, optional<at::Device>,
+                        optional<bool>, optional<c10::MemoryFormat>);
+using New = Tensor(CT, IntArrayRef, OptDtype, optional<at::Layout>, optional<at::Device>,
+                   optional<bool>);
 using Factory = Tensor(IntArrayRef, OptDtype, optional<at::Layout>, optional<at::Device>,
                        optional<bool>);
 
@@ -226,10 +259,10 @@ const std::vector<Entry>& entries() {
       META("aten::lerp.Tensor", Tensor(CT, CT, CT), lerp),
       META("aten::addcmul", Pointwise3, addcmul),
       META("aten::addcdiv", Pointwise3, addcdiv),
-      COMPOSITE("aten::add.Scalar", Tensor(CT, CS, CS), add_scalar),
-      COMPOSITE("aten::add_.Scalar", Tensor & (Tensor&, CS, CS), add_scalar_),
-      COMPOSITE("aten::sub.Scalar", Tensor(CT, CS, CS), sub_scalar),
-      COMPOSITE("aten::sub_.Scalar", Tensor & (Tensor&, CS, CS), sub_scalar_),
+      COMPOSITE("aten::add.Scalar", ScalarAlpha, add_scalar),
+      COMPOSITE("aten::add_.Scalar", ScalarAlphaIn, add_scalar_),
+      COMPOSITE("aten::sub.Scalar", ScalarAlpha, sub_scalar),
+      COMPOSITE("aten::sub_.Scalar", ScalarAlphaIn, sub_scalar_),
       COMPOSITE("aten::mul.Scalar", WithScalar, mul_scalar),
       COMPOSITE("aten::mul_.Scalar", WithScalarIn, mul_scalar_),
       COMPOSITE("aten::div.Scalar", WithScalar, div_scalar),
@@ -257,8 +290,8 @@ const std::vector<Entry>& entries() {
       META("aten::trunc", Unary, trunc),
       META("aten::log1p", Unary, log1p),
       META("aten::expm1", Unary, expm1),
-      META("aten::gelu", Tensor(CT, c10::string_view), gelu),
-      META("aten::gelu_", Tensor & (Tensor&, c10::string_view), gelu_),
+      META("aten::gelu", Gelu, gelu),
+      META("aten::gelu_", GeluIn, gelu_),
       META("aten::silu", Unary, silu),
       META("aten::silu_", UnaryIn, silu_),
       NATIVE(Kind::kMeta, "aten::relu_", UnaryIn, relu_),
@@ -269,9 +302,9 @@ const std::vector<Entry>& entries() {
       META("aten::elu", Tensor(CT, CS, CS, CS), elu),
       META("aten::softplus", Tensor(CT, CS, CS), softplus),
       META("aten::threshold", Tensor(CT, CS, CS), threshold),
-      META("aten::clamp", Tensor(CT, OptS, OptS), clamp),
+      META("aten::clamp", Clamp, clamp),
       META("aten::clamp.Tensor", Tensor(CT, OptT, OptT), clamp),
-      META("aten::clamp_", Tensor & (Tensor&, OptS, OptS), clamp_),
+      META("aten::clamp_", ClampIn, clamp_),
       META("aten::clamp_min", WithScalar, clamp_min),
       META("aten::clamp_max", WithScalar, clamp_max),
       // matrix products
@@ -308,6 +341,7 @@ const std::vector<Entry>& entries() {
       META("aten::scatter_add", Tensor(CT, int64_t, CT, CT), scatter_add),
       META("aten::index_add", Tensor(CT, int64_t, CT, CT, CS), index_add),
       META("aten::index_copy", Tensor(CT, int64_t, CT, CT), index_copy),
+      META("aten::index.Tensor", Tensor(CT, const c10::List<optional<Tensor>>&), index),
       COMPOSITE("aten::embedding", Tensor(CT, CT, int64_t, bool, bool),
                 at::compositeexplicitautograd::embedding),
       COMPOSITE("aten::_safe_softmax", Tensor(CT, int64_t, OptDtype), safe_softmax),
@@ -336,6 +370,13 @@ const std::vector<Entry>& entries() {
                 Tensor(CS, OptDtype, optional<at::Layout>, optional<at::Device>, optional<bool>),
                 scalar_tensor),
       COMPOSITE("aten::ones", Factory, filled),
+      COMPOSITE("aten::empty_like", Like, like),
+      COMPOSITE("aten::zeros_like", Like, like),
+      COMPOSITE("aten::ones_like", Like, like),
+      COMPOSITE("aten::full_like", FullLike, full_like),
+      COMPOSITE("aten::new_empty", New, new_filled),
+      COMPOSITE("aten::new_zeros", New, new_filled),
+      COMPOSITE("aten::new_ones", New, new_filled),
       COMPOSITE("aten::zeros", Factory, filled),
   };
   return table;

@@ -430,6 +430,36 @@ std::vector<Case> cases() {
          return V{rnd({3, 4}).t()};
        },
        [](V& t) { return t[0].uniform_(-1, 1).normal_(0, 2).fill_(3).zero_(); }},
+      {"empty_like, zeros_like, ones_like, full_like: layouts and dtypes",
+       [] {
+         return V{rnd({3, 4}).t(), rnd({8, 6}).slice(0, 0, 8, 2), channels_last({2, 3, 2, 2})};
+       },
+       [cl](V& t) {
+         return c10::IValue(std::make_tuple(
+             at::empty_like(t[0]), at::zeros_like(t[1], at::kHalf), at::ones_like(t[2]),
+             at::full_like(t[2], 7, at::kLong, c10::nullopt, c10::nullopt, c10::nullopt,
+                           at::MemoryFormat::Contiguous),
+             at::empty_like(t[2].contiguous(), at::TensorOptions(), cl)));
+       }},
+      {"new_empty, new_zeros, new_ones",
+       [] {
+         return V{rnd({3, 4}, at::kHalf).t()};
+       },
+       [](V& t) {
+         return c10::IValue(std::make_tuple(t[0].new_empty({2, 5}), t[0].new_zeros({3}),
+                                            t[0].new_ones({1, 2}, at::kLong)));
+       }},
+      {"index.Tensor: broadcast indices around a slice",
+       [] {
+         return V{rnd({5, 6, 7}), idx({4, 1}, 5), idx({3}, 7)};
+       },
+       [](V& t) {
+         c10::List<c10::optional<Tensor>> indices;
+         indices.push_back(t[1]);
+         indices.push_back(c10::nullopt);
+         indices.push_back(t[2]);
+         return at::index(t[0], indices);
+       }},
       {"ones, zeros, scalar_tensor", [] { return V{}; },
        [](V&) {
          return c10::IValue(std::make_tuple(at::ones({2, 3}), at::zeros({4}, at::kLong),
