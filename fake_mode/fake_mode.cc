@@ -22,6 +22,7 @@
 #include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
 #include "fake_mode/fake_tensor.h"
+#include "kernels/native_meta.h"
 
 namespace metaload {
 namespace {
@@ -48,6 +49,9 @@ struct OpInfo {
   bool reads_values = false;  // item, nonzero, unique...: a typed error, whatever Meta kernels
                               // this torch has (2.x's Python ones raise their own errors)
   bool mask_index = false;    // aten::index: with a bool/uint8 mask its shape is the mask's count
+  // libtorch's C++ shape kernel, called in place of a Python-registered Meta kernel (torch 2.x
+  // puts Python ones over hundreds of C++ ones); null: redispatch to Meta.
+  const c10::KernelFunction* native = nullptr;
 };
 
 // The argument of an op that a real run accepts on any device (native_functions.yaml marks these
@@ -80,6 +84,9 @@ bool indexes_with_a_mask(const torch::jit::Stack& stack, size_t n_args) {
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
   info.own = is_own_op(schema);
+  if (auto handle = c10::Dispatcher::singleton().findOp(schema.operator_name())) {
+    info.native = native_meta::kernel_for(*handle);
+  }
   info.reads_values = is_data_dependent_op(schema.operator_name());
   info.mask_index = schema.name() == "aten::index";
   const char* unchecked = unchecked_argument(schema.name());
@@ -148,7 +155,14 @@ struct DeviceRule {
 at::Tensor meta_stand_in(const at::Tensor& real) {
   c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
   c10::impl::ExcludeDispatchKeyGuard no_mode(kMetaModeKey);
-  return at::empty_strided(real.sizes(), real.strides(), real.options().device(c10::kMeta));
+  at::Tensor meta =
+      at::empty_strided(real.sizes(), real.strides(), real.options().device(c10::kMeta));
+  // A Python number passed as a tensor (x * 2.5) is a wrapped number, which type promotion ranks
+  // below tensors: an int tensor times it is float32, times a 0-dim float64 tensor float64.
+  if (real.unsafeGetTensorImpl()->is_wrapped_number()) {
+    meta.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  return meta;
 }
 
 bool needs_stand_in(const at::Tensor& t) {
@@ -278,7 +292,12 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
   {
     KernelScope scope;
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
+    const c10::DispatchKeySet meta_keys(c10::DispatchKey::Meta);
+    if (info.native != nullptr) {
+      info.native->callBoxed(op, meta_keys, stack);
+    } else {
+      op.redispatchBoxed(meta_keys, stack);
+    }
   }
 
   // 3. New results become fake tensors on the target device.
