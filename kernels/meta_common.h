@@ -54,6 +54,8 @@ std::vector<std::string> ensure_kernels(const std::vector<KernelDef>& defs,
 const std::vector<KernelDef>& conv_norm_kernels();
 const std::vector<KernelDef>& pool_kernels();
 const std::vector<KernelDef>& pointwise_index_kernels();
+const std::vector<KernelDef>& linalg_kernels();
+const std::vector<KernelDef>& reduction_kernels();
 
 // ---- errors -------------------------------------------------------------------------------
 

@@ -66,7 +66,8 @@ Registry& registry() {
 std::vector<meta::KernelDef> full_table() {
   std::vector<meta::KernelDef> all;
   for (const auto* part :
-       {&meta::conv_norm_kernels(), &meta::pool_kernels(), &meta::pointwise_index_kernels()}) {
+       {&meta::conv_norm_kernels(), &meta::pool_kernels(), &meta::pointwise_index_kernels(),
+        &meta::linalg_kernels(), &meta::reduction_kernels()}) {
     all.insert(all.end(), part->begin(), part->end());
   }
   return all;
