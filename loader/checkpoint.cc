@@ -17,22 +17,14 @@
 namespace metaload {
 namespace {
 
-using fileio::is_dir;
 using fileio::is_file;
+using fileio::real_path;
 
 constexpr uint64_t kMaxIndexSize = 256ull << 20;
 constexpr uint64_t kMaxConfigSize = 64ull << 20;
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-std::string real_path(const std::string& p) {
-  char* r = ::realpath(p.c_str(), nullptr);
-  if (!r) return "";
-  std::string s(r);
-  std::free(r);
-  return s;
 }
 
 std::string parent_dir(const std::string& p) {
@@ -42,23 +34,20 @@ std::string parent_dir(const std::string& p) {
   return p.substr(0, slash);
 }
 
-std::string base_name(const std::string& p) {
-  size_t slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
 bool strictly_under(const std::string& child, const std::string& root) {
   return !root.empty() && child.size() > root.size() && child.compare(0, root.size(), root) == 0 &&
          (root.back() == '/' || child[root.size()] == '/');
 }
 
+// Every entry named *<suffix>, whatever it is: one that is no regular file (a FIFO, a directory,
+// a link loop) is reported as such when read, not skipped in silence.
 std::vector<std::string> list_dir(const std::string& dir, std::string_view suffix) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
-    if (ends_with(name, suffix) && is_file(dir + "/" + name)) out.push_back(name);
+    if (ends_with(name, suffix)) out.push_back(name);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());
@@ -73,13 +62,17 @@ bool valid_shard_name(const std::string& s) {
   return true;
 }
 
-// <repo>/snapshots/<hash> in a hub cache: snapshot files may be symlinks into <repo>/blobs.
-std::optional<std::string> hub_repo_of_snapshot(const std::string& real_dir) {
-  std::string snapshots = parent_dir(real_dir);
-  if (base_name(snapshots) != "snapshots") return std::nullopt;
-  std::string repo = parent_dir(snapshots);
-  if (base_name(repo).rfind("models--", 0) != 0 || !is_dir(repo + "/blobs")) return std::nullopt;
-  return repo;
+// A file of the checkpoint directory (not a path the user named): in a hub snapshot it must
+// resolve into the repo's blob store (or the snapshot itself).
+void check_dir_file(const Checkpoint& c, const std::string& path) {
+  if (c.snapshot_of) check_snapshot_file(path, c.dir, *c.snapshot_of);
+}
+
+// Reads the header of a file found in the checkpoint directory.
+SafetensorsHeader read_dir_header(const Checkpoint& c, const std::string& path) {
+  fileio::File probe(path);  // not a regular file: say what it is before anything else
+  check_dir_file(c, path);
+  return read_safetensors_header(path);
 }
 
 void add_file(Checkpoint& c, SafetensorsHeader h) {
@@ -95,7 +88,9 @@ void add_file(Checkpoint& c, SafetensorsHeader h) {
   c.files.push_back(std::move(h));
 }
 
-void load_indexed(Checkpoint& c, const std::string& index_path) {
+// `in_dir`: the index was found in c.dir rather than named by the user.
+void load_indexed(Checkpoint& c, const std::string& index_path, bool in_dir) {
+  if (in_dir) check_dir_file(c, index_path);
   SafetensorsIndex idx = read_safetensors_index(index_path);
   c.index_path = index_path;
   // Shards may resolve (through symlinks) only into the checkpoint directory itself, or into the
@@ -108,13 +103,15 @@ void load_indexed(Checkpoint& c, const std::string& index_path) {
   std::map<std::string, uint32_t> file_index;
   for (const auto& shard : idx.shards) {
     std::string path = c.dir + "/" + shard;
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      bool dangling = ::lstat(path.c_str(), &st) == 0;
-      throw ShardError(index_path, example[shard], "missing-shard",
-                       "shard " + quote_str(shard) + " named by the index " +
-                           (dangling ? "is a dangling symbolic link" : "does not exist") + " in " +
-                           c.dir);
+    if (!fileio::exists(path) || !is_file(path)) {
+      const std::string kind = fileio::file_kind(path);
+      const bool missing = kind == "nothing" || kind == "a dangling symbolic link";
+      throw ShardError(
+          index_path, example[shard], missing ? "missing-shard" : "not-a-file",
+          "shard " + quote_str(shard) + " named by the index " +
+              (kind == "nothing" ? std::string("does not exist")
+                                 : "is " + kind + (missing ? "" : ", not a regular file,")) +
+              " in " + c.dir);
     }
     std::string real = real_path(path);
     bool inside = false;
@@ -155,25 +152,26 @@ void load_indexed(Checkpoint& c, const std::string& index_path) {
   }
 }
 
-// Loads the checkpoint in directory c.dir.
+// Loads the checkpoint in directory c.dir. A candidate name that is there but is no regular file
+// (a FIFO, a directory, a link loop) is reported as what it is, not passed over.
 void load_dir(Checkpoint& c) {
   const std::string& d = c.dir;
-  if (is_file(d + "/model.safetensors")) {
-    add_file(c, read_safetensors_header(d + "/model.safetensors"));
+  if (fileio::exists(d + "/model.safetensors")) {
+    add_file(c, read_dir_header(c, d + "/model.safetensors"));
     return;
   }
-  if (is_file(d + "/model.safetensors.index.json")) {
-    load_indexed(c, d + "/model.safetensors.index.json");
+  if (fileio::exists(d + "/model.safetensors.index.json")) {
+    load_indexed(c, d + "/model.safetensors.index.json", true);
     return;
   }
   auto indexes = list_dir(d, ".safetensors.index.json");
   if (indexes.size() == 1) {
-    load_indexed(c, d + "/" + indexes[0]);
+    load_indexed(c, d + "/" + indexes[0], true);
     return;
   }
   auto singles = list_dir(d, ".safetensors");
   if (indexes.empty() && singles.size() == 1) {
-    add_file(c, read_safetensors_header(d + "/" + singles[0]));
+    add_file(c, read_dir_header(c, d + "/" + singles[0]));
     return;
   }
   if (indexes.size() > 1 || singles.size() > 1) {
@@ -195,8 +193,14 @@ void load_dir(Checkpoint& c) {
   throw ResolveError(msg);
 }
 
+// config.json beside the weights, when there: a config.json that is no regular file, or that leaves
+// a hub snapshot's repo, is an error rather than "no config".
 void finish(Checkpoint& c) {
-  if (is_file(c.dir + "/config.json")) c.config_path = c.dir + "/config.json";
+  const std::string path = c.dir + "/config.json";
+  if (!fileio::exists(path)) return;
+  fileio::File probe(path);
+  check_dir_file(c, path);
+  c.config_path = path;
 }
 
 }  // namespace
@@ -316,12 +320,12 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
     if (S_ISDIR(st.st_mode)) {
       c.dir = ref;
       while (c.dir.size() > 1 && c.dir.back() == '/') c.dir.pop_back();
-      c.snapshot_of = hub_repo_of_snapshot(real_path(c.dir));
+      c.snapshot_of = hf_repo_of_snapshot(real_path(c.dir));
       load_dir(c);
     } else if (S_ISREG(st.st_mode) && ends_with(ref, ".index.json")) {
       c.dir = parent_dir(ref);
-      c.snapshot_of = hub_repo_of_snapshot(real_path(c.dir));
-      load_indexed(c, ref);
+      c.snapshot_of = hf_repo_of_snapshot(real_path(c.dir));
+      load_indexed(c, ref, false);
     } else if (S_ISREG(st.st_mode)) {
       for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"}) {
         if (ends_with(ref, ext)) {
@@ -333,13 +337,17 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
       c.dir = parent_dir(ref);
       add_file(c, read_safetensors_header(ref));
     } else {
-      throw ResolveError(ref + " is neither a file nor a directory");
+      throw ResolveError(ref + " is " + fileio::file_kind(ref) +
+                         ", neither a regular file nor a directory");
     }
     finish(c);
     return c;
   }
   std::vector<std::string> looked;
-  looked.push_back(ref + ": no such file or directory");
+  // A dangling link or a link loop is there, but leads nowhere: say which.
+  looked.push_back(ref + ": " +
+                   (fileio::exists(ref) ? "is " + fileio::file_kind(ref)
+                                        : std::string("no such file or directory")));
   if (looks_like_repo_id(ref)) {
     if (auto snap = try_resolve_hf_snapshot(ref, revision, looked)) {
       c.dir = snap->snapshot_dir;

@@ -69,6 +69,12 @@ struct Checkpoint {
 //     *.safetensors.index.json, else exactly one *.safetensors;
 //  2. a Hugging Face repo id in the local hub cache (see hf_cache.h) at `revision`.
 // `revision` is for repo ids only; given with a local path it is an error (ResolveError).
+// A candidate name that is there but is no regular file (a FIFO, directory, socket, device or link
+// loop named model.safetensors, config.json, a shard, ...) is an error naming what it is
+// ("not-a-file"), never passed over; nothing is opened in a way that could block.
+// In a hub snapshot (resolved from a repo id, or a directory that is one) every file read must
+// resolve into the repo's blobs/ or the snapshot itself ("link-outside-repo"); the file or index
+// the user names directly may be a link anywhere.
 // Throws ResolveError (listing every place looked), FormatError for a bad file, ShardError for a
 // bad index, a missing shard ("missing-shard"), a shard outside the checkpoint directory
 // ("shard-outside-directory"), an index that disagrees with its shards ("index-mismatch",
@@ -76,7 +82,8 @@ struct Checkpoint {
 Checkpoint open_checkpoint(const std::string& ref,
                            const std::optional<std::string>& revision = std::nullopt);
 
-// Reads and parses config.json strictly (duplicate keys rejected). Throws FormatError.
+// Reads and parses config.json strictly (duplicate keys rejected, kMaxJsonDepth). Throws
+// FormatError.
 nlohmann::json read_config_json(const std::string& path);
 
 }  // namespace metaload

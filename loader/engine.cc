@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <list>
 #include <memory>
 #include <mutex>
 
@@ -252,69 +254,188 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The files of one load, open for the whole load; fstat at open and again at the end tells a
-// file that changed underneath (rewritten, truncated, replaced) from one that did not.
+// How many descriptors one load keeps open at most: a quarter of the process's limit, at most
+// 256 -- a checkpoint may have more shards than the process may open files, and the caller has
+// descriptors of its own. Reads go in file order, so few files are in use at any moment.
+size_t open_file_cap() {
+  struct rlimit rl;
+  uint64_t soft = 1024;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) soft = rl.rlim_cur;
+  return static_cast<size_t>(std::clamp<uint64_t>(soft / 4, 1, 256));
+}
+
+bool same_file(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+}
+
+// The files of one load. Each is opened and fstat'ed up front; afterwards at most
+// open_file_cap() descriptors stay open (more only while that many readers hold distinct files):
+// a read opens its file again when needed, and an idle file is closed, least recently used
+// first, when the cap is reached. fstat when a file is opened again, before it is closed and at
+// the end tells a file that changed underneath (rewritten, truncated, replaced) from one that
+// did not.
 class OpenFiles {
  public:
-  explicit OpenFiles(const std::vector<std::string>& paths) : paths_(paths) {
-    for (const std::string& p : paths) {
-      const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        const int e = errno;
-        close_all();
-        throw ReadError(p + ": cannot open: " + std::strerror(e));
+  explicit OpenFiles(const std::vector<std::string>& paths)
+      : paths_(paths),
+        cap_(open_file_cap()),
+        fds_(paths.size(), -1),
+        users_(paths.size(), 0),
+        stats_(paths.size()),
+        idle_pos_(paths.size()) {
+    try {
+      for (size_t i = 0; i < paths_.size(); ++i) {
+        stats_[i] = open_file(i, /*first=*/true);
+        if (i >= cap_) close_file(i);
+        if (fds_[i] >= 0) idle_pos_[i] = idle_.insert(idle_.end(), i);
       }
-      fds_.push_back(fd);
-      struct stat st;
-      if (::fstat(fd, &st) != 0) {
-        const int e = errno;
-        close_all();
-        throw ReadError(p + ": cannot stat: " + std::strerror(e));
-      }
-      stats_.push_back(st);
-      // Doubles the kernel's readahead for a cold file; harmless when it is cached.
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    } catch (...) {
+      close_all();
+      throw;
     }
   }
   ~OpenFiles() { close_all(); }
   OpenFiles(const OpenFiles&) = delete;
   OpenFiles& operator=(const OpenFiles&) = delete;
 
-  int fd(size_t i) const { return fds_[i]; }
+  // File i's descriptor, open until the Lease ends.
+  class Lease {
+   public:
+    Lease(OpenFiles& files, size_t i) : files_(files), i_(i), fd_(files.acquire(i)) {}
+    ~Lease() { files_.release(i_); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    int fd() const { return fd_; }
+
+   private:
+    OpenFiles& files_;
+    size_t i_;
+    int fd_;
+  };
+
   const std::string& path(size_t i) const { return paths_[i]; }
-  size_t size() const { return fds_.size(); }
+  size_t size() const { return paths_.size(); }
   std::vector<PlanFile> plan_files() const {
     std::vector<PlanFile> out;
-    for (size_t i = 0; i < fds_.size(); ++i) {
+    for (size_t i = 0; i < paths_.size(); ++i) {
       out.push_back({paths_[i], static_cast<uint64_t>(stats_[i].st_size)});
     }
     return out;
   }
 
-  void check_unchanged() const {
+  // The files still open (those closed were checked when they closed).
+  void check_unchanged() {
+    std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < fds_.size(); ++i) {
-      struct stat now;
-      if (::fstat(fds_[i], &now) != 0) {
-        throw ReadError(paths_[i] + ": cannot stat after reading: " + std::strerror(errno));
-      }
-      const struct stat& was = stats_[i];
-      if (now.st_size != was.st_size || now.st_mtim.tv_sec != was.st_mtim.tv_sec ||
-          now.st_mtim.tv_nsec != was.st_mtim.tv_nsec) {
-        throw ReadError(paths_[i] + ": file changed during the load (size " +
-                        std::to_string(was.st_size) + " -> " + std::to_string(now.st_size) +
-                        "); the bytes read may mix two versions");
-      }
+      if (fds_[i] >= 0) check(i, "after reading");
     }
   }
 
  private:
-  void close_all() {
-    for (int fd : fds_) ::close(fd);
-    fds_.clear();
+  // Opens file i (without blocking: a FIFO put in a shard's place must not hang the load);
+  // returns its fstat. first: its identity is not known yet.
+  struct stat open_file(size_t i, bool first) {
+    const std::string& p = paths_[i];
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && close_idle()) {
+      fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    }
+    if (fd < 0) {
+      const int e = errno;
+      throw ReadError(p + ": cannot open: " + std::strerror(e) +
+                      (e == EMFILE ? " (the load keeps at most " + std::to_string(cap_) +
+                                         " files open; other descriptors of the process fill "
+                                         "its limit)"
+                                   : std::string()));
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw ReadError(p + ": cannot stat: " + std::strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw ReadError(p + ": is not a regular file");
+    }
+    if (!first && !same_file(st, stats_[i])) {
+      ::close(fd);
+      throw changed(i, st);
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    // Doubles the kernel's readahead for a cold file; harmless when it is cached.
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    fds_[i] = fd;
+    ++open_;
+    return st;
   }
+
+  ReadError changed(size_t i, const struct stat& now) const {
+    const struct stat& was = stats_[i];
+    const bool replaced = now.st_dev != was.st_dev || now.st_ino != was.st_ino;
+    return ReadError(paths_[i] + ": file " + (replaced ? "replaced" : "changed") +
+                     " during the load (size " + std::to_string(was.st_size) + " -> " +
+                     std::to_string(now.st_size) + "); the bytes read may mix two versions");
+  }
+
+  void check(size_t i, const char* when) const {
+    struct stat now;
+    if (::fstat(fds_[i], &now) != 0) {
+      throw ReadError(paths_[i] + ": cannot stat " + when + ": " + std::strerror(errno));
+    }
+    if (!same_file(now, stats_[i])) throw changed(i, now);
+  }
+
+  void close_file(size_t i) {
+    ::close(fds_[i]);
+    fds_[i] = -1;
+    --open_;
+  }
+
+  void close_all() {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      if (fds_[i] >= 0) close_file(i);
+    }
+  }
+
+  // Closes the least recently used idle file (checked first); false when none is idle.
+  bool close_idle() {
+    if (idle_.empty()) return false;
+    const size_t victim = idle_.front();
+    idle_.pop_front();
+    check(victim, "before closing it");
+    close_file(victim);
+    return true;
+  }
+
+  int acquire(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fds_[i] < 0) {
+      while (open_ >= cap_ && close_idle()) {
+      }
+      open_file(i, /*first=*/false);
+    } else if (users_[i] == 0) {
+      idle_.erase(idle_pos_[i]);
+    }
+    ++users_[i];
+    return fds_[i];
+  }
+
+  void release(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_[i] == 0) idle_pos_[i] = idle_.insert(idle_.end(), i);
+  }
+
   std::vector<std::string> paths_;
-  std::vector<int> fds_;
-  std::vector<struct stat> stats_;
+  size_t cap_;
+  std::mutex mu_;
+  std::vector<int> fds_;            // -1 while closed
+  std::vector<uint32_t> users_;     // leases held
+  std::vector<struct stat> stats_;  // at the first open
+  std::list<size_t> idle_;          // open, no lease, least recently used first
+  std::vector<std::list<size_t>::iterator> idle_pos_;
+  size_t open_ = 0;
 };
 
 // MADV_POPULATE_WRITE (Linux 5.14): faults the pages in with one call instead of one fault per
@@ -338,7 +459,7 @@ void prefault(void* p, uint64_t n) {
 class Run : public ProgressRun {
  public:
   Run(const EngineOptions& o, const std::vector<CopyJob>& jobs, const std::vector<Piece>& pieces,
-      const OpenFiles& files)
+      OpenFiles& files)
       : ProgressRun(o, 0),
         jobs(jobs),
         pieces(pieces),
@@ -358,7 +479,7 @@ class Run : public ProgressRun {
 
   const std::vector<CopyJob>& jobs;
   const std::vector<Piece>& pieces;
-  const OpenFiles& files;
+  OpenFiles& files;
 
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> reads{0}, direct{0};
@@ -394,12 +515,13 @@ class Run : public ProgressRun {
   void read_piece(size_t index, unsigned char* buf) {
     const Piece& p = pieces[index];
     const int64_t start = now_ns();
+    const OpenFiles::Lease file(files, p.file);
     uint64_t got = 0;
     while (got < p.length) {
       const size_t want = static_cast<size_t>(p.length - got);
       const uint64_t off = p.offset + got;
-      const ssize_t r = opt.hooks.pread ? opt.hooks.pread(files.fd(p.file), buf + got, want, off)
-                                        : ::pread(files.fd(p.file), buf + got, want, off);
+      const ssize_t r = opt.hooks.pread ? opt.hooks.pread(file.fd(), buf + got, want, off)
+                                        : ::pread(file.fd(), buf + got, want, off);
       reads.fetch_add(1, std::memory_order_relaxed);
       if (r < 0) {
         const int e = errno;

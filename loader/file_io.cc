@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "loader/errors.h"
@@ -29,14 +30,58 @@ void count_bytes_read(uint64_t n) {
   g_bytes_read.fetch_add(n, std::memory_order_relaxed);
 }
 
+namespace {
+
+std::string mode_kind(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+[[noreturn]] void not_a_file(const std::string& path, const std::string& kind) {
+  throw FormatError(path, "", "not-a-file", "is " + kind + ", not a regular file");
+}
+
+}  // namespace
+
 File::File(const std::string& path) : path_(path) {
+  // O_NONBLOCK: open() of a FIFO returns at once instead of waiting for a writer; O_NOCTTY: a
+  // terminal device never becomes the controlling terminal. Both are dropped for regular files.
   do {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   } while (fd_ < 0 && errno == EINTR);
   if (fd_ < 0) {
+    const int err = errno;
+    // ELOOP (a link loop), ENXIO (a socket), ... : say what is there rather than the errno.
+    const std::string kind = file_kind(path);
+    if (kind == "a dangling symbolic link") {
+      throw FormatError(path, "", "unreadable",
+                        "is a dangling symbolic link (cannot open for reading: " +
+                            std::string(std::strerror(err)) + ")");
+    }
+    if (kind != "a regular file" && kind != "nothing" && kind.rfind("unreadable", 0) != 0) {
+      not_a_file(path, kind);
+    }
     throw FormatError(path, "", "unreadable",
-                      std::string("cannot open for reading: ") + std::strerror(errno));
+                      std::string("cannot open for reading: ") + std::strerror(err));
   }
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw FormatError(path, "", "unreadable", std::string("fstat failed: ") + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    not_a_file(path, mode_kind(st.st_mode));
+  }
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
 }
 
 File::~File() {
@@ -49,7 +94,7 @@ uint64_t File::regular_file_size() const {
     throw FormatError(path_, "", "unreadable",
                       std::string("fstat failed: ") + std::strerror(errno));
   }
-  if (!S_ISREG(st.st_mode)) throw FormatError(path_, "", "not-a-file", "not a regular file");
+  if (!S_ISREG(st.st_mode)) not_a_file(path_, mode_kind(st.st_mode));
   return static_cast<uint64_t>(st.st_size);
 }
 
@@ -96,6 +141,28 @@ bool is_dir(const std::string& p) {
 bool is_file(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+std::string real_path(const std::string& p) {
+  char* r = ::realpath(p.c_str(), nullptr);
+  if (!r) return "";
+  std::string s(r);
+  std::free(r);
+  return s;
+}
+
+std::string file_kind(const std::string& p) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0) return mode_kind(st.st_mode);
+  const int err = errno;
+  if (err == ELOOP) return "a symbolic link loop";
+  if (err == ENOENT) return ::lstat(p.c_str(), &st) == 0 ? "a dangling symbolic link" : "nothing";
+  return std::string("unreadable (") + std::strerror(err) + ")";
 }
 
 }  // namespace fileio

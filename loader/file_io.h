@@ -9,10 +9,13 @@
 namespace metaload {
 namespace fileio {
 
-// An open read-only file descriptor, closed on destruction.
+// An open read-only file descriptor of a regular file, closed on destruction.
 class File {
  public:
-  // Throws FormatError(path, "", "unreadable", strerror) when the file cannot be opened.
+  // Opens without blocking (a FIFO would block open() until a writer came) and refuses anything
+  // but a regular file: FormatError(path, "", "not-a-file") saying what it is instead (directory,
+  // FIFO, socket, device, symbolic link loop); FormatError "unreadable" (strerror) when the file
+  // cannot be opened.
   explicit File(const std::string& path);
   ~File();
   File(const File&) = delete;
@@ -20,7 +23,7 @@ class File {
 
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
-  // Size from fstat; throws FormatError "not-a-file" for anything but a regular file.
+  // Size from fstat.
   uint64_t regular_file_size() const;
   // Reads exactly n bytes at offset (retrying short reads and EINTR); throws FormatError
   // "read-failed" on an error or an early end of file.
@@ -40,6 +43,17 @@ void count_bytes_read(uint64_t n);
 // Whether `path` is (or, through symbolic links, leads to) a directory / a regular file.
 bool is_dir(const std::string& path);
 bool is_file(const std::string& path);
+// Whether anything is at `path` itself (lstat): a dangling symbolic link or a FIFO count.
+bool exists(const std::string& path);
+
+// The canonical absolute path of `path` (realpath), or "" when it cannot be resolved.
+std::string real_path(const std::string& path);
+
+// What is at `path`, through symbolic links, in words for messages: "a regular file",
+// "a directory", "a FIFO (named pipe)", "a socket", "a character device", "a block device",
+// "a symbolic link loop", "a dangling symbolic link", "nothing" (no such entry), or
+// "unreadable (<strerror>)".
+std::string file_kind(const std::string& path);
 
 }  // namespace fileio
 }  // namespace metaload

@@ -1,6 +1,7 @@
 #include "loader/hf_cache.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cstdlib>
@@ -15,6 +16,7 @@ namespace {
 
 using fileio::is_dir;
 using fileio::is_file;
+using fileio::real_path;
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -46,6 +48,34 @@ bool safe_revision(std::string_view rev) {
     if (c == '\0' || c == '\\' || static_cast<unsigned char>(c) < 0x20) return false;
   }
   return true;
+}
+
+std::string parent_dir(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return p.substr(0, slash);
+}
+
+std::string base_name(const std::string& p) {
+  size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+bool strictly_under(const std::string& child, const std::string& root) {
+  return !root.empty() && child.size() > root.size() && child.compare(0, root.size(), root) == 0 &&
+         (root.back() == '/' || child[root.size()] == '/');
+}
+
+// "a symbolic link to T (resolving to R)", or "resolves to R" for a path whose own name is no
+// link (a link further up).
+std::string where_it_leads(const std::string& path, const std::string& real) {
+  std::string target(4096, '\0');
+  ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+  if (n < 0) return "resolves to " + quote_str(real, 400);
+  target.resize(static_cast<size_t>(n));
+  return "is a symbolic link to " + quote_str(target, 400) + " (resolving to " +
+         quote_str(real, 400) + ")";
 }
 
 std::string trim(std::string s) {
@@ -128,6 +158,11 @@ std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
   }
   // A branch or tag name goes through refs/; a commit hash may be used directly.
   std::string ref_file = s.repo_dir + "/refs/" + rev;
+  if (fileio::exists(ref_file) && !is_file(ref_file)) {
+    // A directory, FIFO (never opened: it would block), device or link loop is no ref.
+    looked.push_back(ref_file + ": is " + fileio::file_kind(ref_file) + ", not a refs file");
+    return std::nullopt;
+  }
   if (is_file(ref_file)) {
     std::string commit = trim(fileio::read_small_file(ref_file, 4096, "refs file"));
     if (!is_commit_hash(commit)) {
@@ -145,8 +180,17 @@ std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
   }
   s.snapshot_dir = s.repo_dir + "/snapshots/" + s.commit;
   if (!is_dir(s.snapshot_dir)) {
-    looked.push_back(s.snapshot_dir + ": no such directory");
+    looked.push_back(s.snapshot_dir + ": " +
+                     (fileio::exists(s.snapshot_dir)
+                          ? "is " + fileio::file_kind(s.snapshot_dir) + ", not a directory"
+                          : std::string("no such directory")));
     return std::nullopt;
+  }
+  const std::string real = real_path(s.snapshot_dir);
+  if (!strictly_under(real, real_path(s.repo_dir + "/snapshots"))) {
+    throw FormatError(s.snapshot_dir, "", "link-outside-repo",
+                      "snapshot directory " + where_it_leads(s.snapshot_dir, real) +
+                          ", outside the repo's snapshots " + s.repo_dir + "/snapshots");
   }
   return s;
 }
@@ -159,6 +203,28 @@ HubSnapshot resolve_hf_snapshot(const std::string& repo_id,
                     quote_str(revision.value_or("main")) + " offline; looked at: ";
   for (size_t i = 0; i < looked.size(); ++i) msg += (i ? "; " : "") + looked[i];
   throw ResolveError(msg);
+}
+
+std::optional<std::string> hf_repo_of_snapshot(const std::string& real_dir) {
+  std::string snapshots = parent_dir(real_dir);
+  if (base_name(snapshots) != "snapshots") return std::nullopt;
+  std::string repo = parent_dir(snapshots);
+  if (base_name(repo).rfind("models--", 0) != 0 || !is_dir(repo + "/blobs")) return std::nullopt;
+  return repo;
+}
+
+void check_snapshot_file(const std::string& path, const std::string& snapshot_dir,
+                         const std::string& repo_dir) {
+  const std::string real = real_path(path);
+  if (real.empty()) {
+    fileio::File f(path);  // throws what it is (a link loop, a dangling link, ...)
+    throw FormatError(path, "", "unreadable", "cannot resolve its real path");
+  }
+  const std::string blobs = real_path(repo_dir + "/blobs");
+  if (strictly_under(real, blobs) || strictly_under(real, real_path(snapshot_dir))) return;
+  throw FormatError(path, "", "link-outside-repo",
+                    "hub snapshot file " + where_it_leads(path, real) +
+                        ", outside the repo's blob store " + repo_dir + "/blobs");
 }
 
 bool is_hf_cache_blob(const std::string& path) {

@@ -43,13 +43,30 @@ struct HubSnapshot {
   std::string revision;      // as asked ("main" when none was given)
 };
 
+// A snapshot's directory and files must stay inside their repo: <repo>/snapshots/<commit> may be
+// a symbolic link only into <repo>/snapshots, and a snapshot file only into <repo>/blobs (or be a
+// file of the snapshot itself, as caches written without symlinks hold them). A link anywhere
+// else on the disk is refused.
+
+// The repo directory (<root>/models--ORG--NAME) of a snapshot directory <repo>/snapshots/<hash>
+// given by its real path; nullopt when `real_dir` is not inside a hub repo.
+std::optional<std::string> hf_repo_of_snapshot(const std::string& real_dir);
+
+// Throws FormatError(path, "", "link-outside-repo"), naming the link and where it leads, unless
+// `path` resolves into <repo_dir>/blobs or into `snapshot_dir` itself. `path` must exist.
+void check_snapshot_file(const std::string& path, const std::string& snapshot_dir,
+                         const std::string& repo_dir);
+
 // Resolves repo_id at `revision` (a branch, tag or commit hash; "main" when absent) without any
-// network access. Throws ResolveError listing every place it looked.
+// network access. Throws ResolveError listing every place it looked (a refs file or snapshot that
+// is there but is not a regular file / directory is named with what it is), or FormatError
+// "link-outside-repo" for a snapshot directory that links out of <repo>/snapshots.
 HubSnapshot resolve_hf_snapshot(const std::string& repo_id,
                                 const std::optional<std::string>& revision);
 
-// The same, without throwing: nullopt when not found, with one line per place looked at (and
-// why it did not do) appended to `looked`.
+// The same, without a ResolveError: nullopt when not found, with one line per place looked at (and
+// why it did not do) appended to `looked`. A snapshot directory linking out of the repo still
+// throws FormatError "link-outside-repo": it was found, and refused.
 std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
                                                    const std::optional<std::string>& revision,
                                                    std::vector<std::string>& looked);

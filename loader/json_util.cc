@@ -16,6 +16,36 @@ struct DuplicateKey {
 
 }  // namespace
 
+std::string json_too_deep_detail() {
+  return "arrays and objects nest more than " + std::to_string(kMaxJsonDepth) +
+         " levels deep; metaload reads JSON nested up to " + std::to_string(kMaxJsonDepth) +
+         " levels (kMaxJsonDepth)";
+}
+
+[[noreturn]] void throw_json_too_deep(const std::string& file) {
+  throw FormatError(file, "", "json-too-deep", json_too_deep_detail());
+}
+
+namespace {
+
+// nlohmann stops at a NUL byte as if the input ended there; raw NULs are never valid JSON.
+void refuse_nul(std::string_view text, const std::string& file) {
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    throw FormatError(file, "", "invalid-json",
+                      "NUL byte at offset " + std::to_string(nul) + " (not valid JSON)");
+  }
+}
+
+// `depth` of a container start event is that of its parent (0 at the top level).
+void check_depth(int depth, nlohmann::json::parse_event_t event, const std::string& file) {
+  using E = nlohmann::json::parse_event_t;
+  if ((event == E::object_start || event == E::array_start) && depth + 1 > kMaxJsonDepth) {
+    throw_json_too_deep(file);
+  }
+}
+
+}  // namespace
+
 nlohmann::json parse_json_strict(
     std::string_view text, const std::string& file,
     const std::function<void(const std::string&, const std::string&)>& on_duplicate) {
@@ -23,8 +53,9 @@ nlohmann::json parse_json_strict(
   std::vector<std::set<std::string>> keys;
   std::vector<std::string> path;  // key under which each open object sits
   std::string last_key;
-  auto cb = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  auto cb = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
+    check_depth(depth, event, file);
     switch (event) {
       case E::object_start:
         keys.emplace_back();
@@ -49,11 +80,7 @@ nlohmann::json parse_json_strict(
     }
     return true;
   };
-  // nlohmann stops at a NUL byte as if the input ended there; raw NULs are never valid JSON.
-  if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    throw FormatError(file, "", "invalid-json",
-                      "NUL byte at offset " + std::to_string(nul) + " (not valid JSON)");
-  }
+  refuse_nul(text, file);
   try {
     return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const DuplicateKey& d) {
@@ -61,6 +88,19 @@ nlohmann::json parse_json_strict(
     std::string where = d.parent.empty() ? "the top-level object" : "object " + quote_str(d.parent);
     throw FormatError(file, "", "duplicate-key",
                       "key " + quote_str(d.key) + " appears more than once in " + where);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(file, "", "invalid-json", std::string("not valid JSON: ") + e.what());
+  }
+}
+
+nlohmann::json parse_json(std::string_view text, const std::string& file) {
+  auto cb = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    check_depth(depth, event, file);
+    return true;
+  };
+  refuse_nul(text, file);
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(file, "", "invalid-json", std::string("not valid JSON: ") + e.what());
   }

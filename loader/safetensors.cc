@@ -152,6 +152,7 @@ class HeaderSax {
   bool binary(json::binary_t&) { return fail("invalid-json", "binary value"); }
 
   bool start_object(std::size_t) {
+    if (!enter()) return false;
     if (skip_value(+1)) return true;
     switch (state_) {
       case State::kStart:
@@ -221,6 +222,7 @@ class HeaderSax {
     }
   }
   bool end_object() {
+    --depth_;
     if (skip_value(-1)) return true;
     switch (state_) {
       case State::kTop:
@@ -238,6 +240,7 @@ class HeaderSax {
     }
   }
   bool start_array(std::size_t) {
+    if (!enter()) return false;
     if (skip_value(+1)) return true;
     if (state_ == State::kEntryValue && field_ == Field::kShape) {
       state_ = State::kShape;
@@ -252,6 +255,7 @@ class HeaderSax {
     return scalar("an array");
   }
   bool end_array() {
+    --depth_;
     if (skip_value(-1)) return true;
     if (state_ == State::kShape) {
       state_ = State::kEntry;
@@ -291,6 +295,13 @@ class HeaderSax {
     kDone,
   };
   enum class Field { kDType, kShape, kOffsets };
+
+  // One level deeper; an unknown field's value may nest (it is skipped), but no deeper than any
+  // JSON metaload reads.
+  bool enter() {
+    if (++depth_ > kMaxJsonDepth) return fail("json-too-deep", json_too_deep_detail());
+    return true;
+  }
 
   // While an unknown field's value is being skipped, every event lands here. `delta` is +1 for a
   // container start, -1 for its end, 0 for a scalar.
@@ -398,6 +409,7 @@ class HeaderSax {
   int n_offsets_ = 0;
   bool skipping_ = false;
   int skip_depth_ = 0;
+  int depth_ = 0;  // open arrays and objects
 
   bool failed_ = false;
   std::string err_rule_, err_detail_, err_tensor_;

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 
 #include "kernels/convert.h"
+#include "loader/errors.h"
+#include "loader/file_io.h"
 #include "loader/hf_cache.h"
 #include "loader/writer.h"
 #include "model/checkpoint_shapes.h"
@@ -203,11 +205,11 @@ void write_text(const std::string& path, const std::string& text) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FixtureError(fmt::format("cannot read the config file {}", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return fileio::read_small_file(path, 64ull << 20, "config.json");  // never blocks on a FIFO
+  } catch (const FormatError& e) {
+    throw FixtureError(fmt::format("cannot read the config file {}: {}", path, e.detail()));
+  }
 }
 
 std::string base_name(const std::string& path) {

@@ -89,7 +89,12 @@ void append_py_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-void dump_py(std::string& out, const nlohmann::ordered_json& v) {
+// `depth`: the nesting level v's container would open. Deeper than any key can be read back
+// (kMaxJsonDepth) is refused, which also bounds this recursion.
+void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
+  if (v.is_structured() && depth > kMaxJsonDepth) {
+    throw ModelKeyError(json_too_deep_detail() + " (rule json-too-deep)");
+  }
   switch (v.type()) {
     case nlohmann::ordered_json::value_t::object: {
       out += '{';
@@ -99,7 +104,7 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v) {
         first = false;
         append_py_string(out, it.key());
         out += ": ";
-        dump_py(out, it.value());
+        dump_py(out, it.value(), depth + 1);
       }
       out += '}';
       break;
@@ -108,7 +113,7 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v) {
       out += '[';
       for (size_t i = 0; i < v.size(); ++i) {
         if (i) out += ", ";
-        dump_py(out, v[i]);
+        dump_py(out, v[i], depth + 1);
       }
       out += ']';
       break;
@@ -127,7 +132,7 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v) {
 
 std::string python_json_dumps(const nlohmann::ordered_json& value) {
   std::string out;
-  dump_py(out, value);
+  dump_py(out, value, 1);
   return out;
 }
 
@@ -156,9 +161,11 @@ std::string to_model_key(const ModelKey& key) {
     append_py_string(out, k);
     out += ": ";
     try {
-      dump_py(out, v);
+      dump_py(out, v, 2);  // the key's object is the first level
     } catch (const nlohmann::json::exception& e) {
       throw ModelKeyError("extra field \"" + k + "\" cannot be written: " + e.what());
+    } catch (const ModelKeyError& e) {
+      throw ModelKeyError("extra field \"" + k + "\" cannot be written: " + e.message());
     }
   }
   out += "}";
@@ -190,7 +197,7 @@ ModelKey from_model_key(std::string_view key) {
     j = nlohmann::ordered_json::parse(json.begin(), json.end());
   } catch (const FormatError& e) {
     throw ModelKeyError("bad JSON after the class path of model key " + quote_str(key) + ": " +
-                        e.detail());
+                        e.detail() + " (rule " + e.rule() + ")");
   }
   if (!j.is_object()) throw ModelKeyError("model key JSON is not an object: " + quote_str(json));
   auto repo = j.find("repo_id");

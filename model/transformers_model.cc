@@ -20,6 +20,7 @@
 #include "fake_mode/fake_tensor.h"
 #include "fake_mode/scan.h"
 #include "loader/checkpoint.h"
+#include "loader/file_io.h"
 #include "loader/hf_cache.h"
 #include "loader/plan.h"
 #include "model/registry.h"
@@ -268,9 +269,13 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
         target));
   }
   config_path_ = dir + "/config.json";
-  if (::stat(config_path_.c_str(), &st) != 0)
+  if (!fileio::exists(config_path_))
     throw ResolveError(
         fmt::format("{} has no config.json: the model's architecture and sizes come from it", dir));
+  // In a hub snapshot config.json must lead into the repo's blob store (read_config_json refuses
+  // a FIFO, directory or link loop in its place).
+  if (const auto repo = hf_repo_of_snapshot(fileio::real_path(dir)))
+    check_snapshot_file(config_path_, dir, *repo);
   // config.json is all that is read: no safetensors header, no weight byte.
   const FamilyConfig config = parse_family_config(read_config_json(config_path_), config_path_);
   BuildOptions build;

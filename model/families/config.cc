@@ -1,10 +1,12 @@
 #include "model/families/config.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
+
+#include "loader/errors.h"
+#include "loader/file_io.h"
+#include "loader/json_util.h"
 
 namespace metaload {
 namespace {
@@ -247,12 +249,14 @@ std::string model_type_of_architecture(const std::string& arch) {
   return "";
 }
 
+// Without blocking on a FIFO, refusing anything but a regular file (saying what it is).
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+  try {
+    return fileio::read_small_file(path, 64ull << 20, "config.json");
+  } catch (const FormatError& e) {
+    throw ConfigError(
+        fmt::format("{}: cannot read the config file: {} (rule {})", path, e.detail(), e.rule()));
+  }
 }
 
 }  // namespace
@@ -299,9 +303,11 @@ FamilyConfig parse_family_config(const json& config, const std::string& source) 
 FamilyConfig parse_family_config_text(const std::string& text, const std::string& source) {
   json config;
   try {
-    config = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(fmt::format("{}: invalid JSON: {}", source, e.what()));
+    config = parse_json(text, source);  // nesting past kMaxJsonDepth is refused
+  } catch (const FormatError& e) {
+    if (e.rule() == "invalid-json")
+      throw ConfigError(fmt::format("{}: invalid JSON: {}", source, e.detail()));
+    throw ConfigError(fmt::format("{}: {} (rule {})", source, e.detail(), e.rule()));
   }
   return parse_family_config(config, source);
 }
@@ -310,8 +316,7 @@ FamilyConfig load_family_config(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string file = fs::is_directory(path, ec) ? (fs::path(path) / "config.json").string() : path;
-  if (!fs::is_regular_file(file, ec))
-    throw ConfigError(fmt::format("{}: no such config file", file));
+  if (!fileio::exists(file)) throw ConfigError(fmt::format("{}: no such config file", file));
   return parse_family_config_text(read_file(file), file);
 }
 

@@ -1,11 +1,15 @@
 // libFuzzer target: the sharded index parser. Accepted indexes must name only plain shard file
-// names, list them sorted and distinct, and map every tensor to one of them.
+// names, list them sorted and distinct, map every tensor to one of them, and keep metadata nested
+// within kMaxJsonDepth (the index object is the first level).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loader/checkpoint.h"
+#include "loader/json_util.h"
 
 using namespace metaload;
 
@@ -13,6 +17,20 @@ namespace {
 
 void check(bool ok) {
   if (!ok) std::abort();
+}
+
+// Levels of arrays and objects in v (1 for a flat one, 0 for a scalar), without recursion.
+int depth(const nlohmann::json& v) {
+  int most = 0;
+  std::vector<std::pair<const nlohmann::json*, int>> todo{{&v, 1}};
+  while (!todo.empty()) {
+    auto [j, d] = todo.back();
+    todo.pop_back();
+    if (!j->is_structured()) continue;
+    most = std::max(most, d);
+    for (const auto& c : *j) todo.push_back({&c, d + 1});
+  }
+  return most;
 }
 
 }  // namespace
@@ -36,5 +54,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& [name, shard] : idx.weight_map) {
     check(std::binary_search(idx.shards.begin(), idx.shards.end(), shard));
   }
+  check(depth(idx.metadata) + 1 <= kMaxJsonDepth);
   return 0;
 }

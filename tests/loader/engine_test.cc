@@ -3,6 +3,7 @@
 // failure kind through injected faults, progress and the report. Torch-free.
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -431,6 +433,117 @@ TEST_P(EngineTest, ShortReadsAndInterruptedReadsAreResumed) {
   };
   run_engine(GetParam(), s.files, s.jobs, opt);
   s.check();
+}
+
+// Lowers this process's RLIMIT_NOFILE soft limit to what is open now plus `spare`, for a scope.
+class FileLimit {
+ public:
+  explicit FileLimit(rlim_t spare) {
+    EXPECT_EQ(::getrlimit(RLIMIT_NOFILE, &saved_), 0);
+    rlimit low = saved_;
+    low.rlim_cur = open_now() + spare;
+    EXPECT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  }
+  ~FileLimit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+  static rlim_t open_now() {
+    rlim_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+      n += !e.is_directory();
+    return n;
+  }
+
+ private:
+  rlimit saved_{};
+};
+
+// A checkpoint may have far more shards than the process may open files (10,000 shards under
+// ulimit -n 1024 failed with "Too many open files"): the engines keep at most a quarter of the
+// limit open and still deliver every byte.
+TEST_P(EngineTest, MoreFilesThanTheProcessMayOpen) {
+  Scenario s;
+  const size_t n = 1500;
+  for (size_t f = 0; f < n; ++f) {
+    s.add_file(256, static_cast<uint32_t>(f + 1));
+    if (f % 3 == 0) {
+      s.add(converting("c" + std::to_string(f), f, 0, 64, FloatFormat::kF32, FloatFormat::kBF16));
+    } else {
+      s.add(whole("w" + std::to_string(f), f, 0, 256));
+    }
+  }
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOff;
+  opt.threads = 4;
+  std::atomic<rlim_t> most_open{0};
+  opt.hooks.after_read = [&](size_t) {
+    const rlim_t now = FileLimit::open_now();
+    rlim_t seen = most_open.load();
+    while (now > seen && !most_open.compare_exchange_weak(seen, now)) {
+    }
+  };
+  const rlim_t before = FileLimit::open_now();
+  {
+    FileLimit limit(100);  // 1500 files, room for 100 more descriptors
+    LoadReport r = run_engine(GetParam(), s.files, s.jobs, opt);
+    EXPECT_EQ(r.files.size(), n);
+  }
+  s.check();
+  EXPECT_LE(most_open.load(), before + 100);
+  EXPECT_EQ(FileLimit::open_now(), before);  // every descriptor closed
+}
+
+// A file closed for the cap and opened again must still be the file that was planned.
+TEST_P(EngineTest, FileReplacedWhileClosedIsNoticed) {
+  Scenario s;
+  for (size_t f = 0; f < 200; ++f) {
+    s.add_file(256, static_cast<uint32_t>(f + 1));
+    s.add(whole("w" + std::to_string(f), f, 0, 256));
+  }
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOff;
+  opt.threads = 1;
+  const std::string victim = s.files[150];
+  opt.hooks.after_read = [&](size_t piece) {
+    if (piece != 0) return;
+    // Replaced by rename, as a download tool does: same size, another inode.
+    std::ofstream(victim + ".new", std::ios::binary) << std::string(256, 'x');
+    ASSERT_EQ(::rename((victim + ".new").c_str(), victim.c_str()), 0);
+  };
+  std::string msg;
+  {
+    FileLimit limit(40);  // keeps at most ~10 of the 200 open: shard150 is opened again
+    try {
+      run_engine(GetParam(), s.files, s.jobs, opt);
+      ADD_FAILURE() << "no error";
+    } catch (const ReadError& e) {
+      msg = e.what();
+    }
+  }
+  EXPECT_NE(msg.find("shard150.bin: file replaced during the load"), std::string::npos) << msg;
+}
+
+// A FIFO put where a planned file was must fail the load, not block it in open().
+TEST_P(EngineTest, FifoInPlaceOfAFileFailsWithoutBlocking) {
+  Scenario s;
+  build_mixed(s);
+  ASSERT_EQ(::unlink(s.files[1].c_str()), 0);
+  ASSERT_EQ(::mkfifo(s.files[1].c_str(), 0644), 0);
+  EngineOptions opt;
+  opt.bar = ProgressBar::kOff;
+  auto run = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      run_engine(GetParam(), s.files, s.jobs, opt);
+    } catch (const ReadError& e) {
+      return e.what();
+    }
+    return "no error";
+  });
+  if (run.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "the engine blocked opening a FIFO";
+    const int fd = ::open(s.files[1].c_str(), O_WRONLY | O_NONBLOCK);  // releases it
+    if (fd >= 0) ::close(fd);
+  }
+  const std::string m = run.get();
+  EXPECT_NE(m.find("shard1.bin: is not a regular file"), std::string::npos) << m;
 }
 
 // Each failure kind: the engine throws the right type with a message naming the place, every

@@ -4,12 +4,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -86,6 +93,21 @@ E expect_error(F&& f) {
   }
   ADD_FAILURE() << "expected " << typeid(E).name() << ", nothing was thrown";
   throw std::runtime_error("no exception");
+}
+
+// Runs f on its own thread and rethrows what it threw. A call still running after 20 s -- a reader
+// blocked in open() of a FIFO, which waits for a writer -- is a test failure: every FIFO in
+// `fifos` is then opened for writing, which releases the reader, so the test still ends.
+inline void run_unblocked(const std::function<void()>& f, const std::vector<std::string>& fifos) {
+  auto done = std::async(std::launch::async, f);
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked: a FIFO was opened for reading";
+    for (const auto& p : fifos) {
+      const int fd = ::open(p.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  done.get();
 }
 
 // Sets an environment variable for a scope and restores the previous state.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "loader/json_util.h"
 #include "model/registry.h"
 #include "tests/loader/test_util.h"
 
@@ -101,6 +102,32 @@ TEST(ModelKey, MalformedKeysSayWhatIsWrong) {
             std::string("ModelKeyError"));
   expect_error<ModelKeyError>([] { to_model_key({"", "x", std::nullopt, {}}); });
   expect_error<ModelKeyError>([] { to_model_key({"a.B", "bad\xff", std::nullopt, {}}); });
+}
+
+TEST(ModelKey, DeepJsonIsRefusedNotACrash) {
+  // A key with an extra field 100,000 arrays deep overflowed the stack in from_model_key (60,000
+  // in `metaload key`, which writes the key back).
+  const std::string head = R"(metaload.TransformersModel:{"repo_id": "org/x", "task": )";
+  auto key = [&](size_t depth) {
+    return head + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  for (size_t depth : {size_t(kMaxJsonDepth), size_t(100'000)}) {
+    const std::string m = expect_error<ModelKeyError>([&] { from_model_key(key(depth)); }).what();
+    EXPECT_NE(m.find("rule json-too-deep"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(kMaxJsonDepth)), std::string::npos) << m;
+    EXPECT_LT(m.size(), 1000u);  // the key is quoted cut short
+  }
+  // Up to the limit (the key's object is the first level) it round-trips.
+  const ModelKey k = from_model_key(key(kMaxJsonDepth - 1));
+  EXPECT_EQ(from_model_key(to_model_key(k)), k);
+  // A deeper extra built in code is refused when written, not written as a key no one can read.
+  ModelKey built = k;
+  nlohmann::ordered_json deep = built.extra[0].second;
+  for (int i = 0; i < 3; ++i) deep = nlohmann::ordered_json::array({deep});
+  built.extra[0].second = deep;
+  const std::string w = expect_error<ModelKeyError>([&] { to_model_key(built); }).what();
+  EXPECT_NE(w.find("extra field \"task\""), std::string::npos) << w;
+  EXPECT_NE(w.find("rule json-too-deep"), std::string::npos) << w;
 }
 
 TEST(Registry, NnsightClassesAreAliasesOfTransformersModel) {

@@ -3,6 +3,7 @@
 // module access and captures, model keys, tensor parallelism, and every error path (the model
 // stays meta and usable after a failed dispatch, and a retry works).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -498,6 +499,53 @@ TEST(TransformersModel, ConfigAndReferenceErrors) {
   expect_error<ModelError>([&] {
     m.generate(at::zeros({1, 2}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)), 2);
   });
+}
+
+TEST(TransformersModel, HostileConfigJsonIsATypedError) {
+  TempDir d;
+  const std::string dir = make("gpt2-tiny", d / "ckpt");
+  const std::string cfg = dir + "/config.json";
+  const std::string good = testing::read_file(cfg);
+  // 70,000 nested objects beside the real fields overflowed the stack.
+  std::string deep = "{\"deep\": ";
+  for (int i = 0; i < 70'000; ++i) deep += "{\"a\": ";
+  deep += "1" + std::string(70'000, '}') + ", " + good.substr(good.find('{') + 1);
+  testing::write_file(cfg, deep);
+  const auto too_deep = expect_error<FormatError>([&] { TransformersModel m(dir); });
+  EXPECT_EQ(too_deep.rule(), "json-too-deep");
+  EXPECT_EQ(too_deep.file(), cfg);
+  // A FIFO in config.json's place blocked the constructor forever in open().
+  ASSERT_EQ(::unlink(cfg.c_str()), 0);
+  ASSERT_EQ(::mkfifo(cfg.c_str(), 0644), 0);
+  const auto fifo = expect_error<FormatError>(
+      [&] { testing::run_unblocked([&] { TransformersModel m(dir); }, {cfg}); });
+  EXPECT_EQ(fifo.rule(), "not-a-file");
+  EXPECT_NE(std::string(fifo.what()).find("is a FIFO"), std::string::npos) << fifo.what();
+  // A loop says so (it was "has no config.json").
+  ASSERT_EQ(::unlink(cfg.c_str()), 0);
+  ASSERT_EQ(::symlink("config.json", cfg.c_str()), 0);
+  const auto loop = expect_error<FormatError>([&] { TransformersModel m(dir); });
+  EXPECT_NE(std::string(loop.what()).find("symbolic link loop"), std::string::npos) << loop.what();
+}
+
+TEST(TransformersModel, SnapshotConfigLinkedOutOfTheRepoIsRefused) {
+  TempDir d;
+  FixtureOptions f;
+  f.config = "gpt2-tiny";
+  f.hf_cache = d / "hub";
+  f.repo = "metaload-test/gpt2-tiny";
+  const FixtureResult made = make_checkpoint(f);
+  ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
+  const std::string link = made.dir + "/config.json";
+  testing::write_file(d / "elsewhere.json", testing::read_file(link));
+  ASSERT_EQ(::unlink(link.c_str()), 0);
+  ASSERT_EQ(::symlink((d / "elsewhere.json").c_str(), link.c_str()), 0);
+  for (const std::string& ref : {std::string("metaload-test/gpt2-tiny"), made.dir}) {
+    const auto e = expect_error<FormatError>([&] { TransformersModel m(ref); });
+    EXPECT_EQ(e.rule(), "link-outside-repo") << e.what();
+    EXPECT_EQ(e.file(), link);
+    EXPECT_NE(std::string(e.what()).find(d / "elsewhere.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TransformersModel, MismatchedCheckpointLeavesTheModelMeta) {

@@ -101,6 +101,9 @@ add("nested-shape.safetensors", st(hdr({"w": T("U8", [[1]], 0, 1)}), 1), FE, "in
 add("deep-nested-shape.safetensors",
     st('{"w":{"dtype":"U8","shape":' + "[" * 5000 + "]" * 5000 + ',"data_offsets":[0,1]}}', 1),
     FE, "invalid-shape", "w", "5000 levels of nesting")
+add("deep-unknown-field.safetensors",
+    st('{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + "[" * 1000 + "]" * 1000 + "}}", 1),
+    FE, "json-too-deep", "w", "an ignored field still nests at most kMaxJsonDepth (128) levels")
 add("dim-too-big.safetensors", st(hdr({"w": T("U8", [2**63], 0, 1)}), 1), FE, "invalid-shape", "w",
     "dimension above int64")
 add("offsets-one-value.safetensors", st(hdr({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0]}}), 1),
@@ -148,6 +151,9 @@ add_json("parent-dir-shard.index.json", {"weight_map": {"w": "../model.safetenso
 add_json("absolute-shard.index.json", {"weight_map": {"w": "/etc/passwd"}}, SE, "invalid-shard-name", "w")
 add_json("subdir-shard.index.json", {"weight_map": {"w": "sub/a.safetensors"}}, SE, "invalid-shard-name", "w")
 add_json("dotdot-shard.index.json", {"weight_map": {"w": ".."}}, SE, "invalid-shard-name", "w")
+add_json("deep-metadata.index.json",
+         '{"metadata": {"x": ' + "[" * 1000 + "]" * 1000 + '}, "weight_map": {"w": "a"}}', SE,
+         "json-too-deep", why="1,000 levels; 100,000 overflowed the stack when the index was copied")
 add_json("metadata-string.index.json", {"metadata": "x", "weight_map": {"w": "a"}}, SE, "invalid-metadata")
 add_json("total-size-negative.index.json", {"metadata": {"total_size": -1}, "weight_map": {"w": "a"}}, SE,
          "invalid-metadata")

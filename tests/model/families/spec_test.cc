@@ -1,5 +1,7 @@
 // Config parsing, built-in configs, parameter specs and counts, tied groups, checkpoint name
 // mapping and TP plans of the families. Torch-free.
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -251,6 +253,26 @@ TEST(FamilyConfig, FilesDirectoriesAndBuiltinNames) {
   expect_config_error([&] { builtin_config("llama-3"); }, {"'llama-3'", "gpt2", "llama-tiny"});
   expect_config_error([&] { resolve_family_config("no-such-thing"); },
                       {"'no-such-thing'", "neither", "llama-2-70b"});
+  fs::remove_all(dir);
+}
+
+TEST(FamilyConfig, DeepJsonAndFilesThatAreNoFilesAreConfigErrors) {
+  namespace fs = std::filesystem;
+  // 70,000 nested objects overflowed the stack; every JSON metaload reads has one depth limit.
+  std::string deep = R"({"model_type": "gpt2", "x": )";
+  for (int i = 0; i < 70'000; ++i) deep += "{\"a\": ";
+  deep += "1" + std::string(70'000, '}') + "}";
+  expect_config_error([&] { parse_family_config_text(deep, "deep/config.json"); },
+                      {"deep/config.json", "rule json-too-deep", "128"});
+  char tmpl[] = "/tmp/families_spec_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // A FIFO is opened without blocking and named for what it is (it was "no such config file").
+  ASSERT_EQ(::mkfifo((dir + "/fifo.json").c_str(), 0644), 0);
+  expect_config_error([&] { load_family_config(dir + "/fifo.json"); },
+                      {dir + "/fifo.json", "is a FIFO", "rule not-a-file"});
+  fs::create_directories(dir + "/sub/config.json");
+  expect_config_error([&] { load_family_config(dir + "/sub"); },
+                      {dir + "/sub/config.json", "is a directory"});
   fs::remove_all(dir);
 }
 
