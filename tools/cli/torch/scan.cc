@@ -192,13 +192,16 @@ std::function<int()> setup_scan(CLI::App& sub) {
   sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
   sub.add_option("--batch", o->batch, "batch size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  sub.add_option("--seq", o->seq, "sequence length")->required()->check(CLI::PositiveNumber);
+      ->transform(whole_number(1, INT64_MAX));
+  sub.add_option("--seq", o->seq, "sequence length")
+      ->required()
+      ->transform(whole_number(1, INT64_MAX));
   sub.add_option("--device", o->device, "the device the scan claims (cpu, cuda:0; no GPU needed)")
       ->capture_default_str();
   o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
   o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
-  sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)");
+  sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)")
+      ->transform(whole_number(0, INT_MAX));
   sub.add_flag("--collapse", o->collapse, "show only the first and last of numbered layers");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
   return [o] { return run(*o); };
