@@ -9,6 +9,18 @@ import torch
 
 _loaded = None
 
+QUOTE_MAX_CHARS = 200  # as base/text.h's kQuoteMaxChars
+
+
+def quote(value) -> str:
+    """`value` quoted for a message, as base/text.h quotes user-supplied text in C++: repr's
+    escapes (a NUL or newline is shown, never passed through) and at most QUOTE_MAX_CHARS
+    characters, then its full length."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= QUOTE_MAX_CHARS:
+        return repr(text)
+    return f"{text[:QUOTE_MAX_CHARS]!r}... ({len(text)} characters)"
+
 
 def library_path():
     """METALOAD_LIB if set, else libmetaload.so next to this package (an installed copy)."""

@@ -161,6 +161,21 @@ def test_names_in_messages_are_escaped_and_lists_capped_but_the_error_keeps_ever
     assert e.value.unexpected == [name]
 
 
+def test_the_python_side_quotes_and_caps_names_as_the_library_does(tmp_path):
+    path = tmp_path / "one.safetensors"
+    metaload.save_file({"w": torch.ones(1)}, path)
+    name = "x\x00" + "n" * (1 << 20)
+    with metaload.safe_open(str(path), framework="pt") as f:
+        with pytest.raises(KeyError) as e:
+            f.get_tensor(name)
+    text = e.value.args[0]  # (str() of a KeyError is the repr of its message)
+    assert "'x\\x00" in text and "\x00" not in text and "(1048578 characters)" in text
+    assert len(text) < 600
+    with pytest.raises(ValueError) as e:
+        metaload.checkpoint.parse_size("9" * 100000 + "XB")
+    assert len(str(e.value)) < 400
+
+
 def test_a_nul_in_a_reference_or_repo_id_is_shown_escaped(tmp_path):
     for ref in (str(tmp_path) + "\x00/elsewhere", "org/na\x00me"):
         with pytest.raises(metaload.ResolveError) as e:
