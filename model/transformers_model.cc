@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -434,17 +435,23 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
           return std::vector<at::Tensor>{module_->forward(in[0])};
         },
         inputs, where, attach);
-  } catch (const c10::Error& e) {
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
     // An activation too large for torch's sizes (int64 bytes): torch's own check, typed here
-    // (batch x seq x vocab and the attention scores grow first). Other errors pass unchanged.
-    const std::string torch_msg = e.what_without_backtrace();
+    // (batch x seq x vocab and the attention scores grow first). It comes as a c10::Error, or,
+    // where a meta kernel is written in Python (torch 2.x in a Python process), as the Python
+    // error's C++ carrier. Other errors pass unchanged.
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string torch_msg = c10_error ? c10_error->what_without_backtrace() : e.what();
     if (torch_msg.find("overflow") == std::string::npos) throw;
     const std::string after = last == SIZE_MAX
                                   ? std::string("in the model's first module")
                                   : "after module " + quote_text(out.modules[last].path);
     throw SizeOverflowError(fmt::format(
         "bytes of an activation in the scan of ids [{}], {}: overflows (more than 2^63-1): {}",
-        fmt::join(inputs[0].sizes(), ", "), after, torch_msg.substr(0, torch_msg.find('\n'))));
+        fmt::join(inputs[0].sizes(), ", "), after,
+        escape_text(torch_msg.substr(0, torch_msg.find('\n')))));
   }
   out.logits = r.outputs.at(0);
   out.total_bytes();  // a total past 2^64-1 is an error now, not a wrapped number later
