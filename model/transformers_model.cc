@@ -236,6 +236,9 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
     throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
                                  kMaxLoaderThreads, options_.threads));
   if (ref.empty()) throw ResolveError("empty model reference");
+  // stat() and realpath() would read the path only up to a NUL: refuse rather than build another.
+  if (ref.find('\0') != std::string::npos)
+    throw ResolveError("model reference " + quote_text(ref) + " contains a NUL byte");
 
   std::string target = ref;
   std::optional<std::string> revision = options_.revision;

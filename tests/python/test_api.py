@@ -181,6 +181,13 @@ def test_a_nul_in_a_reference_or_repo_id_is_shown_escaped(tmp_path):
         with pytest.raises(metaload.ResolveError) as e:
             metaload.load_into(torch.nn.Linear(2, 1), ref, progress=False)
         assert "\\x00" in str(e.value) and "\x00" not in str(e.value), str(e.value)
+    # A NUL used to cut the path short: the model was built from the directory before it.
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8, "n_head": 2, '
+                                          '"n_layer": 1, "n_positions": 8, "vocab_size": 16}')
+    from metaload.model import TransformersModel
+    with pytest.raises(metaload.ResolveError, match=r"contains a NUL byte") as e:
+        TransformersModel(str(tmp_path) + "\x00/elsewhere")
+    assert "\\x00/elsewhere" in str(e.value)
 
 
 def test_load_into_arguments_out_of_range_are_typed_errors_naming_them(tmp_path):
