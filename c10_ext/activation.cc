@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/registration.h"
+#include "base/text.h"
 #include "base/torch_library.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
@@ -37,13 +38,20 @@ void print_report() {
 
 // The process-wide MetaMode that METALOAD=meta switches on for the thread that loads the library
 // (the main thread under LD_PRELOAD). Never destroyed: it lasts until the process ends.
+//
+// An empty value counts as unset, for both variables (README, "By environment variable"): that
+// is how a shell (`METALOAD= prog`), a Dockerfile (`ENV METALOAD=`) or a Kubernetes manifest
+// switches off a variable it cannot unset, and `import metaload` loads this library into every
+// Python program, which an empty variable must not stop. Every other value that is not accepted
+// stops the process before it runs.
 struct EnvActivation {
   EnvActivation() {
     const char* report = std::getenv("METALOAD_REPORT");
     if (report && *report && std::strcmp(report, "0") != 0) {
       if (std::strcmp(report, "1") != 0) {
-        stop((std::string("METALOAD_REPORT='") + report +
-              "' is not valid: accepted values are 1 (print a summary on exit) and 0 or unset")
+        stop((std::string("METALOAD_REPORT='") + escape_text(report) +
+              "' is not valid: accepted values are 1 (print a summary on exit) and 0, empty or "
+              "unset (no summary)")
                  .c_str());
       }
       std::atexit(print_report);
@@ -51,9 +59,9 @@ struct EnvActivation {
     const char* mode = std::getenv("METALOAD");
     if (!mode || !*mode || std::strcmp(mode, "off") == 0) return;
     if (std::strcmp(mode, "meta") != 0) {
-      stop((std::string("METALOAD='") + mode +
+      stop((std::string("METALOAD='") + escape_text(mode) +
             "' is not valid: accepted values are 'meta' (build every tensor on the meta device) "
-            "and 'off' (or unset: no effect)")
+            "and 'off', empty or unset (no effect)")
                .c_str());
     }
     try {

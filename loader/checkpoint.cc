@@ -311,10 +311,14 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
   Checkpoint c;
   c.ref = ref;
   if (ref.empty()) throw ResolveError("empty checkpoint reference");
+  // The system calls below would read the path only up to a NUL: refuse rather than open another.
+  if (ref.find('\0') != std::string::npos)
+    throw ResolveError("checkpoint reference " + quote_str(ref) + " contains a NUL byte");
   struct stat st;
   if (::stat(ref.c_str(), &st) == 0) {
     if (revision) {
-      throw ResolveError("revision " + quote_str(*revision) + " given for the local path " + ref +
+      throw ResolveError("revision " + quote_str(*revision) + " given for the local path " +
+                         escape_text(ref) +
                          "; revisions select snapshots of Hugging Face repo ids only");
     }
     if (S_ISDIR(st.st_mode)) {
@@ -329,7 +333,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
     } else if (S_ISREG(st.st_mode)) {
       for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"}) {
         if (ends_with(ref, ext)) {
-          throw ResolveError(ref +
+          throw ResolveError(escape_text(ref) +
                              " is a PyTorch pickle checkpoint; only safetensors checkpoints are "
                              "supported (convert it)");
         }
@@ -337,7 +341,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
       c.dir = parent_dir(ref);
       add_file(c, read_safetensors_header(ref));
     } else {
-      throw ResolveError(ref + " is " + fileio::file_kind(ref) +
+      throw ResolveError(escape_text(ref) + " is " + fileio::file_kind(ref) +
                          ", neither a regular file nor a directory");
     }
     finish(c);
@@ -345,7 +349,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
   }
   std::vector<std::string> looked;
   // A dangling link or a link loop is there, but leads nowhere: say which.
-  looked.push_back(ref + ": " +
+  looked.push_back(escape_text(ref) + ": " +
                    (fileio::exists(ref) ? "is " + fileio::file_kind(ref)
                                         : std::string("no such file or directory")));
   if (looks_like_repo_id(ref)) {

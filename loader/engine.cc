@@ -21,6 +21,8 @@
 #include <memory>
 #include <mutex>
 
+#include "base/checked.h"
+#include "base/text.h"
 #include "loader/engine_device.h"
 #include "loader/progress.h"
 #include "loader/slots.h"
@@ -30,14 +32,19 @@ namespace metaload {
 namespace {
 
 std::string describe_job(const CopyJob& j) {
-  return "tensor '" + j.name + "'";
+  return "tensor " + quote_text(j.name, '\'');
 }
 
+// base/checked.h's checks, in the out-parameter form validate_job chains.
 bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_add_overflow(a, b, out);
+  const std::optional<uint64_t> r = add_or_none(a, b);
+  if (r) *out = *r;
+  return !r;
 }
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_mul_overflow(a, b, out);
+  const std::optional<uint64_t> r = mul_or_none(a, b);
+  if (r) *out = *r;
+  return !r;
 }
 
 // A stretch of one job that is read as one unit: `rows` rows `stride` apart (rows > 1 only for a
@@ -93,6 +100,21 @@ void validate_job(const CopyJob& j, size_t index, const std::vector<PlanFile>& f
                     describe_job(j) + " needs bytes [" + std::to_string(j.offset) + ", " +
                     std::to_string(end) + ") (truncated or wrong file)");
   }
+}
+
+// The staging bound must give every reader thread (CPU) or ring buffer (staged) room for one
+// element of the widest tensor; said in the caller's terms (staging_bytes), not in pieces.
+void check_staging(const std::vector<CopyJob>& jobs, uint64_t staging_bytes, uint64_t parts,
+                   const char* part_name) {
+  uint32_t unit = 1;
+  for (const CopyJob& j : jobs) unit = std::max(unit, j.unit);
+  const uint64_t each = staging_bytes / parts;
+  if (each >= unit) return;
+  const uint64_t need = checked_mul<uint64_t>(unit, parts, "the smallest staging_bytes");
+  throw PlanError("staging_bytes " + std::to_string(staging_bytes) + " split among " +
+                  std::to_string(parts) + " " + part_name + " leaves " + std::to_string(each) +
+                  " bytes each, less than one " + std::to_string(unit) +
+                  "-byte element: staging_bytes must be at least " + std::to_string(need));
 }
 
 uint64_t round_down(uint64_t v, uint64_t unit) {
@@ -644,6 +666,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
   OpenFiles files(paths);
   const int threads = resolve_threads(opt.threads);
   if (opt.chunk_bytes == 0) throw PlanError("chunk_bytes must be positive");
+  check_staging(jobs, opt.staging_bytes, threads, "reader threads");
   PlanLimits limits;
   limits.direct_bytes = opt.chunk_bytes;
   limits.staged_bytes = std::min<uint64_t>(opt.chunk_bytes, opt.staging_bytes / threads);
@@ -839,6 +862,7 @@ LoadReport run_staged_engine(const std::vector<std::string>& paths,
                     "): each buffer copies on one stream");
   }
   if (opt.chunk_bytes == 0) throw PlanError("chunk_bytes must be positive");
+  check_staging(jobs, opt.staging_bytes, opt.ring_buffers, "ring buffers");
   const uint64_t buffer = std::min<uint64_t>(opt.chunk_bytes, opt.staging_bytes / opt.ring_buffers);
   PlanLimits limits;
   limits.staged_bytes = buffer;

@@ -112,6 +112,13 @@ enum class ProgressBar { kAuto, kOn, kOff };
 //  kAuto: kSmall when this kernel reports free pages to a hypervisor, else kHuge.
 enum class SlotPages { kAuto, kHuge, kSmall };
 
+// The most reader threads a load may ask for (EngineOptions::threads, LoadOptions::threads).
+inline constexpr int kMaxLoaderThreads = 1024;
+
+// `threads` as a loader thread count: 0 (one per core) or 1 to kMaxLoaderThreads; PlanError
+// naming `argument` and that range otherwise.
+int checked_loader_threads(int64_t threads, const char* argument = "threads");
+
 struct EngineOptions {
   int threads = 0;                       // reader threads; 0 = the machine's cores
   uint64_t chunk_bytes = 16ull << 20;    // largest single read

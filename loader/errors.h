@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/text.h"
 
 namespace metaload {
 
@@ -36,9 +37,10 @@ class FormatError : public Error {
  private:
   static std::string compose(const std::string& file, const std::string& tensor,
                              const std::string& rule, const std::string& detail) {
-    std::string m = file.empty() ? std::string("<memory>") : file;
+    // File and tensor names come from users and from files: escaped and capped (base/text.h).
+    std::string m = file.empty() ? std::string("<memory>") : escape_text(file);
     m += ": ";
-    if (!tensor.empty()) m += "tensor '" + tensor + "': ";
+    if (!tensor.empty()) m += "tensor " + quote_text(tensor, '\'') + ": ";
     m += detail + " (rule " + rule + ")";
     return m;
   }

@@ -149,40 +149,4 @@ bool valid_utf8(std::string_view s, size_t* bad_offset) {
   return true;
 }
 
-std::string quote_str(std::string_view s, size_t max_len) {
-  std::string out = "\"";
-  size_t count = 0;
-  for (unsigned char c : s) {
-    if (count++ >= max_len) {
-      out += "...";
-      break;
-    }
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7F) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\x";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += "\"";
-  return out;
-}
-
 }  // namespace metaload

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/text.h"
+
 namespace metaload {
 
 // The deepest nesting of arrays and objects accepted in any JSON metaload reads: config.json,
@@ -39,7 +41,9 @@ nlohmann::json parse_json(std::string_view text, const std::string& file);
 // receives the offset of the first invalid byte.
 bool valid_utf8(std::string_view s, size_t* bad_offset = nullptr);
 
-// `s` quoted for an error message: JSON-escaped and cut to max_len characters.
-std::string quote_str(std::string_view s, size_t max_len = 120);
+// `s` quoted for an error message: quote_text (base/text.h), the one rule for every message.
+inline std::string quote_str(std::string_view s, size_t max_len = kQuoteMaxChars) {
+  return quote_text(s, '"', max_len);
+}
 
 }  // namespace metaload

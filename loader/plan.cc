@@ -5,11 +5,15 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <climits>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
+#include "base/text.h"
 #include "base/torch_library.h"
 #include "loader/hf_cache.h"
 #include "loader/progress_board.h"
@@ -67,13 +71,65 @@ bool convertible(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-std::string list_block(const char* title, const std::vector<std::string>& items) {
+// "\n  <title>: <name><detail>" for the first kListMaxItems items, then how many more.
+std::string list_block(const char* title, const std::vector<MismatchItem>& items) {
   std::string s;
-  for (const std::string& i : items) s += std::string("\n  ") + title + ": " + i;
+  for (size_t i = 0; i < items.size() && i < kListMaxItems; ++i) {
+    s += std::string("\n  ") + title + ": " + escape_text(items[i].name) + items[i].detail;
+  }
+  if (items.size() > kListMaxItems) s += "\n  " + and_more(items.size()) + " " + title;
   return s;
 }
 
+std::vector<std::string> names_of(const std::vector<MismatchItem>& items) {
+  std::vector<std::string> out;
+  out.reserve(items.size());
+  for (const MismatchItem& i : items) out.push_back(i.name);
+  return out;
+}
+
+// The names of the last few MismatchErrors, by message, for the Python package (which sees only
+// the message). Bounded: a long-lived server does not accumulate them.
+struct RecentMismatches {
+  static constexpr size_t kKept = 4;
+  std::mutex mu;
+  std::deque<std::pair<std::string, std::string>> entries;  // message -> names JSON
+  static RecentMismatches& instance() {
+    static RecentMismatches* r = new RecentMismatches();  // never destroyed: used at exit too
+    return *r;
+  }
+};
+
 }  // namespace
+
+MismatchError::MismatchError(const std::string& summary, std::vector<MismatchItem> missing,
+                             std::vector<MismatchItem> unexpected,
+                             std::vector<MismatchItem> mismatched)
+    : LoadError("MismatchError", summary + list_block("missing", missing) +
+                                     list_block("unexpected", unexpected) +
+                                     list_block("mismatched", mismatched)),
+      missing_(names_of(missing)),
+      unexpected_(names_of(unexpected)),
+      mismatched_(names_of(mismatched)) {
+  std::string json = nlohmann::json{
+      {"missing", missing_},
+      {"unexpected", unexpected_},
+      {"mismatched",
+       mismatched_}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  RecentMismatches& r = RecentMismatches::instance();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.entries.emplace_back(message(), std::move(json));
+  if (r.entries.size() > RecentMismatches::kKept) r.entries.pop_front();
+}
+
+std::optional<std::string> mismatch_names_json(const std::string& message) {
+  RecentMismatches& r = RecentMismatches::instance();
+  std::lock_guard<std::mutex> g(r.mu);
+  for (auto it = r.entries.rbegin(); it != r.entries.rend(); ++it) {
+    if (it->first == message) return it->second;
+  }
+  return std::nullopt;
+}
 
 LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
                    const LoadOptions& opt) {
@@ -88,7 +144,7 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
   std::unordered_map<std::string, size_t> by_name;
   for (size_t i = 0; i < targets.size(); ++i) {
     if (!by_name.emplace(targets[i].name, i).second) {
-      throw PlanError("two targets are named '" + targets[i].name + "'");
+      throw PlanError("two targets are named " + quote_text(targets[i].name, '\''));
     }
   }
 
@@ -96,7 +152,8 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
   std::vector<const TensorInfo*> source(targets.size(), nullptr);
   std::vector<size_t> source_file(targets.size(), 0);
   std::vector<std::string> source_name(targets.size());
-  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<MismatchItem> missing, unexpected, mismatched;
+  const auto q = [](const std::string& name) { return quote_text(name, '\''); };
   for (const std::string& cname : ckpt.tensor_names()) {
     std::optional<std::string> mname = cname;
     if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
@@ -105,14 +162,15 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     const TensorRef& ref = ckpt.lookup.at(cname);
     if (it == by_name.end()) {
       if (opt.strict) {
-        unexpected.push_back(cname + (*mname != cname ? " (as " + *mname + ")" : "") + " in " +
-                             base_name(ckpt.files[ref.file].path));
+        unexpected.push_back({cname, (*mname != cname ? " (as " + escape_text(*mname) + ")" : "") +
+                                         " in " +
+                                         escape_text(base_name(ckpt.files[ref.file].path))});
       }
       continue;
     }
     if (source[it->second] != nullptr) {
-      mismatched.push_back(*mname + ": both '" + source_name[it->second] + "' and '" + cname +
-                           "' in the checkpoint map to it");
+      mismatched.push_back({*mname, ": both " + q(source_name[it->second]) + " and " + q(cname) +
+                                        " in the checkpoint map to it"});
       continue;
     }
     source[it->second] = &ckpt.tensor(ref);
@@ -157,14 +215,14 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     const LoadTarget& t = targets[i];
     if (opt.names.skip && opt.names.skip(t.name)) continue;
     if (!t.tensor.defined()) {
-      mismatched.push_back(t.name + ": undefined tensor in the module");
+      mismatched.push_back({t.name, ": undefined tensor in the module"});
       continue;
     }
     size_t owner = i;
     if (source[i] == nullptr) {
       auto g = group[i] >= 0 ? group_source.find(group[i]) : group_source.end();
       if (g == group_source.end()) {
-        missing.push_back(t.name + " " + shape_str(t.tensor.sizes().vec()));
+        missing.push_back({t.name, " " + shape_str(t.tensor.sizes().vec())});
         continue;
       }
       owner = g->second;
@@ -174,28 +232,29 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
       plan.spec_of_target[i] = known->second;
       const SlotSpec& s = plan.specs[known->second];
       if (t.tensor.sizes().vec() != (s.shard ? s.shard->shape : s.stored_shape)) {
-        mismatched.push_back(t.name + ": shape " + shape_str(t.tensor.sizes().vec()) +
-                             " but it is tied to '" + targets[owner].name + "' " +
-                             shape_str(s.shard ? s.shard->shape : s.stored_shape));
+        mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                          " but it is tied to " + q(targets[owner].name) + " " +
+                                          shape_str(s.shard ? s.shard->shape : s.stored_shape)});
       }
       continue;
     }
     const TensorInfo& info = *source[owner];
-    const std::string where =
-        "'" + source_name[owner] + "' in " + base_name(ckpt.files[source_file[owner]].path);
+    const std::string where = q(source_name[owner]) + " in " +
+                              escape_text(base_name(ckpt.files[source_file[owner]].path));
     const std::optional<at::ScalarType> stored = torch_dtype_of(info.dtype);
     if (!stored) {
-      mismatched.push_back(t.name + ": " + where + " is " + dtype_name(info.dtype) +
-                           ", which this libtorch has no dtype for");
+      mismatched.push_back({t.name, ": " + where + " is " + dtype_name(info.dtype) +
+                                        ", which this libtorch has no dtype for"});
       continue;
     }
     at::ScalarType want = t.tensor.scalar_type();
     if (opt.dtype && convertible(*stored)) want = *opt.dtype;
     if (opt.dtype && !convertible(*stored)) want = *stored;
     if (want != *stored && !(convertible(want) && convertible(*stored))) {
-      mismatched.push_back(t.name + ": dtype " + c10::toString(want) + " in the module but " +
-                           where + " is " + c10::toString(*stored) +
-                           " (conversions exist among Float, Half and BFloat16)");
+      mismatched.push_back({t.name, std::string(": dtype ") + c10::toString(want) +
+                                        " in the module but " + where + " is " +
+                                        c10::toString(*stored) +
+                                        " (conversions exist among Float, Half and BFloat16)"});
       continue;
     }
     SlotSpec spec;
@@ -215,17 +274,19 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
           spec.shard = shard;
         }
       } catch (const std::exception& e) {
-        mismatched.push_back(t.name + ": no TP shard for rank " + std::to_string(opt.tp_rank) +
-                             " of " + std::to_string(opt.tp_size) + ": " + e.what());
+        mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
+                                          " of " + std::to_string(opt.tp_size) + ": " +
+                                          escape_text(e.what())});
         continue;
       }
     }
     if (t.tensor.sizes().vec() != shape) {
-      mismatched.push_back(t.name + ": shape " + shape_str(t.tensor.sizes().vec()) +
-                           " in the module but " + where + " gives " + shape_str(shape) +
-                           (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
-                                                  std::to_string(opt.tp_size) + ")"
-                                            : ""));
+      mismatched.push_back(
+          {t.name, ": shape " + shape_str(t.tensor.sizes().vec()) + " in the module but " + where +
+                       " gives " + shape_str(shape) +
+                       (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
+                                              std::to_string(opt.tp_size) + ")"
+                                        : "")});
       continue;
     }
     spec_of_source[owner] = static_cast<int>(plan.specs.size());
@@ -233,19 +294,18 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     plan.specs.push_back(std::move(spec));
   }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-    std::string msg = "checkpoint '" + ckpt.ref +
-                      "' does not fit: " + std::to_string(missing.size()) + " missing, " +
-                      std::to_string(unexpected.size()) + " unexpected, " +
-                      std::to_string(mismatched.size()) + " mismatched";
-    msg += list_block("missing", missing) + list_block("unexpected", unexpected) +
-           list_block("mismatched", mismatched);
-    throw MismatchError(msg, missing, unexpected, mismatched);
+    const std::string summary = "checkpoint " + q(ckpt.ref) +
+                                " does not fit: " + std::to_string(missing.size()) + " missing, " +
+                                std::to_string(unexpected.size()) + " unexpected, " +
+                                std::to_string(mismatched.size()) + " mismatched";
+    throw MismatchError(summary, std::move(missing), std::move(unexpected), std::move(mismatched));
   }
   return plan;
 }
 
 LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::string& ref,
                         const LoadOptions& opt) {
+  checked_loader_threads(opt.threads);  // before any file is opened
   const Checkpoint ckpt = open_checkpoint(ref, opt.revision);
   const LoadPlan plan = plan_load(targets, ckpt, opt);
   EngineOptions eo = opt.engine;
@@ -299,6 +359,20 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
   }
+  // Python ints arrive as int64: out-of-range values are errors naming the argument, never
+  // clamped, wrapped or read as "the default".
+  if (staging_bytes < 0) {
+    throw PlanError("staging_bytes must be 0 (the default, " +
+                    std::to_string(EngineOptions().staging_bytes >> 20) +
+                    " MiB) or a positive number of bytes, got " + std::to_string(staging_bytes));
+  }
+  if (tp_size < 1 || tp_size > INT_MAX) {
+    throw PlanError("tp_size must be from 1 to 2^31-1, got " + std::to_string(tp_size));
+  }
+  if (tp_rank < 0 || tp_rank >= tp_size) {
+    throw PlanError("tp_rank must be from 0 to tp_size - 1 (" + std::to_string(tp_size - 1) +
+                    "), got " + std::to_string(tp_rank));
+  }
   std::vector<LoadTarget> t;
   for (size_t i = 0; i < targets.size(); ++i) t.push_back({names[i], targets[i]});
   LoadOptions opt;
@@ -307,8 +381,8 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   if (revision) opt.revision = *revision;
   opt.tp_rank = static_cast<int>(tp_rank);
   opt.tp_size = static_cast<int>(tp_size);
-  opt.threads = static_cast<int>(threads);
-  opt.staging_bytes = static_cast<uint64_t>(std::max<int64_t>(staging_bytes, 0));
+  opt.threads = checked_loader_threads(threads);
+  opt.staging_bytes = static_cast<uint64_t>(staging_bytes);
   opt.strict = strict;
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
   if (map_files) opt.map_files = *map_files;
@@ -322,6 +396,13 @@ std::vector<int64_t> load_progress_op(int64_t progress_id, bool release) {
   return ProgressBoard::instance().read(progress_id, release);
 }
 
+// Python: the full name lists of a MismatchError just raised, by its message (JSON), or None.
+c10::optional<std::string> mismatch_names_op(std::string message) {
+  std::optional<std::string> j = mismatch_names_json(message);
+  if (!j) return c10::nullopt;
+  return *j;
+}
+
 }  // namespace
 
 METALOAD_LIBRARY_FRAGMENT(m) {
@@ -332,6 +413,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "int progress_id=0) -> str",
       &load_into_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
+  m.def("mismatch_names(str message) -> str?", &mismatch_names_op);
 }
 
 }  // namespace metaload

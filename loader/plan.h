@@ -30,16 +30,22 @@ class Module;
 
 namespace metaload {
 
-// The checkpoint does not fit the targets. The message lists every missing, unexpected and
-// mismatched (shape, dtype, TP shard) tensor, one per line.
+// One problem of a MismatchError: the tensor's name as given (the module's name; the checkpoint's
+// for an unexpected tensor) and the rest of its line, already escaped (" [2, 3]", " in a.st",
+// ": shape [2] in the module but ...").
+struct MismatchItem {
+  std::string name;
+  std::string detail;
+};
+
+// The checkpoint does not fit the targets. The message is `summary`, then every missing,
+// unexpected and mismatched tensor one per line ("  missing: <name> [2, 3]"), names escaped and
+// at most kListMaxItems (base/text.h) of each kind, then "  ... and N more missing". The
+// accessors hold every name in full; so does Python's MismatchError (mismatch_names_json).
 class MismatchError : public LoadError {
  public:
-  MismatchError(const std::string& message, std::vector<std::string> missing,
-                std::vector<std::string> unexpected, std::vector<std::string> mismatched)
-      : LoadError("MismatchError", message),
-        missing_(std::move(missing)),
-        unexpected_(std::move(unexpected)),
-        mismatched_(std::move(mismatched)) {}
+  MismatchError(const std::string& summary, std::vector<MismatchItem> missing,
+                std::vector<MismatchItem> unexpected, std::vector<MismatchItem> mismatched);
   const std::vector<std::string>& missing() const { return missing_; }
   const std::vector<std::string>& unexpected() const { return unexpected_; }
   const std::vector<std::string>& mismatched() const { return mismatched_; }
@@ -47,6 +53,11 @@ class MismatchError : public LoadError {
  private:
   std::vector<std::string> missing_, unexpected_, mismatched_;
 };
+
+// {"missing": [...], "unexpected": [...], "mismatched": [...]} of a recent MismatchError whose
+// message() is `message` (the last few are kept, process-wide), or nullopt. The Python package
+// fills MismatchError's name lists from it, since only the capped message crosses torch.
+std::optional<std::string> mismatch_names_json(const std::string& message);
 
 // How a model family names and splits its tensors; the model layer fills it from the family's
 // spec (map_checkpoint_name, tied_parameter_groups, buffer_specs, tp_plan). Every member is

@@ -8,8 +8,16 @@
 
 namespace metaload {
 
+int checked_loader_threads(int64_t threads, const char* argument) {
+  if (threads < 0 || threads > kMaxLoaderThreads) {
+    throw PlanError(std::string(argument) + " must be 0 (one per core) or from 1 to " +
+                    std::to_string(kMaxLoaderThreads) + ", got " + std::to_string(threads));
+  }
+  return static_cast<int>(threads);
+}
+
 int resolve_threads(int requested) {
-  if (requested > 0) return requested;
+  if (checked_loader_threads(requested) > 0) return requested;
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);
 }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/checked.h"
 #include "loader/file_io.h"
 #include "loader/json_util.h"
 
@@ -121,9 +122,10 @@ class HeaderSax {
   bool number_float(json::number_float_t, const std::string& text) {
     if (skip_value()) return true;
     if (state_ == State::kShape)
-      return fail("invalid-shape", "shape dimension " + text + " is not a non-negative integer");
+      return fail("invalid-shape",
+                  "shape dimension " + escape_text(text) + " is not a non-negative integer");
     if (state_ == State::kOffsets)
-      return fail("invalid-offsets", "data_offsets value " + text +
+      return fail("invalid-offsets", "data_offsets value " + escape_text(text) +
                                          " is not a non-negative integer that fits in 64 bits");
     return scalar("a number");
   }
@@ -355,19 +357,19 @@ class HeaderSax {
       return fail("offsets-reversed", "data_offsets [" + std::to_string(cur_.begin) + ", " +
                                           std::to_string(cur_.end) + ") end before they begin");
     }
-    uint64_t numel = 1;
-    for (int64_t d : cur_.shape) {
-      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
-          numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return fail("size-overflow",
-                    "shape " + shape_str(cur_.shape) + " has more elements than fit in 63 bits");
-      }
+    // Dims are >= 0 (rule invalid-shape); elements must fit torch's int64 sizes.
+    const std::optional<int64_t> numel = product_or_none<int64_t>(cur_.shape);
+    if (!numel) {
+      return fail("size-overflow",
+                  "shape " + shape_str(cur_.shape) + " has more elements than fit in 63 bits");
     }
-    uint64_t bits;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_bits(cur_.dtype)), &bits)) {
+    const std::optional<uint64_t> maybe_bits =
+        mul_or_none<uint64_t>(static_cast<uint64_t>(*numel), dtype_bits(cur_.dtype));
+    if (!maybe_bits) {
       return fail("size-overflow", "shape " + shape_str(cur_.shape) + " of " +
                                        dtype_name(cur_.dtype) + " needs more than 2^64 bits");
     }
+    const uint64_t bits = *maybe_bits;
     if (bits % 8 != 0) {
       return fail("misaligned-size", "shape " + shape_str(cur_.shape) + " of " +
                                          dtype_name(cur_.dtype) + " is " + std::to_string(bits) +

@@ -16,6 +16,8 @@
 #include <new>
 #include <numeric>
 
+#include "base/checked.h"
+
 namespace metaload {
 
 namespace {
@@ -26,9 +28,9 @@ constexpr uint64_t kHuge = 2ull << 20;
 
 std::shared_ptr<HostArena> HostArena::create(uint64_t bytes, bool huge_pages) {
   const uint64_t size = std::max<uint64_t>(bytes, 1);
-  const uint64_t rounded = (size + kHuge - 1) / kHuge * kHuge;
+  const uint64_t rounded = checked_add(size, kHuge - 1, "bytes of a slot arena") / kHuge * kHuge;
   // One extra huge page so the start can be aligned to 2 MiB (THP needs aligned 2 MiB ranges).
-  const uint64_t mapped = rounded + (huge_pages ? kHuge : 0);
+  const uint64_t mapped = checked_add(rounded, huge_pages ? kHuge : 0, "bytes of a slot arena");
   void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) throw std::bad_alloc();
   auto* b = static_cast<unsigned char*>(base);
@@ -161,9 +163,10 @@ std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uin
     const bool follows = prev != nullptr && prev->read_direct && r.read_direct &&
                          prev->file == r.file && prev->file_offset + prev->bytes == r.file_offset &&
                          cursor % std::max<uint64_t>(align, 64) == 0;
-    if (!follows) cursor = (cursor + 63) / 64 * 64;
+    if (!follows)
+      cursor = checked_add<uint64_t>(cursor, 63, "total slot bytes of the load") / 64 * 64;
     offsets[i] = cursor;
-    cursor += r.bytes;
+    cursor = checked_add(cursor, r.bytes, "total slot bytes of the load");
     prev = &r;
   }
   *total = cursor;

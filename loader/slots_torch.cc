@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <memory>
 
+#include "base/checked.h"
+#include "base/text.h"
 #include "loader/progress.h"
 #include "loader/slots.h"
 #include "loader/swap.h"
@@ -46,7 +48,7 @@ SpecPlan plan_spec(const SlotSpec& s) {
   base.unit = static_cast<uint32_t>(elem);
   if (s.dtype != s.stored_dtype) {
     if (!float_format_of(s.stored_dtype, &base.from) || !float_format_of(s.dtype, &base.to)) {
-      throw PlanError("tensor '" + s.name + "': cannot convert " +
+      throw PlanError("tensor " + quote_text(s.name, '\'') + ": cannot convert " +
                       std::string(c10::toString(s.stored_dtype)) + " to " +
                       std::string(c10::toString(s.dtype)) +
                       " (conversions exist among Float, Half and BFloat16)");
@@ -67,12 +69,6 @@ SpecPlan plan_spec(const SlotSpec& s) {
     p.jobs.push_back(j);
   }
   return p;
-}
-
-uint64_t numel_of(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
 }
 
 // The specs whose bytes can be used where they lie in the file: one contiguous run, stored dtype,
@@ -103,8 +99,9 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
     }
     const uint64_t bytes = j.rows * j.row_bytes;
     if (j.offset + bytes > maps[j.file]->size()) {
-      throw ReadError(files[j.file] + ": tensor '" + specs[i].name + "' ends at byte " +
-                      std::to_string(j.offset + bytes) + " past the end of the file");
+      throw ReadError(escape_text(files[j.file]) + ": tensor " + quote_text(specs[i].name, '\'') +
+                      " ends at byte " + std::to_string(j.offset + bytes) +
+                      " past the end of the file");
     }
     std::shared_ptr<FileMapping> keep = maps[j.file];
     out[i] = at::from_blob(
@@ -168,7 +165,8 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
     for (size_t i = 0; i < specs.size(); ++i) {
       const SpecPlan& p = plans[i];
       SlotRequest r;
-      r.bytes = numel_of(p.shape) * c10::elementSize(specs[i].dtype);
+      r.bytes = checked_product<uint64_t>(p.shape, c10::elementSize(specs[i].dtype),
+                                          "slot bytes of tensor " + quote_text(specs[i].name));
       r.align = c10::elementSize(specs[i].dtype);
       r.file = specs[i].file;
       r.file_offset = p.jobs.empty() ? 0 : p.jobs[0].offset;

@@ -7,6 +7,7 @@
 #include <typeinfo>
 #include <unordered_map>
 
+#include "base/text.h"
 #include "base/torch_library.h"
 
 namespace metaload {
@@ -20,7 +21,8 @@ std::string shape_str(at::IntArrayRef s) {
 }
 
 std::string label(const std::vector<std::string>& names, size_t i) {
-  return i < names.size() && !names[i].empty() ? "'" + names[i] + "'" : "#" + std::to_string(i);
+  return i < names.size() && !names[i].empty() ? quote_text(names[i], '\'')
+                                               : "#" + std::to_string(i);
 }
 
 void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who) {

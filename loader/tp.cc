@@ -1,5 +1,8 @@
 #include "loader/tp.h"
 
+#include "base/checked.h"
+#include "base/text.h"
+
 namespace metaload {
 
 namespace {
@@ -13,20 +16,25 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 SliceRegion slice_region(const std::vector<int64_t>& shape, uint64_t elem_size,
                          uint64_t data_offset, const TpSlice& slice, const std::string& name) {
   for (int64_t d : shape) {
-    if (d < 0) throw SliceError("tensor '" + name + "': negative dimension in " + shape_str(shape));
+    if (d < 0) {
+      throw SliceError("tensor " + quote_text(name, '\'') + ": negative dimension in " +
+                       shape_str(shape));
+    }
   }
-  uint64_t numel = 1;
-  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  // Every product below is a part of this one, so it fits when this does.
+  const uint64_t bytes =
+      checked_product<uint64_t>(shape, elem_size, "bytes of tensor " + quote_text(name));
+  checked_add<uint64_t>(data_offset, bytes, "end offset of tensor " + quote_text(name));
   SliceRegion r;
   r.shape = shape;
   if (slice.replicated()) {
     r.offset = data_offset;
     r.rows = 1;
-    r.row_bytes = numel * elem_size;
+    r.row_bytes = bytes;
     r.row_stride = r.row_bytes;
     return r;
   }
-  const std::string where = "tensor '" + name + "' " + shape_str(shape) +
+  const std::string where = "tensor " + quote_text(name, '\'') + " " + shape_str(shape) +
                             ": tensor-parallel slice of dim " + std::to_string(slice.dim) +
                             " for rank " + std::to_string(slice.rank) + " of " +
                             std::to_string(slice.size);
@@ -76,7 +84,8 @@ bool shard_has_padding(const TpShard& shard) {
 std::vector<ShardCopy> shard_copies(const std::vector<int64_t>& stored_shape, uint64_t elem_size,
                                     uint64_t data_offset, const TpShard& shard,
                                     const std::string& name) {
-  const std::string where = "tensor '" + name + "' " + shape_str(stored_shape) + ": shard";
+  const std::string where =
+      "tensor " + quote_text(name, '\'') + " " + shape_str(stored_shape) + ": shard";
   if (shard.dim < 0) {
     if (!shard.shape.empty() && shard.shape != stored_shape) {
       throw SliceError(where + " of the whole tensor has shape " + shape_str(shard.shape));
@@ -99,6 +108,12 @@ std::vector<ShardCopy> shard_copies(const std::vector<int64_t>& stored_shape, ui
                        std::to_string(dim));
     }
   }
+  // The products below are parts of the whole tensor's bytes, which must fit.
+  const uint64_t bytes =
+      checked_product<uint64_t>(stored_shape, elem_size, "bytes of tensor " + quote_text(name));
+  checked_add<uint64_t>(data_offset, bytes, "end offset of tensor " + quote_text(name));
+  checked_product<uint64_t>(shard.shape, elem_size,
+                            "bytes of the shard of tensor " + quote_text(name));
   uint64_t outer = 1, inner = 1;
   for (int i = 0; i < dim; ++i) outer *= static_cast<uint64_t>(stored_shape[i]);
   for (size_t i = dim + 1; i < stored_shape.size(); ++i) {

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/checked.h"
 #include "loader/json_util.h"
 
 namespace metaload {
@@ -86,7 +87,7 @@ class BlockWriter {
 void check_name(const std::string& path, const std::string& name,
                 const std::map<std::string, size_t>& names) {
   if (!valid_utf8(name))
-    throw FormatError(path, quote_str(name), "name-not-utf8", "tensor name is not valid UTF-8");
+    throw FormatError(path, name, "name-not-utf8", "tensor name is not valid UTF-8");
   if (name == "__metadata__") {
     throw FormatError(path, name, "reserved-name",
                       "\"__metadata__\" is reserved for the metadata map");
@@ -122,22 +123,23 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 uint64_t tensor_nbytes(DType dtype, const std::vector<int64_t>& shape, const std::string& file,
                        const std::string& name) {
-  uint64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0)
       throw FormatError(file, name, "invalid-shape", "negative dimension " + std::to_string(d));
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
-        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw FormatError(file, name, "size-overflow", "shape has more elements than fit in 63 bits");
-    }
   }
-  uint64_t bits;
-  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_bits(dtype)), &bits)) {
+  const std::optional<int64_t> numel = product_or_none<int64_t>(shape);
+  if (!numel) {
+    throw FormatError(file, name, "size-overflow", "shape has more elements than fit in 63 bits");
+  }
+  const std::optional<uint64_t> maybe_bits =
+      mul_or_none<uint64_t>(static_cast<uint64_t>(*numel), dtype_bits(dtype));
+  if (!maybe_bits) {
     throw FormatError(file, name, "size-overflow", "tensor needs more than 2^64 bits");
   }
+  const uint64_t bits = *maybe_bits;
   if (bits % 8) {
     throw FormatError(file, name, "misaligned-size",
-                      std::to_string(numel) + " elements of " + dtype_name(dtype) +
+                      std::to_string(*numel) + " elements of " + dtype_name(dtype) +
                           " are not a whole number of bytes");
   }
   return bits / 8;

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "base/checked.h"
+#include "base/text.h"
+
 namespace metaload {
 namespace {
 
@@ -27,7 +30,11 @@ bool flag(const nlohmann::json& c, const char* key, bool fallback) {
 
 void gpt2(const nlohmann::json& c, DType dt, bool buffers, std::vector<TensorSpec>& out) {
   const int64_t e = need(c, "n_embd"), layers = need(c, "n_layer"), vocab = need(c, "vocab_size");
-  const int64_t pos = need(c, "n_positions"), inner = get_or(c, "n_inner", 4 * e);
+  const int64_t pos = need(c, "n_positions");
+  const int64_t inner = c.contains("n_inner") && !c["n_inner"].is_null()
+                            ? need(c, "n_inner")
+                            : checked_mul<int64_t>(4, e, "default n_inner 4 x n_embd");
+  const int64_t fused = checked_mul<int64_t>(3, e, "the fused q, k, v width 3 x n_embd");
   out.push_back({"wte.weight", dt, {vocab, e}});
   out.push_back({"wpe.weight", dt, {pos, e}});
   for (int64_t i = 0; i < layers; ++i) {
@@ -36,8 +43,8 @@ void gpt2(const nlohmann::json& c, DType dt, bool buffers, std::vector<TensorSpe
     out.push_back({p + "ln_1.bias", dt, {e}});
     if (buffers) out.push_back({p + "attn.bias", dt, {1, 1, pos, pos}});
     // Conv1D stores [in, out].
-    out.push_back({p + "attn.c_attn.weight", dt, {e, 3 * e}});
-    out.push_back({p + "attn.c_attn.bias", dt, {3 * e}});
+    out.push_back({p + "attn.c_attn.weight", dt, {e, fused}});
+    out.push_back({p + "attn.c_attn.bias", dt, {fused}});
     out.push_back({p + "attn.c_proj.weight", dt, {e, e}});
     out.push_back({p + "attn.c_proj.bias", dt, {e}});
     out.push_back({p + "ln_2.weight", dt, {e}});
@@ -60,21 +67,23 @@ void llama(const nlohmann::json& c, DType dt, bool buffers, bool qkv_bias,
   const int64_t heads = need(c, "num_attention_heads"),
                 kv = get_or(c, "num_key_value_heads", heads);
   const int64_t hd = get_or(c, "head_dim", h / heads);
+  const int64_t q = checked_mul(heads, hd, "the q width num_attention_heads x head_dim");
+  const int64_t kvw = checked_mul(kv, hd, "the k, v width num_key_value_heads x head_dim");
   const bool attn_bias = qkv_bias || flag(c, "attention_bias", false);
   const bool mlp_bias = flag(c, "mlp_bias", false);
   out.push_back({"model.embed_tokens.weight", dt, {vocab, h}});
   for (int64_t i = 0; i < layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     out.push_back({p + "input_layernorm.weight", dt, {h}});
-    out.push_back({p + "self_attn.q_proj.weight", dt, {heads * hd, h}});
-    out.push_back({p + "self_attn.k_proj.weight", dt, {kv * hd, h}});
-    out.push_back({p + "self_attn.v_proj.weight", dt, {kv * hd, h}});
+    out.push_back({p + "self_attn.q_proj.weight", dt, {q, h}});
+    out.push_back({p + "self_attn.k_proj.weight", dt, {kvw, h}});
+    out.push_back({p + "self_attn.v_proj.weight", dt, {kvw, h}});
     if (attn_bias) {
-      out.push_back({p + "self_attn.q_proj.bias", dt, {heads * hd}});
-      out.push_back({p + "self_attn.k_proj.bias", dt, {kv * hd}});
-      out.push_back({p + "self_attn.v_proj.bias", dt, {kv * hd}});
+      out.push_back({p + "self_attn.q_proj.bias", dt, {q}});
+      out.push_back({p + "self_attn.k_proj.bias", dt, {kvw}});
+      out.push_back({p + "self_attn.v_proj.bias", dt, {kvw}});
     }
-    out.push_back({p + "self_attn.o_proj.weight", dt, {h, heads * hd}});
+    out.push_back({p + "self_attn.o_proj.weight", dt, {h, q}});
     // Llama's attention_bias covers o_proj too; Qwen2's q/k/v bias does not.
     if (attn_bias && !qkv_bias) out.push_back({p + "self_attn.o_proj.bias", dt, {h}});
     if (buffers) out.push_back({p + "self_attn.rotary_emb.inv_freq", DType::F32, {hd / 2}});
@@ -106,9 +115,9 @@ std::vector<TensorSpec> checkpoint_tensor_specs(const nlohmann::json& config, DT
   } else if (type == "qwen2") {
     llama(config, dtype, with_buffers, true, out);
   } else {
-    throw FormatError(
-        "config.json", "", "unsupported-config",
-        "model_type \"" + type + "\" has no known checkpoint layout (gpt2, llama, mistral, qwen2)");
+    throw FormatError("config.json", "", "unsupported-config",
+                      "model_type " + quote_text(type) +
+                          " has no known checkpoint layout (gpt2, llama, mistral, qwen2)");
   }
   return out;
 }

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "base/checked.h"
+#include "base/text.h"
 #include "model/dtypes.h"
 #include "model/model_key.h"
 #include "model/tp.h"
@@ -41,16 +43,22 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
   uint64_t n_params = 0, param_bytes = 0;
   std::optional<DType> stored;
   bool mixed = false;
+  // Sums over every file of a checkpoint: each term is bounded by its file, the sums are not.
   for (const auto& f : c.files) {
     for (const auto& t : f.tensors) {
       ++info.n_tensors;
-      info.stored_bytes += t.nbytes();
+      info.stored_bytes =
+          checked_add<uint64_t>(info.stored_bytes, t.nbytes(), "stored bytes of the checkpoint");
       if (is_non_parameter_buffer(t)) {
-        info.n_buffer_elements += static_cast<uint64_t>(t.numel());
+        info.n_buffer_elements =
+            checked_add<uint64_t>(info.n_buffer_elements, static_cast<uint64_t>(t.numel()),
+                                  "buffer elements of the checkpoint");
         continue;
       }
-      n_params += static_cast<uint64_t>(t.numel());
-      param_bytes += t.nbytes();
+      n_params = checked_add<uint64_t>(n_params, static_cast<uint64_t>(t.numel()),
+                                       "parameter count of the checkpoint");
+      param_bytes =
+          checked_add<uint64_t>(param_bytes, t.nbytes(), "parameter bytes of the checkpoint");
       if (stored && *stored != t.dtype) mixed = true;
       stored = t.dtype;
     }
@@ -61,8 +69,10 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
     // Every table entry is a whole number of bits per element, so the ceiling is exact integer
     // math.
     const uint64_t bits = static_cast<uint64_t>(std::llround(e.bytes_per_element * 8));
-    const unsigned __int128 total_bits = static_cast<unsigned __int128>(n_params) * bits;
-    info.size_bytes = static_cast<uint64_t>((total_bits + 7) / 8);
+    const std::string what =
+        "size in bytes of " + std::to_string(n_params) + " parameters as " + quote_text(*dtype);
+    const uint64_t whole = checked_mul<uint64_t>(n_params / 8, bits, what);
+    info.size_bytes = checked_add<uint64_t>(whole, (n_params % 8 * bits + 7) / 8, what);
     info.dtype = *dtype;
   } else {
     info.size_bytes = param_bytes;

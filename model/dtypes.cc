@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "base/text.h"
+
 namespace metaload {
 namespace {
 
@@ -107,8 +109,8 @@ const DTypeEntry& resolve_dtype_name(std::string_view name) {
         "quantization name (nf4, int4, 4bit, fp4 = 0.5 bytes) instead; accepted: " +
         accepted_list());
   }
-  throw DTypeError("unknown dtype or quantization \"" + std::string(name) +
-                   "\"; accepted (any case, "
+  throw DTypeError("unknown dtype or quantization " + quote_text(name) +
+                   "; accepted (any case, "
                    "optional \"torch.\" prefix): " +
                    accepted_list());
 }

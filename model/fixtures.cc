@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "base/text.h"
 #include "kernels/convert.h"
 #include "loader/errors.h"
 #include "loader/file_io.h"
@@ -364,12 +365,13 @@ FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_di
   if (to_cache && !out_dir.empty())
     throw FixtureError(
         fmt::format("give either an output directory or a hub cache, not both (got {} and {})",
-                    out_dir, o.hf_cache));
+                    quote_text(out_dir), quote_text(o.hf_cache)));
   if (!to_cache && out_dir.empty()) throw FixtureError("no output directory given");
   if (to_cache && !looks_like_repo_id(o.repo))
-    throw FixtureError(fmt::format("'{}' is not a Hugging Face repo id (ORG/NAME)", o.repo));
+    throw FixtureError(
+        fmt::format("{} is not a Hugging Face repo id (ORG/NAME)", quote_text(o.repo, '\'')));
   if (to_cache && !plain_ref_name(o.branch))
-    throw FixtureError(fmt::format("'{}' is not a plain branch name", o.branch));
+    throw FixtureError(fmt::format("{} is not a plain branch name", quote_text(o.branch, '\'')));
 
   FixtureResult result;
   std::string text;
@@ -382,8 +384,8 @@ FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_di
       std::string names;
       for (const auto& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
       throw FixtureError(
-          fmt::format("config '{}' is neither a built-in config ({}) nor an existing config.json",
-                      o.config, names));
+          fmt::format("config {} is neither a built-in config ({}) nor an existing config.json",
+                      quote_text(o.config, '\''), names));
     }
     result.config_name = S_ISDIR(st.st_mode) ? o.config + "/config.json" : o.config;
     text = read_text(result.config_name);

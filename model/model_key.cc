@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdio>
 
+#include "base/text.h"
 #include "loader/errors.h"
 #include "loader/json_util.h"
 #include "model/registry.h"
@@ -138,8 +139,8 @@ std::string python_json_dumps(const nlohmann::ordered_json& value) {
 
 std::string to_model_key(const ModelKey& key) {
   if (!is_dotted_name(key.class_path)) {
-    throw ModelKeyError("class path \"" + key.class_path + "\" is not a dotted Python name (e.g. " +
-                        kTransformersModel + ")");
+    throw ModelKeyError("class path " + quote_text(key.class_path) +
+                        " is not a dotted Python name (e.g. " + kTransformersModel + ")");
   }
   if (key.repo_id.empty()) throw ModelKeyError("empty repo_id");
   if (!valid_utf8(key.repo_id)) throw ModelKeyError("repo_id is not valid UTF-8");
@@ -155,7 +156,7 @@ std::string to_model_key(const ModelKey& key) {
   }
   for (const auto& [k, v] : key.extra) {
     if (k == "repo_id" || k == "revision")
-      throw ModelKeyError("extra field \"" + k + "\" duplicates a key field");
+      throw ModelKeyError("extra field " + quote_text(k) + " duplicates a key field");
     if (!valid_utf8(k)) throw ModelKeyError("extra field name is not valid UTF-8");
     out += ", ";
     append_py_string(out, k);
@@ -163,9 +164,9 @@ std::string to_model_key(const ModelKey& key) {
     try {
       dump_py(out, v, 2);  // the key's object is the first level
     } catch (const nlohmann::json::exception& e) {
-      throw ModelKeyError("extra field \"" + k + "\" cannot be written: " + e.what());
+      throw ModelKeyError("extra field " + quote_text(k) + " cannot be written: " + e.what());
     } catch (const ModelKeyError& e) {
-      throw ModelKeyError("extra field \"" + k + "\" cannot be written: " + e.message());
+      throw ModelKeyError("extra field " + quote_text(k) + " cannot be written: " + e.message());
     }
   }
   out += "}";

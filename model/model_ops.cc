@@ -1,10 +1,13 @@
 // Python side of the model layer: torch.classes.metaload.TransformersModel and .Capture, wrapped
 // by python/metaload/model.py. Structured results travel as JSON text, tensors as tensors.
+#include <climits>
+
 #include <fmt/format.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <nlohmann/json.hpp>
 
+#include "base/text.h"
 #include "base/torch_library.h"
 #include "loader/progress_board.h"
 #include "model/dtypes.h"
@@ -20,8 +23,9 @@ at::ScalarType scalar_type_named(const std::string& name) {
   if (e.torch_name == "float16") return at::kHalf;
   if (e.torch_name == "bfloat16") return at::kBFloat16;
   if (e.torch_name == "float64") return at::kDouble;
-  throw DTypeError(fmt::format(
-      "'{}' is not a dtype a model can run in (float32, float16, bfloat16, float64)", name));
+  throw DTypeError(
+      fmt::format("{} is not a dtype a model can run in (float32, float16, bfloat16, float64)",
+                  quote_text(name, '\'')));
 }
 
 nlohmann::json opt_json(const std::optional<std::string>& s) {
@@ -59,6 +63,15 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
   o.device = at::Device(device);
   if (dtype) o.dtype = scalar_type_named(*dtype);
   if (revision) o.revision = *revision;
+  // Python ints arrive as int64: out of int range is an error naming the argument, not a wrap.
+  if (tp_size < 1 || tp_size > INT_MAX)
+    throw ModelError(fmt::format("tp_size must be from 1 to 2^31-1, got {}", tp_size));
+  if (tp_rank < 0 || tp_rank >= tp_size)
+    throw ModelError(
+        fmt::format("tp_rank must be from 0 to tp_size - 1 ({}), got {}", tp_size - 1, tp_rank));
+  if (threads < 0 || threads > kMaxLoaderThreads)
+    throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
+                                 kMaxLoaderThreads, threads));
   o.tp_rank = static_cast<int>(tp_rank);
   o.tp_size = static_cast<int>(tp_size);
   o.threads = static_cast<int>(threads);
@@ -112,8 +125,11 @@ std::string make_checkpoint_op(std::string arch, std::string config, std::string
   o.arch = arch;
   o.config = config;
   const DTypeEntry& e = resolve_dtype_name(dtype);
-  if (!e.file_dtype) throw FixtureError(fmt::format("dtype '{}' has no safetensors dtype", dtype));
+  if (!e.file_dtype)
+    throw FixtureError(fmt::format("dtype {} has no safetensors dtype", quote_text(dtype, '\'')));
   o.dtype = *e.file_dtype;
+  if (shards < 1 || shards > INT_MAX)
+    throw FixtureError(fmt::format("shards must be from 1 to 2^31-1, got {}", shards));
   o.shards = static_cast<int>(shards);
   o.seed = static_cast<uint64_t>(seed);
   if (layout == "published") {
@@ -121,7 +137,8 @@ std::string make_checkpoint_op(std::string arch, std::string config, std::string
   } else if (layout == "saved") {
     o.layout = FixtureLayout::kSaved;
   } else {
-    throw FixtureError(fmt::format("layout '{}' is neither 'published' nor 'saved'", layout));
+    throw FixtureError(
+        fmt::format("layout {} is neither 'published' nor 'saved'", quote_text(layout, '\'')));
   }
   o.buffers = buffers;
   o.hf_cache = hf_cache;

@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 
+#include "base/text.h"
+
 namespace metaload {
 namespace {
 
@@ -38,8 +40,8 @@ void register_model_class(const std::string& class_path) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   if (r.aliases.count(class_path)) {
-    throw ModelKeyError("\"" + class_path + "\" is already an alias of " +
-                        r.aliases.find(class_path)->second);
+    throw ModelKeyError(quote_text(class_path) + " is already an alias of " +
+                        quote_text(r.aliases.find(class_path)->second));
   }
   r.classes.try_emplace(class_path, ModelClass{class_path, {}});
 }
@@ -48,11 +50,11 @@ void register_model_alias(const std::string& alias, const std::string& canonical
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   if (!r.classes.count(canonical)) {
-    throw ModelKeyError("cannot alias \"" + alias + "\" to unregistered class \"" + canonical +
-                        "\"");
+    throw ModelKeyError("cannot alias " + quote_text(alias) + " to unregistered class " +
+                        quote_text(canonical));
   }
   if (r.classes.count(alias))
-    throw ModelKeyError("\"" + alias + "\" is already a registered class");
+    throw ModelKeyError(quote_text(alias) + " is already a registered class");
   r.aliases[alias] = canonical;
 }
 
@@ -61,7 +63,7 @@ void set_model_factory(const std::string& class_path, std::any factory) {
   std::lock_guard<std::mutex> g(r.mu);
   ModelClass* c = r.find(class_path);
   if (!c)
-    throw ModelKeyError("cannot attach a factory to unregistered class \"" + class_path + "\"");
+    throw ModelKeyError("cannot attach a factory to unregistered class " + quote_text(class_path));
   c->factory = std::move(factory);
 }
 
@@ -76,7 +78,7 @@ std::string canonical_model_class(std::string_view class_path) {
   if (auto c = find_model_class(class_path)) return c->canonical;
   std::string known;
   for (const auto& k : known_model_classes()) known += (known.empty() ? "" : ", ") + k;
-  throw ModelKeyError("unknown model class \"" + std::string(class_path) + "\"; known: " + known);
+  throw ModelKeyError("unknown model class " + quote_text(class_path) + "; known: " + known);
 }
 
 std::vector<std::string> known_model_classes() {

@@ -13,9 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include "base/checked.h"
+#include "base/text.h"
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
 #include "fake_mode/scan.h"
@@ -47,9 +50,9 @@ bool Capture::has_value() const {
 at::Tensor Capture::value() const {
   std::lock_guard<std::mutex> g(state_->mu);
   if (!state_->value.defined())
-    throw ModelError(fmt::format(
-        "no output of '{}' captured yet: the module has not run since the capture began",
-        state_->path));
+    throw ModelError(
+        fmt::format("no output of {} captured yet: the module has not run since the capture began",
+                    quote_text(state_->path, '\'')));
   return state_->value;
 }
 
@@ -91,9 +94,10 @@ std::string torch_dtype_name(at::ScalarType t) {
 }
 
 uint64_t ModuleShape::bytes() const {
-  uint64_t n = 1;
-  for (int64_t s : sizes) n *= static_cast<uint64_t>(s);
-  return n * c10::elementSize(dtype);
+  return checked_product<uint64_t>(sizes, c10::elementSize(dtype),
+                                   path.empty()
+                                       ? std::string("output bytes of the model")
+                                       : "output bytes of module " + quote_text(path, '\''));
 }
 
 const ModuleShape* ModelScan::find(const std::string& path) const {
@@ -104,7 +108,9 @@ const ModuleShape* ModelScan::find(const std::string& path) const {
 
 uint64_t ModelScan::total_bytes() const {
   uint64_t total = 0;
-  for (const ModuleShape& m : modules) total += m.bytes();
+  const std::string what =
+      "total output bytes of the scan (" + std::to_string(modules.size()) + " modules)";
+  for (const ModuleShape& m : modules) total = checked_add(total, m.bytes(), what);
   return total;
 }
 
@@ -193,16 +199,16 @@ bool is_container(const torch::nn::Module& m) {
 // agree when both are given).
 std::string key_target(const ModelKey& key, std::optional<std::string>& revision) {
   if (canonical_model_class(key.class_path) != kTransformersModel)
-    throw ModelKeyError(
-        fmt::format("the key's class {} is not {}", key.class_path, kTransformersModel));
+    throw ModelKeyError(fmt::format("the key's class {} is not {}", quote_text(key.class_path),
+                                    kTransformersModel));
   if (!key.extra.empty())
-    throw ModelKeyError(fmt::format(
-        "model key field \"{}\" is not supported: {} builds causal language models from "
-        "repo_id and revision only",
-        key.extra.front().first, kTransformersModel));
+    throw ModelKeyError(
+        fmt::format("model key field {} is not supported: {} builds causal language models from "
+                    "repo_id and revision only",
+                    quote_text(key.extra.front().first), kTransformersModel));
   if (key.revision && revision && *revision != *key.revision)
-    throw ModelKeyError(fmt::format("the key pins revision \"{}\" but the options ask for \"{}\"",
-                                    *key.revision, *revision));
+    throw ModelKeyError(fmt::format("the key pins revision {} but the options ask for {}",
+                                    quote_text(*key.revision), quote_text(*revision)));
   if (key.revision) revision = key.revision;
   return key.repo_id;
 }
@@ -227,9 +233,13 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
   if (options_.tp_size < 1 || options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
     throw ModelError(fmt::format("tensor-parallel rank {} of {} does not exist", options_.tp_rank,
                                  options_.tp_size));
-  if (options_.threads < 0)
-    throw ModelError(fmt::format("threads must be >= 0, got {}", options_.threads));
+  if (options_.threads < 0 || options_.threads > kMaxLoaderThreads)
+    throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
+                                 kMaxLoaderThreads, options_.threads));
   if (ref.empty()) throw ResolveError("empty model reference");
+  // stat() and realpath() would read the path only up to a NUL: refuse rather than build another.
+  if (ref.find('\0') != std::string::npos)
+    throw ResolveError("model reference " + quote_text(ref) + " contains a NUL byte");
 
   std::string target = ref;
   std::optional<std::string> revision = options_.revision;
@@ -245,8 +255,8 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
   if (exists) {
     if (revision)
       throw ResolveError(fmt::format(
-          "revision \"{}\" given for the local path {}: revisions are for Hugging Face repo ids",
-          *revision, target));
+          "revision {} given for the local path {}: revisions are for Hugging Face repo ids",
+          quote_text(*revision), escape_text(target)));
     char resolved[PATH_MAX];
     load_ref_ = ::realpath(target.c_str(), resolved) ? std::string(resolved) : target;
     if (S_ISDIR(st.st_mode)) {
@@ -264,9 +274,9 @@ TransformersModel::TransformersModel(const std::string& ref, ModelOptions option
     dir = snap.snapshot_dir;
   } else {
     throw ResolveError(fmt::format(
-        "'{}' is neither an existing file or directory, a Hugging Face repo id (ORG/NAME) nor a "
+        "{} is neither an existing file or directory, a Hugging Face repo id (ORG/NAME) nor a "
         "model key (CLASS:JSON)",
-        target));
+        quote_text(target, '\'')));
   }
   config_path_ = dir + "/config.json";
   if (!fileio::exists(config_path_))
@@ -377,6 +387,7 @@ ModelScan TransformersModel::scan(int64_t batch, int64_t seq, std::optional<at::
   if (batch < 1 || seq < 1)
     throw ModelError(
         fmt::format("scan: batch ({}) and sequence length ({}) must be >= 1", batch, seq));
+  checked_product<int64_t>({batch, seq}, sizeof(int64_t), "bytes of the token ids [batch, seq]");
   const at::Tensor ids =
       at::zeros({batch, seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
   std::lock_guard<std::recursive_mutex> g(mu_);
@@ -402,6 +413,7 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
   out.device = where;
   const auto& classes = classes_locked();
   std::unordered_map<std::string, size_t> index;
+  size_t last = SIZE_MAX;  // the latest module to report (named if a later one fails)
   auto record = [&](const std::string& path, const at::Tensor& t) {
     auto [it, fresh] = index.emplace(path, out.modules.size());
     if (fresh) {
@@ -414,6 +426,7 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
     m.dtype = t.scalar_type();
     m.device = claimed_device(t);
     ++m.calls;
+    last = it->second;
   };
   auto attach = [&](ModuleObserver observer) {
     if (!observer) {
@@ -423,12 +436,33 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
     // Recorded here, in execution order with class names; ScanResult::modules stays unused.
     install_observer(record);
   };
-  ScanResult r = metaload::scan(
-      [this](const std::vector<at::Tensor>& in) {
-        return std::vector<at::Tensor>{module_->forward(in[0])};
-      },
-      inputs, where, attach);
+  ScanResult r;
+  try {
+    r = metaload::scan(
+        [this](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{module_->forward(in[0])};
+        },
+        inputs, where, attach);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // An activation too large for torch's sizes (int64 bytes): torch's own check, typed here
+    // (batch x seq x vocab and the attention scores grow first). It comes as a c10::Error, or,
+    // where a meta kernel is written in Python (torch 2.x in a Python process), as the Python
+    // error's C++ carrier. Other errors pass unchanged.
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string torch_msg = c10_error ? c10_error->what_without_backtrace() : e.what();
+    if (torch_msg.find("overflow") == std::string::npos) throw;
+    const std::string after = last == SIZE_MAX
+                                  ? std::string("in the model's first module")
+                                  : "after module " + quote_text(out.modules[last].path);
+    throw SizeOverflowError(fmt::format(
+        "bytes of an activation in the scan of ids [{}], {}: overflows (more than 2^63-1): {}",
+        fmt::join(inputs[0].sizes(), ", "), after,
+        escape_text(torch_msg.substr(0, torch_msg.find('\n')))));
+  }
   out.logits = r.outputs.at(0);
+  out.total_bytes();  // a total past 2^64-1 is an error now, not a wrapped number later
   out.seconds = since(t0);
   return out;
 }
@@ -461,7 +495,7 @@ LoadReport TransformersModel::dispatch_locked() {
   if (options_.tp_size > 1) {
     const std::vector<TPRule> plan = tp_plan(config);
     std::unordered_set<const void*> seen;
-    std::vector<std::string> problems;
+    std::vector<MismatchItem> problems;
     for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
       at::Tensor t = item.value();
       if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
@@ -473,15 +507,15 @@ LoadReport TransformersModel::dispatch_locked() {
           t.set_data(at::empty(s.shape, t.options()));
         }
       } catch (const FamilyError& e) {
-        problems.push_back(item.key() + ": " + e.message());
+        problems.push_back({item.key(), ": " + escape_text(e.message())});
       }
     }
     if (!problems.empty()) {
       undo();
-      std::string msg = fmt::format("{} cannot be split into {} tensor-parallel ranks: {} problems",
-                                    reference_, options_.tp_size, problems.size());
-      for (const auto& p : problems) msg += "\n  mismatched: " + p;
-      throw MismatchError(msg, {}, {}, problems);
+      const std::string summary =
+          fmt::format("{} cannot be split into {} tensor-parallel ranks: {} problems",
+                      escape_text(reference_), options_.tp_size, problems.size());
+      throw MismatchError(summary, {}, {}, std::move(problems));
     }
   }
   LoadReport report;
@@ -535,9 +569,9 @@ std::vector<std::string> TransformersModel::module_paths() const {
 }
 
 void TransformersModel::throw_unknown_path(const std::string& path, const char* what) const {
-  throw ModulePathError(fmt::format("{}: no module '{}' in {} ({}); closest: {}", what, path,
-                                    module_->name(), module_->config().source,
-                                    closest(path, module_paths(), 5)));
+  throw ModulePathError(fmt::format(
+      "{}: no module {} in {} ({}); closest: {}", what, quote_text(path, '\''), module_->name(),
+      escape_text(module_->config().source), closest(path, module_paths(), 5)));
 }
 
 std::shared_ptr<torch::nn::Module> TransformersModel::at(const std::string& path) const {
@@ -556,8 +590,9 @@ at::Tensor TransformersModel::parameter(const std::string& name) const {
     if (item.key() == name) return item.value();
     names.push_back(item.key());
   }
-  throw ModulePathError(fmt::format("parameter: no parameter or buffer '{}' in {}; closest: {}",
-                                    name, module_->name(), closest(name, names, 5)));
+  throw ModulePathError(fmt::format("parameter: no parameter or buffer {} in {}; closest: {}",
+                                    quote_text(name, '\''), module_->name(),
+                                    closest(name, names, 5)));
 }
 
 const std::unordered_map<std::string, std::string>& TransformersModel::classes_locked() {

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "base/text.h"
+
 namespace metaload {
 namespace {
 
@@ -59,7 +61,8 @@ const std::string& builtin_config_json(const std::string& name) {
     if (entry.first == name) return entry.second;
   std::string known;
   for (const auto& entry : table()) known += (known.empty() ? "" : ", ") + entry.first;
-  throw ConfigError(fmt::format("unknown built-in config '{}' (known: {})", name, known));
+  throw ConfigError(
+      fmt::format("unknown built-in config {} (known: {})", quote_text(name, '\''), known));
 }
 
 }  // namespace metaload

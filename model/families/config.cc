@@ -4,9 +4,12 @@
 
 #include <fmt/format.h>
 
+#include "base/checked.h"
+#include "base/text.h"
 #include "loader/errors.h"
 #include "loader/file_io.h"
 #include "loader/json_util.h"
+#include "model/families/spec.h"
 
 namespace metaload {
 namespace {
@@ -36,7 +39,8 @@ class Fields {
       : j_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw ConfigError(fmt::format("{}: field '{}{}' {}", source_, prefix_, field, what));
+    throw ConfigError(
+        fmt::format("{}: field '{}{}' {}", escape_text(source_), prefix_, field, what));
   }
 
   // Present and not null (transformers treats null as "use the default").
@@ -75,7 +79,8 @@ class Fields {
     std::string value = string_or(field, fallback);
     for (const auto& a : allowed)
       if (a == value) return value;
-    fail(field, fmt::format("has unsupported value '{}' (supported: {})", value, join(allowed)));
+    fail(field, fmt::format("has unsupported value {} (supported: {})", quote_text(value, '\''),
+                            join(allowed)));
   }
 
  private:
@@ -120,7 +125,9 @@ void parse_gpt2(const Fields& f, FamilyConfig& c) {
     f.fail("n_head", fmt::format("({}) must divide n_embd ({})", c.num_heads, c.hidden_size));
   c.num_kv_heads = c.num_heads;
   c.head_dim = c.hidden_size / c.num_heads;
-  c.intermediate_size = f.positive_int_or("n_inner", 4 * c.hidden_size);
+  c.intermediate_size = f.has("n_inner")
+                            ? f.positive_int("n_inner")
+                            : checked_mul<int64_t>(4, c.hidden_size, "default n_inner 4 x n_embd");
   c.norm_eps = f.positive_number_or("layer_norm_epsilon", 1e-5);
   c.hidden_act = f.one_of("activation_function", "gelu_new", kGPT2Activations);
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", true);
@@ -284,18 +291,26 @@ FamilyConfig parse_family_config(const json& config, const std::string& source) 
   if (c.model_type.empty())
     f.fail("model_type", architecture.empty()
                              ? std::string("is missing (and there is no architectures list)")
-                             : fmt::format("is missing and architecture '{}' is not one of the "
+                             : fmt::format("is missing and architecture {} is not one of the "
                                            "supported families",
-                                           architecture));
+                                           quote_text(architecture, '\'')));
   c.architecture = architecture.empty() ? default_architecture(c.model_type) : architecture;
-  if (c.model_type == "gpt2") {
-    parse_gpt2(f, c);
-  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
-    parse_llama(f, c, source);
-  } else {
-    f.fail("model_type",
-           fmt::format("'{}' is not supported (supported: gpt2, llama, mistral, qwen2)",
-                       c.model_type));
+  // Sizes derived by multiplication (the default n_inner, every parameter's elements and bytes)
+  // must fit torch's int64 sizes: too large is a SizeOverflowError naming the file now, not an
+  // error deep in a meta build.
+  try {
+    if (c.model_type == "gpt2") {
+      parse_gpt2(f, c);
+    } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
+      parse_llama(f, c, source);
+    } else {
+      f.fail("model_type",
+             fmt::format("{} is not supported (supported: gpt2, llama, mistral, qwen2)",
+                         quote_text(c.model_type, '\'')));
+    }
+    parameter_count(c);
+  } catch (const SizeOverflowError& e) {
+    throw SizeOverflowError(escape_text(source) + ": " + e.message());
   }
   return c;
 }
@@ -329,8 +344,8 @@ FamilyConfig resolve_family_config(const std::string& name_or_path) {
   std::error_code ec;
   if (std::filesystem::exists(name_or_path, ec)) return load_family_config(name_or_path);
   throw ConfigError(fmt::format(
-      "'{}' is neither a built-in config ({}) nor a config.json file or a directory holding one",
-      name_or_path, join(builtin_config_names())));
+      "{} is neither a built-in config ({}) nor a config.json file or a directory holding one",
+      quote_text(name_or_path, '\''), join(builtin_config_names())));
 }
 
 }  // namespace metaload

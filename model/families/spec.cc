@@ -6,10 +6,24 @@
 
 #include <fmt/format.h>
 
+#include "base/checked.h"
+
 namespace metaload {
 namespace {
 
 using Shape = std::vector<int64_t>;
+
+// Widths derived from a config by multiplication: a config with huge sizes is a
+// SizeOverflowError naming the fields, not a wrapped (or undefined) shape.
+int64_t fused_qkv_width(const FamilyConfig& c) {
+  return checked_mul<int64_t>(3, c.hidden_size, "the fused q, k, v width 3 x n_embd");
+}
+int64_t q_width(const FamilyConfig& c) {
+  return checked_mul(c.num_heads, c.head_dim, "the q width num_attention_heads x head_dim");
+}
+int64_t kv_width(const FamilyConfig& c) {
+  return checked_mul(c.num_kv_heads, c.head_dim, "the k, v width num_key_value_heads x head_dim");
+}
 
 std::string shape_str(const Shape& shape) {
   std::string out = "[";
@@ -26,8 +40,8 @@ void gpt2_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
     // Conv1D stores its weight [in, out].
     out.push_back({p + "ln_1.weight", {n}, ""});
     out.push_back({p + "ln_1.bias", {n}, ""});
-    out.push_back({p + "attn.c_attn.weight", {n, 3 * n}, ""});
-    out.push_back({p + "attn.c_attn.bias", {3 * n}, ""});
+    out.push_back({p + "attn.c_attn.weight", {n, fused_qkv_width(c)}, ""});
+    out.push_back({p + "attn.c_attn.bias", {fused_qkv_width(c)}, ""});
     out.push_back({p + "attn.c_proj.weight", {n, n}, ""});
     out.push_back({p + "attn.c_proj.bias", {n}, ""});
     out.push_back({p + "ln_2.weight", {n}, ""});
@@ -44,7 +58,7 @@ void gpt2_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
 }
 
 void llama_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const int64_t h = c.hidden_size, q = q_width(c), kv = kv_width(c);
   const int64_t inter = c.intermediate_size;
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, ""});
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -70,10 +84,10 @@ void llama_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
                  c.tie_word_embeddings ? "model.embed_tokens.weight" : ""});
 }
 
-int64_t numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+// Elements of a parameter; its bytes (at most 8 per element) must fit torch's int64 sizes too.
+int64_t numel(const std::string& name, const Shape& shape) {
+  checked_product<int64_t>(shape, 8, "bytes of parameter " + name);
+  return checked_product<int64_t>(shape, 1, "elements of parameter " + name);
 }
 
 // Matches `name` against a pattern whose "*" stands for one dot-free, non-empty component part.
@@ -139,7 +153,7 @@ std::vector<TPRule> gpt2_plan(const FamilyConfig& c) {
 }
 
 std::vector<TPRule> llama_plan(const FamilyConfig& c) {
-  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const int64_t q = q_width(c), kv = kv_width(c);
   const int64_t inter = c.intermediate_size;
   const std::string p = "model.layers.*.";
   const TPSection qs{q, c.num_heads, false}, kvs{kv, c.num_kv_heads, true}, mlp{inter, 0, false};
@@ -200,7 +214,8 @@ std::vector<BufferSpec> buffer_specs(const FamilyConfig& config) {
 int64_t parameter_count(const FamilyConfig& config) {
   int64_t total = 0;
   for (const auto& p : parameter_specs(config))
-    if (p.tied_to.empty()) total += numel(p.shape);
+    if (p.tied_to.empty())
+      total = checked_add(total, numel(p.name, p.shape), "parameter count of the config");
   return total;
 }
 
@@ -288,7 +303,8 @@ TPShard tp_shard(const TPRule& rule, const Shape& shape, int64_t rank, int64_t s
     // sizes (3, 6, ... which max_tp_size allows) vLLM's 64 would not divide evenly, so the lcm
     // keeps every allowed degree loadable.
     const int64_t align = std::lcm(int64_t{64}, size);
-    const int64_t padded = (total + align - 1) / align * align;
+    const int64_t padded =
+        checked_add(total, align - 1, "padded vocabulary of " + rule.pattern) / align * align;
     const int64_t per = padded / size;
     const int64_t begin = std::min(rank * per, total), end = std::min((rank + 1) * per, total);
     if (begin < end) shard.ranges.push_back({begin, end});  // else: padding rows only

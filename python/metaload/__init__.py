@@ -12,9 +12,9 @@ package is a thin layer over torch.ops.metaload.
 from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
                    FamilyError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
-                   ResolveError, ScanError, ShapeError, ShardError, SliceError, SwapError, TPError,
-                   UnknownOpError, UsageError, VerifyError, build_info, error_class, library_path,
-                   load)
+                   ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError, SliceError,
+                   SwapError, TPError, UnknownOpError, UsageError, VerifyError, build_info,
+                   error_class, library_path, load)
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, load_into
@@ -82,6 +82,7 @@ __all__ = [
     "ScanError",
     "ShapeError",
     "ShardError",
+    "SizeOverflowError",
     "SliceError",
     "SwapError",
     "TPError",

@@ -1,5 +1,6 @@
 """Finds and loads libmetaload.so, and turns its errors into metaload exception classes."""
 import functools
+import json
 import mmap
 import os
 import re
@@ -7,6 +8,18 @@ import re
 import torch
 
 _loaded = None
+
+QUOTE_MAX_CHARS = 200  # as base/text.h's kQuoteMaxChars
+
+
+def quote(value) -> str:
+    """`value` quoted for a message, as base/text.h quotes user-supplied text in C++: repr's
+    escapes (a NUL or newline is shown, never passed through) and at most QUOTE_MAX_CHARS
+    characters, then its full length."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= QUOTE_MAX_CHARS:
+        return repr(text)
+    return f"{text[:QUOTE_MAX_CHARS]!r}... ({len(text)} characters)"
 
 
 def library_path():
@@ -102,6 +115,11 @@ class DataDependentError(Error):
     """A read of values that a meta or fake tensor does not have (c10_ext/mode_key.h)."""
 
 
+class SizeOverflowError(Error):
+    """A size computed from inputs (a checkpoint, a config, a batch) that does not fit in 64 bits;
+    the message names the quantity (base/checked.h)."""
+
+
 class ShapeError(Error):
     """A shape kernel rejected its inputs (kernels/meta_registry.h)."""
 
@@ -169,10 +187,11 @@ class SwapError(LoadError):
 
 
 class MismatchError(LoadError):
-    """The checkpoint does not fit the module (loader/plan.h). Besides the message, which lists
-    every problem one per line, `.missing` (module names the checkpoint lacks), `.unexpected`
-    (checkpoint names the module lacks) and `.mismatched` (module names whose shape, dtype or
-    TP shard does not fit) are lists of names."""
+    """The checkpoint does not fit the module (loader/plan.h). The message lists the problems one
+    per line (names escaped; at most 20 of each kind, then how many more); `.missing` (module names
+    the checkpoint lacks), `.unexpected` (checkpoint names the module lacks) and `.mismatched`
+    (module names whose shape, dtype or TP shard does not fit) are the full lists of names, as
+    given."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -225,7 +244,21 @@ class UsageError(Error):
 _MISMATCH_LINE = re.compile(r"^  (missing|unexpected|mismatched): (.*)$", re.MULTILINE)
 
 
+def _full_mismatch_names(message):
+    """The full name lists the library kept for the MismatchError with this message, or None (a
+    message made elsewhere, or a library without the operator)."""
+    try:
+        text = torch.ops.metaload.mismatch_names(message)
+    except (AttributeError, RuntimeError):
+        return None
+    if text is None:
+        return None
+    names = json.loads(text)
+    return names["missing"], names["unexpected"], names["mismatched"]
+
+
 def _mismatch_names(message):
+    """The names on the message's lines: a message made by hand (or unpickled) has them all."""
     found = {"missing": [], "unexpected": [], "mismatched": []}
     for kind, entry in _MISMATCH_LINE.findall(message):
         if kind == "missing":
@@ -261,7 +294,13 @@ def translate(exc):
     if m is None:
         return None
     msg = str(exc)[m.end():].split("\nException raised from")[0]
-    return error_class(m.group(1))(msg)
+    err = error_class(m.group(1))(msg)
+    if isinstance(err, MismatchError):
+        # The message lists at most 20 names of each kind; the library kept them all.
+        full = _full_mismatch_names(msg)
+        if full is not None:
+            err.missing, err.unexpected, err.mismatched = (list(x) for x in full)
+    return err
 
 
 def typed_errors(fn):

@@ -68,7 +68,7 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
         raise TypeError(f"save_file takes a dict of tensors, not {type(tensors).__name__}")
     for name, t in tensors.items():
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
-            raise TypeError(f"save_file: {name!r} -> {type(t).__name__}: tensors must be "
+            raise TypeError(f"save_file: {_lib.quote(name)} -> {type(t).__name__}: tensors must be "
                             "{str: torch.Tensor}")
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str)
                                         for k, v in metadata.items()):
@@ -146,7 +146,7 @@ class safe_open:  # noqa: N801 (safetensors' name)
     def _entry(self, name: str):
         entry = self._tensors.get(name)
         if entry is None:
-            raise KeyError(f"{self._path}: no tensor named {name!r}")
+            raise KeyError(f"{_lib.quote(self._path)}: no tensor named {_lib.quote(name)}")
         return entry
 
     def _view(self, name: str) -> torch.Tensor:

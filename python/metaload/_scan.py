@@ -13,6 +13,8 @@ from typing import Dict, Iterator, NamedTuple, Tuple, Union
 
 import torch
 
+from . import _lib
+
 
 class ModuleShape(NamedTuple):
     path: str  # dotted module path; "" is the whole model
@@ -62,7 +64,7 @@ def dtype_named(name: str) -> torch.dtype:
     """"float32" / "torch.float32" -> torch.float32."""
     dtype = getattr(torch, name.replace("torch.", ""), None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"not a torch dtype: {name!r}")
+        raise ValueError(f"not a torch dtype: {_lib.quote(name)}")
     return dtype
 
 

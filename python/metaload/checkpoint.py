@@ -156,7 +156,7 @@ def parse_size(size: Union[int, str]) -> int:
         return size
     m = _SIZE.match(str(size))
     if not m:
-        raise ValueError(f"not a size: {size!r} (use an int or e.g. '5GB', '500MiB')")
+        raise ValueError(f"not a size: {_lib.quote(size)} (use an int or e.g. '5GB', '500MiB')")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
 
 
@@ -171,7 +171,7 @@ def _named_tensors(state_dict_or_module):
     names, tensors = [], []
     for name, t in items:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: not a tensor ({type(t).__name__})")
+            raise TypeError(f"{_lib.quote(name)}: not a tensor ({type(t).__name__})")
         t = t.detach()
         key = None
         if t.device.type != "meta" and t.numel() > 0:

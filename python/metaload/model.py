@@ -98,7 +98,8 @@ class TransformersModel:
     def from_model_key(cls, key: str, **placement) -> "TransformersModel":
         """A model in meta state from '<class>:<json>' (nnsight's class paths are aliases)."""
         if ":" not in key:
-            raise _lib.error_class("ModelKeyError")(f"{key!r} is not a model key (CLASS:JSON)")
+            raise _lib.error_class("ModelKeyError")(
+                f"{_lib.quote(key)} is not a model key (CLASS:JSON)")
         return cls(key, **placement)
 
     @typed_errors

@@ -29,10 +29,16 @@ echo "$out" | grep -q "^device=cpu params=419532800"; check "METALOAD=off has no
 out=$(LD_PRELOAD=$lib "$prog" 2>&1); rc=$?
 echo "$out" | grep -q "^device=cpu"; check "METALOAD unset has no effect" $?
 
+out=$(LD_PRELOAD=$lib METALOAD= METALOAD_REPORT= "$prog" 2>&1); rc=$?
+echo "empty: $out"
+check "METALOAD= (empty) runs" "$rc"
+echo "$out" | grep -q "^device=cpu params=419532800"; check "an empty METALOAD (and METALOAD_REPORT) has no effect, as unset" $?
+echo "$out" | grep -q "^metaload:"; [ $? != 0 ]; check "an empty METALOAD_REPORT prints no summary" $?
+
 out=$(LD_PRELOAD=$lib METALOAD=Meta "$prog" 2>&1); rc=$?
 echo "bad value: $out (exit $rc)"
 [ "$rc" = 2 ]; check "an invalid METALOAD stops the process with exit code 2" $?
-echo "$out" | grep -q "METALOAD='Meta' is not valid: accepted values are 'meta'.*'off'"; check "the message names the variable, the value and the accepted values" $?
+echo "$out" | grep -q "METALOAD='Meta' is not valid: accepted values are 'meta'.*'off', empty or unset"; check "the message names the variable, the value and the accepted values" $?
 echo "$out" | grep -q "device="; [ $? != 0 ]; check "nothing of the program ran" $?
 rm -f /tmp/env_test_err.$$
 exit $fail

@@ -85,6 +85,31 @@ TEST(OpenCheckpoint, RevisionOnALocalPathIsAnError) {
   EXPECT_NE(std::string(e.what()).find("revision \"main\""), std::string::npos);
 }
 
+// A NUL would end the path where the system calls read it (opening another file) and the message
+// where torch and Python read it: refused, and shown escaped.
+TEST(OpenCheckpoint, AReferenceWithANulIsRefusedAndShownEscaped) {
+  TempDir dir;
+  write_single(dir / "model.safetensors", {"w"});
+  const std::string ref = dir.path() + std::string(1, '\0') + "/elsewhere";
+  auto e = expect_error<ResolveError>([&] { open_checkpoint(ref); });
+  EXPECT_EQ(e.message(),
+            "checkpoint reference \"" + dir.path() + "\\x00/elsewhere\" contains a NUL byte");
+  auto repo =
+      expect_error<ResolveError>([&] { open_checkpoint(std::string("org/na") + '\0' + "me"); });
+  EXPECT_NE(repo.message().find("\"org/na\\x00me\""), std::string::npos) << repo.message();
+  EXPECT_EQ(repo.message().find('\0'), std::string::npos);
+}
+
+TEST(Messages, FormatErrorsEscapeAndCapTheFileAndTheTensorName) {
+  const FormatError e(std::string("dir") + '\0' + "/a.safetensors", "w\nx", "size-mismatch",
+                      "detail");
+  EXPECT_EQ(e.message(), "dir\\x00/a.safetensors: tensor 'w\\nx': detail (rule size-mismatch)");
+  EXPECT_EQ(e.tensor(), "w\nx");  // the accessors keep it as given
+  const FormatError big("f", std::string(10 << 20, 'n'), "r", "d");
+  EXPECT_LT(big.message().size(), 300u);
+  EXPECT_NE(big.message().find("...' (10485760 bytes): d (rule r)"), std::string::npos);
+}
+
 TEST(OpenCheckpoint, BadFileInsideIsAFormatError) {
   TempDir dir;
   testing::write_file(dir / "model.safetensors", testing::raw_safetensors("{\"a\":3}", 0));

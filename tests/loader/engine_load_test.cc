@@ -17,6 +17,9 @@
 #include <map>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
+#include "base/text.h"
 #include "base/torch_compat.h"
 #include "loader/engine_device.h"
 #include "loader/plan.h"
@@ -237,6 +240,103 @@ TEST_F(LoadTest, OneErrorListsEveryProblemAndChangesNothing) {
   } catch (const MismatchError& e) {
     EXPECT_TRUE(e.unexpected().empty());
     EXPECT_EQ(e.mismatched().size(), 2u);
+  }
+}
+
+// Names in the message are escaped (a NUL would end the message where torch and Python read it;
+// a newline would forge a line) and each kind lists at most 20; the error keeps every name.
+TEST_F(LoadTest, MismatchMessagesEscapeNamesAndListAtMostTwentyOfEachKind) {
+  std::vector<LoadTarget> targets;
+  const std::string forged = std::string("bad") + '\0' + "name\n  missing: forged";
+  targets.push_back({forged, meta({2})});
+  for (int i = 0; i < 100; ++i) targets.push_back({"m" + std::to_string(i), meta({1})});
+  targets.push_back({std::string(10 << 20, 'x'), meta({3})});  // a 10 MB name
+  LoadOptions o = options();
+  o.names = NameMapping{};
+  try {
+    load_tensors(targets, path_, o);
+    FAIL();
+  } catch (const MismatchError& e) {
+    const std::string msg = e.message();
+    EXPECT_EQ(msg.find('\0'), std::string::npos);
+    EXPECT_NE(msg.find("does not fit: 102 missing, 6 unexpected, 0 mismatched"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("\n  missing: bad\\x00name\\n  missing: forged [2]"), std::string::npos)
+        << msg;
+    size_t lines = 0;
+    for (size_t at = 0; (at = msg.find("\n  missing: ", at)) != std::string::npos; ++at) ++lines;
+    EXPECT_EQ(lines, 20u);
+    EXPECT_NE(msg.find("\n  ... and 82 more missing"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 4096u);
+    // Every name, in full and as given.
+    ASSERT_EQ(e.missing().size(), 102u);
+    EXPECT_EQ(e.missing().front(), forged);
+    EXPECT_EQ(e.missing().back().size(), size_t{10} << 20);
+    EXPECT_EQ(e.unexpected().size(), 6u);
+    // The Python package reads them by the message.
+    const std::optional<std::string> json = mismatch_names_json(e.message());
+    ASSERT_TRUE(json.has_value());
+    const nlohmann::json names = nlohmann::json::parse(*json);
+    EXPECT_EQ(names["missing"].size(), 102u);
+    EXPECT_EQ(names["missing"][0].get<std::string>(), forged);
+    EXPECT_FALSE(mismatch_names_json(e.message() + " (another)").has_value());
+  }
+  // A name past kQuoteMaxChars is cut, with its size.
+  std::vector<LoadTarget> one = {{std::string(10 << 20, 'y'), meta({3})}};
+  try {
+    load_tensors(one, path_, o);
+    FAIL();
+  } catch (const MismatchError& e) {
+    EXPECT_NE(e.message().find("missing: " + std::string(kQuoteMaxChars, 'y') +
+                               "... (10485760 bytes) [3]"),
+              std::string::npos);
+    EXPECT_LT(e.message().size(), 2048u);
+  }
+}
+
+// Options a caller can get wrong are typed errors naming the option and the range, before any
+// file is read; sizes are said in the caller's terms.
+TEST_F(LoadTest, ThreadAndStagingOptionsOutOfRangeAreNamedErrors) {
+  for (int threads : {-1, kMaxLoaderThreads + 1}) {
+    Tiny m;
+    LoadOptions o = options();
+    o.threads = threads;
+    try {
+      load(m, path_, o);
+      FAIL() << threads;
+    } catch (const PlanError& e) {
+      EXPECT_EQ(e.message(), "threads must be 0 (one per core) or from 1 to 1024, got " +
+                                 std::to_string(threads));
+    }
+  }
+  Tiny m;
+  LoadOptions o = options();
+  o.threads = 2;
+  o.staging_bytes = 1;  // 0 bytes for each of the 2 readers: the old message said "0 bytes"
+  try {
+    load(m, path_, o);
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_EQ(e.message(),
+              "staging_bytes 1 split among 2 reader threads leaves 0 bytes each, less than one "
+              "4-byte element: staging_bytes must be at least 8");
+  }
+  for (const auto& kv : m.named_parameters()) EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+  o.staging_bytes = 8;  // the smallest that works
+  load(m, path_, o);
+  EXPECT_TRUE(at::equal(m.wte, w("wte.weight")));
+  // The staged engine: the bound is split among its ring buffers.
+  auto sim = make_sim_device_ops();
+  Tiny s;
+  o.staged = sim.get();
+  o.staging_bytes = 3;
+  try {
+    load(s, path_, o);
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_NE(e.message().find("staging_bytes 3 split among 4 ring buffers leaves 0 bytes each"),
+              std::string::npos)
+        << e.message();
   }
 }
 

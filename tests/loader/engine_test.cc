@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/checked.h"
 #include "kernels/convert.h"
 #include "loader/engine.h"
 #include "loader/engine_device.h"
@@ -843,6 +844,43 @@ TEST(TpTest, ImpossibleSlicesAreNamedErrors) {
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {2, 0, 2}, "w"), SliceError);  // no dim 2
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {0, 2, 2}, "w"), SliceError);  // rank 2 of 2
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {0, 0, 0}, "w"), SliceError);  // size 0
+}
+
+TEST(TpTest, SizesPast64BitsAreNamedErrorsNotWrappedNumbers) {
+  // 2^40 x 2^40 x 4 bytes: 2^82, which used to wrap to a small row.
+  try {
+    slice_region({int64_t{1} << 40, int64_t{1} << 40}, 4, 0, {}, "huge\nweight");
+    FAIL();
+  } catch (const SizeOverflowError& e) {
+    EXPECT_EQ(e.message(),
+              "bytes of tensor \"huge\\nweight\": [1099511627776, 1099511627776] x 4 overflows "
+              "(more than 2^64-1)");
+  }
+  EXPECT_THROW(slice_region({int64_t{1} << 40, int64_t{1} << 40}, 4, 0, {0, 1, 2}, "w"),
+               SizeOverflowError);
+  // The data offset plus the bytes must fit too.
+  EXPECT_THROW(slice_region({16}, 4, UINT64_MAX - 8, {}, "w"), SizeOverflowError);
+  TpShard shard;
+  shard.dim = 0;
+  shard.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  shard.ranges = {{0, 1}};
+  EXPECT_THROW(shard_copies({int64_t{1} << 40, int64_t{1} << 40}, 4, 0, shard, "w"),
+               SizeOverflowError);
+}
+
+TEST(SlotLayoutTest, ATotalPast64BitsIsANamedError) {
+  std::vector<SlotRequest> requests(3);
+  for (SlotRequest& r : requests) r.bytes = uint64_t{1} << 62;
+  uint64_t total = 0;
+  EXPECT_EQ(layout_slots({requests[0], requests[1], requests[2]}, &total).size(), 3u);
+  EXPECT_EQ(total, 3 * (uint64_t{1} << 62));
+  requests.push_back(requests[0]);
+  try {
+    layout_slots(requests, &total);
+    FAIL();
+  } catch (const SizeOverflowError& e) {
+    EXPECT_NE(e.message().find("total slot bytes of the load"), std::string::npos) << e.message();
+  }
 }
 
 // Every rank's slice of every dim, for every n dividing it, loaded by both engines (copied and

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/checked.h"
 #include "loader/writer.h"
 #include "model/checkpoint_shapes.h"
 #include "model/dtypes.h"
@@ -176,6 +177,46 @@ TEST(Describe, ModelKeysResolveThroughTheHubCache) {
       [&] { describe_checkpoint(pinned, std::nullopt, std::string("main")); });
   expect_error<ModelKeyError>([] { describe_checkpoint(R"(unknown.Class:{"repo_id": "x"})"); });
   expect_error<ResolveError>([] { describe_checkpoint("openai-community/missing"); });
+}
+
+// Sums over a checkpoint's files past 64 bits are errors naming the sum (they used to wrap, and
+// the size for a dtype was cut to 64 bits). Sparse shards of 2^60 bytes each: only a file system
+// that allows such files (tmpfs) can hold them; elsewhere the test skips.
+TEST(Describe, SumsPast64BitsAreNamedErrors) {
+  struct stat st;
+  if (::stat("/dev/shm", &st) != 0 || !S_ISDIR(st.st_mode)) GTEST_SKIP() << "no /dev/shm";
+  ScopedEnv tmp("TEST_TMPDIR", "/dev/shm");
+  auto write = [](const std::string& dir, int n) {
+    ShardOptions o;
+    o.max_shard_bytes = uint64_t{1} << 60;  // one tensor per shard
+    ShardedSafetensorsWriter w(dir, o);
+    for (int i = 0; i < n; ++i)
+      w.add("t" + std::to_string(i), DType::U8, {int64_t{1} << 60}, nullptr);
+    w.write();
+  };
+  TempDir five;
+  try {
+    write(five.path(), 5);
+  } catch (const FormatError& e) {
+    GTEST_SKIP() << "this file system holds no 2^60-byte sparse files: " << e.what();
+  }
+  // 5 x 2^60 parameters fit; as float32 they are 20 x 2^60 bytes, past 2^64.
+  const CheckpointInfo info = describe_checkpoint(five.path());
+  EXPECT_EQ(info.n_params, 5 * (uint64_t{1} << 60));
+  EXPECT_EQ(info.stored_bytes, 5 * (uint64_t{1} << 60));
+  auto as_f32 = expect_error<SizeOverflowError>(
+      [&] { describe_checkpoint(five.path(), std::string("float32")); });
+  EXPECT_NE(as_f32.message().find("size in bytes of 5764607523034234880 parameters as \"float32\""),
+            std::string::npos)
+      << as_f32.message();
+  EXPECT_EQ(describe_checkpoint(five.path(), std::string("nf4")).size_bytes,
+            5 * (uint64_t{1} << 59));  // 4 bits each: fits
+  // 17 x 2^60 stored bytes: past 2^64.
+  TempDir seventeen;
+  write(seventeen.path(), 17);
+  auto stored = expect_error<SizeOverflowError>([&] { describe_checkpoint(seventeen.path()); });
+  EXPECT_NE(stored.message().find("stored bytes of the checkpoint: "), std::string::npos)
+      << stored.message();
 }
 
 TEST(Describe, BuffersAreRecognisedByNameAndShape) {

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checked.h"
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
 #include "loader/engine_device.h"
@@ -152,6 +153,41 @@ TEST(TransformersModel, SkeletonsOfRealSizesInMilliseconds) {
     EXPECT_EQ(scan.find(w->second.key_path)->device, at::Device("cuda:0")) << name;
   }
   EXPECT_EQ(checked, static_cast<int>(want.size()));
+}
+
+// Byte counts past 64 bits are typed errors naming the quantity: never a total that wrapped
+// (44e9 x 1024 on GPT-2 used to report less than lm_head alone), never torch's "internal error".
+TEST(TransformersModel, ScanSizesPast64BitsAreNamedErrors) {
+  TempDir d;
+  testing::make_dir(d / "gpt2");
+  testing::write_file(d / "gpt2/config.json", builtin_config_json("gpt2"));
+  TransformersModel m(d / "gpt2");
+  try {
+    m.scan(44000000000, 1024);
+    FAIL() << "the total wrapped";
+  } catch (const SizeOverflowError& e) {
+    EXPECT_NE(e.message().find("total output bytes of the scan (163 modules): "), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("overflows (more than 2^64-1)"), std::string::npos);
+  }
+  // Larger: one activation passes torch's own int64 limit (its c10::Error, typed here).
+  try {
+    m.scan(440000000000, 1024);
+    FAIL();
+  } catch (const SizeOverflowError& e) {
+    EXPECT_NE(e.message().find("bytes of an activation in the scan of ids [440000000000, 1024], "
+                               "after module \"transformer.h.0.attn.c_attn\": overflows (more "
+                               "than 2^63-1)"),
+              std::string::npos)
+        << e.message();
+    EXPECT_EQ(e.message().find("Exception raised from"), std::string::npos);
+  }
+  expect_error<SizeOverflowError>([&] { m.scan(INT64_MAX, 2); });
+  // A module's own bytes, checked where they are computed.
+  ModuleShape huge{"lm_head", "Linear", {int64_t{1} << 40, int64_t{1} << 40}, at::kFloat};
+  expect_error<SizeOverflowError>([&] { huge.bytes(); });
+  // The model still scans after the errors.
+  EXPECT_EQ(m.scan(2, 3).logits.sizes(), (at::IntArrayRef{2, 3, 50257}));
 }
 
 TEST(TransformersModel, ScanNeverLoads) {

@@ -122,6 +122,99 @@ def test_mismatch_error_names_missing_unexpected_and_mismatched(tmp_path):
     assert tp.mismatched == ["lm.w"] and tp.missing == tp.unexpected == []
 
 
+def test_names_in_messages_are_escaped_and_lists_capped_but_the_error_keeps_every_name(tmp_path):
+    import pickle
+    # A NUL in a tensor name used to end the message there ("unexpected: w").
+    path = tmp_path / "nul.safetensors"
+    metaload.save_file({"w\x00x": torch.ones(2), "b\nunexpected: forged": torch.ones(1)}, path)
+    with pytest.raises(metaload.MismatchError) as e:
+        metaload.load_into(torch.nn.Linear(2, 1), str(path), progress=False)
+    msg = str(e.value)
+    assert "\n  unexpected: w\\x00x in nul.safetensors" in msg
+    assert "\n  unexpected: b\\nunexpected: forged in nul.safetensors" in msg
+    assert "\x00" not in msg and msg.count("\n  unexpected: ") == 2
+    assert sorted(e.value.unexpected) == ["b\nunexpected: forged", "w\x00x"]  # as given
+    assert e.value.missing == ["weight", "bias"]
+    # 100,000 unexpected tensors: 20 in the message (it was 4 MB), every one in the error.
+    many = {f"t{i:06d}": torch.zeros(1) for i in range(100000)}
+    many["weight"], many["bias"] = torch.zeros(1, 2), torch.zeros(1)
+    path = tmp_path / "many.safetensors"
+    metaload.save_file(many, path)
+    with pytest.raises(metaload.MismatchError) as e:
+        metaload.load_into(torch.nn.Linear(2, 1), str(path), progress=False)
+    msg = str(e.value)
+    assert len(msg) < 4096, len(msg)
+    assert msg.count("\n  unexpected: ") == 20 and "\n  ... and 99980 more unexpected" in msg
+    assert len(e.value.unexpected) == 100000 and e.value.unexpected[-1] == "t099999"
+    assert e.value.missing == [] and e.value.mismatched == []
+    # Pickled, it keeps them all too.
+    again = pickle.loads(pickle.dumps(e.value))
+    assert len(again.unexpected) == 100000 and str(again) == msg
+    # A 10 MB tensor name: the message shows 200 characters of it and its size.
+    path = tmp_path / "long.safetensors"
+    name = "n" * (10 << 20)
+    metaload.save_file({name: torch.ones(1)}, path)
+    with pytest.raises(metaload.MismatchError) as e:
+        metaload.load_into(torch.nn.Linear(2, 1), str(path), progress=False)
+    assert len(str(e.value)) < 2048
+    assert "n" * 200 + "... (10485760 bytes) in long.safetensors" in str(e.value)
+    assert e.value.unexpected == [name]
+
+
+def test_the_python_side_quotes_and_caps_names_as_the_library_does(tmp_path):
+    path = tmp_path / "one.safetensors"
+    metaload.save_file({"w": torch.ones(1)}, path)
+    name = "x\x00" + "n" * (1 << 20)
+    with metaload.safe_open(str(path), framework="pt") as f:
+        with pytest.raises(KeyError) as e:
+            f.get_tensor(name)
+    text = e.value.args[0]  # (str() of a KeyError is the repr of its message)
+    assert "'x\\x00" in text and "\x00" not in text and "(1048578 characters)" in text
+    assert len(text) < 600
+    with pytest.raises(ValueError) as e:
+        metaload.checkpoint.parse_size("9" * 100000 + "XB")
+    assert len(str(e.value)) < 400
+
+
+def test_a_nul_in_a_reference_or_repo_id_is_shown_escaped(tmp_path):
+    for ref in (str(tmp_path) + "\x00/elsewhere", "org/na\x00me"):
+        with pytest.raises(metaload.ResolveError) as e:
+            metaload.load_into(torch.nn.Linear(2, 1), ref, progress=False)
+        assert "\\x00" in str(e.value) and "\x00" not in str(e.value), str(e.value)
+    # A NUL used to cut the path short: the model was built from the directory before it.
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_embd": 8, "n_head": 2, '
+                                          '"n_layer": 1, "n_positions": 8, "vocab_size": 16}')
+    from metaload.model import TransformersModel
+    with pytest.raises(metaload.ResolveError, match=r"contains a NUL byte") as e:
+        TransformersModel(str(tmp_path) + "\x00/elsewhere")
+    assert "\\x00/elsewhere" in str(e.value)
+
+
+def test_load_into_arguments_out_of_range_are_typed_errors_naming_them(tmp_path):
+    path = tmp_path / "lin.safetensors"
+    metaload.save_file(torch.nn.Linear(4, 3).state_dict(), path)
+    cases = [
+        (dict(threads=-1), "threads must be 0 (one per core) or from 1 to 1024, got -1"),
+        (dict(threads=2 ** 40), "threads must be 0 (one per core) or from 1 to 1024, got 1099511627776"),
+        (dict(staging_bytes=-1), "staging_bytes must be 0 (the default, 64 MiB) or a positive "
+                                 "number of bytes, got -1"),
+        (dict(staging_bytes=1, threads=2), "staging_bytes 1 split among 2 reader threads leaves 0 "
+                                           "bytes each, less than one 4-byte element: "
+                                           "staging_bytes must be at least 8"),
+        (dict(tp_size=2 ** 32 + 1), "tp_size must be from 1 to 2^31-1, got 4294967297"),
+        (dict(tp_rank=-1), "tp_rank must be from 0 to tp_size - 1 (0), got -1"),
+    ]
+    for kwargs, message in cases:
+        model = torch.nn.Linear(4, 3).to("meta")
+        with pytest.raises(metaload.PlanError) as e:
+            metaload.load_into(model, str(path), progress=False, **kwargs)
+        assert str(e.value) == message, kwargs
+        assert all(t.is_meta for t in model.state_dict().values())
+    model = torch.nn.Linear(4, 3).to("meta")
+    metaload.load_into(model, str(path), progress=False, staging_bytes=8, threads=2)
+    assert not model.weight.is_meta
+
+
 # ---------------------------------------------------------------------------------------------
 # load_into(strict=False)
 

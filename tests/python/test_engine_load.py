@@ -64,8 +64,12 @@ def test_mismatch_lists_everything_and_changes_nothing(resnet):
     with pytest.raises(MismatchError) as e:
         load_into(model, path, progress=False)
     msg = str(e.value)
-    assert "missing" in msg and "unexpected: layer1.0.conv3.weight" in msg
-    assert "mismatched: fc.weight: shape [1000, 512] in the module" in msg
+    assert "0 missing, 198 unexpected, 24 mismatched" in msg
+    assert "unexpected: layer1.0.conv3.weight" in msg
+    # The message shows 20 of each kind; the error's lists hold them all.
+    assert "\n  ... and 178 more unexpected" in msg and "\n  ... and 4 more mismatched" in msg
+    assert len(e.value.unexpected) == 198 and len(e.value.mismatched) == 24
+    assert "fc.weight" in e.value.mismatched and "layer4.2.conv3.weight" in e.value.unexpected
     assert all(p.is_meta for p in model.parameters())
 
 

@@ -1,5 +1,7 @@
 """The environment route from Python: LD_PRELOAD=libmetaload.so METALOAD=meta python program.py."""
-from conftest import run_python
+import os
+
+from conftest import ROOT, run_python
 
 VIT = """
 import torch, torchvision
@@ -25,6 +27,29 @@ def test_off_or_unset_has_no_effect():
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == ["real", "86567656", "False"], env
         assert r.stderr == "", r.stderr
+
+
+def test_empty_is_unset_as_the_readme_says():
+    # A shell's `METALOAD= prog`, a Dockerfile's `ENV METALOAD=`: switched off, not a bad value.
+    r = run_python(VIT + "\nimport metaload\nprint(torch.ops.metaload.mode_key_registered())",
+                   env={"METALOAD": "", "METALOAD_REPORT": ""}, preload=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["real", "86567656", "False"]
+    assert r.stderr == "", r.stderr
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    said = " ".join(readme.split())
+    assert ("`METALOAD=off`, an empty `METALOAD=` or no `METALOAD` at all has no effect; any other "
+            "value stops the process") in said
+    assert "`METALOAD_REPORT=1` prints one summary line on exit; `0`, empty or unset prints none" \
+        in said
+
+
+def test_a_bad_value_is_shown_escaped_on_one_line():
+    r = run_python("print('the program ran')", env={"METALOAD": "me\nta\x7f"}, preload=True)
+    assert r.returncode == 2 and "the program ran" not in r.stdout
+    assert r.stderr.strip() == ("metaload: METALOAD='me\\nta\\x7f' is not valid: accepted values "
+                                "are 'meta' (build every tensor on the meta device) and 'off', "
+                                "empty or unset (no effect)"), r.stderr
 
 
 def test_invalid_value_stops_the_process_at_start():

@@ -9,6 +9,7 @@ small reader below. So the whole chain is checked: writer, layout, names, loader
 import json
 import math
 import os
+import re
 import struct
 
 import pytest
@@ -262,3 +263,27 @@ def test_errors_are_typed_and_leave_the_model_meta(tmp_path):
     assert model.scan(batch=1, seq=2).modules[""].shape == (1, 2, 256)
     with pytest.raises(_lib.error_class("ModelError"), match="need.* values|pass real ids"):
         model.generate(torch.zeros(1, 2, dtype=torch.long, device="meta"), 2)
+
+
+def test_sizes_past_64_bits_and_arguments_out_of_range_are_typed(tmp_path):
+    from conftest import ROOT
+    d = tmp_path / "gpt2"
+    d.mkdir()
+    with open(os.path.join(ROOT, "model", "families", "configs", "gpt2.json")) as f:
+        (d / "config.json").write_text(f.read())
+    model = TransformersModel(str(d))
+    # The total used to wrap (44e9 x 1024 reported less than lm_head alone).
+    with pytest.raises(metaload.SizeOverflowError, match=r"total output bytes of the scan"):
+        model.scan(batch=44_000_000_000, seq=1024)
+    # Larger: torch's own limit, typed (it was a RuntimeError with a C++ backtrace).
+    with pytest.raises(metaload.SizeOverflowError, match=r"activation .* overflows") as e:
+        model.scan(batch=440_000_000_000, seq=1024)
+    assert "Exception raised from" not in str(e.value)
+    assert model.scan(batch=2, seq=3).modules[""].shape == (2, 3, 50257)
+    # Python ints past C++ int are errors naming the argument, not wrapped.
+    for kwargs, message in [(dict(threads=2 ** 32), "threads must be 0 (one per core) or from 1 "
+                                                    "to 1024, got 4294967296"),
+                            (dict(threads=-1), "threads must be 0"),
+                            (dict(tp_size=2 ** 32 + 2), "tp_size must be from 1 to 2^31-1")]:
+        with pytest.raises(metaload.ModelError, match=re.escape(message)):
+            TransformersModel(str(d), **kwargs)

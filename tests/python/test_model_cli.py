@@ -151,6 +151,75 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                        "mismatched:")
 
 
+def test_numbers_are_read_exactly_with_ranges_in_words(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0
+    # Never clamped: 99999999999999999999 used to become 2^63-1 silently.
+    line = expect_usage_error(cli("scan", d, "--batch", "99999999999999999999", "--seq", "1"),
+                              "--batch")
+    assert line.endswith("--batch: '99999999999999999999' is out of range: a whole number from 1 "
+                         "to 2^63-1 (see metaload scan --help)"), line
+    # The range in words, not 300 digits of a double.
+    line = expect_usage_error(cli("scan", d, "--batch", "0", "--seq", "1"), "--batch")
+    assert "'0' is out of range: a whole number from 1 to 2^63-1" in line and len(line) < 200
+    for text in ("1.5", "0x10", "1e3", ""):
+        expect_usage_error(cli("scan", d, "--batch", text, "--seq", "1"),
+                           "is not a whole number from 1 to 2^63-1")
+    # Decimal: 010 is ten (CLI11 alone reads it as octal eight).
+    r = cli("scan", d, "--batch", "010", "--seq", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["batch"] == 10
+    expect_usage_error(cli("scan", d, "--seq", "4", "--depth", "-2"), "--depth",
+                       "from 0 to 2^31-1")
+    expect_usage_error(cli("run", d, "--ids", "1", "--threads", "5000"), "--threads",
+                       "'5000' is out of range: a whole number from 0 to 1024")
+    expect_usage_error(cli("run", d, "--ids", "1", "--new-tokens", "99999999999999999999"),
+                       "--new-tokens", "from 0 to 2^31-1")
+    expect_usage_error(cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", "--seed",
+                           "18446744073709551616", tmp_path / "s"), "--seed",
+                       "from 0 to 2^64-1")
+    expect_usage_error(cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny",
+                           "--shards", "0", tmp_path / "s"), "--shards", "from 1 to 100000")
+    expect_usage_error(cli("tp", d, "--want", "0"), "--want", "from 1 to 2^31-1")
+
+
+def test_id_lists_are_parsed_one_way(tmp_path):
+    d = tmp_path / "ckpt"
+    assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0
+    # Every separator separates: a trailing one leaves an empty sequence or item, as a doubled one
+    # does ("1,2;" was accepted while "1;;2" was not).
+    for ids, where in (("1,2;", "sequence 2 is empty"), ("1;;2", "sequence 2 is empty"),
+                       ("1,,2", "item 2 is empty"), ("1,2,", "item 3 is empty"),
+                       (";", "sequence 1 is empty")):
+        expect_usage_error(cli("run", d, "--ids", ids, "--new-tokens", "1"), "--ids", where)
+    # Too large is out of range, not "not a non-negative integer".
+    expect_usage_error(cli("run", d, "--ids", "1,99999999999999999999", "--new-tokens", "1"),
+                       "--ids: token id '99999999999999999999' is out of range: a whole number "
+                       "from 0 to 2^63-1")
+    expect_usage_error(cli("run", d, "--ids", "-1", "--new-tokens", "1"),
+                       "'-1' is not a token id (a whole number from 0 to 2^63-1)")
+    r = cli("run", d, "--ids", " 1, 2 ;3,4 ", "--new-tokens", "1", "--json")  # spaces are fine
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 2
+    expect_usage_error(cli("demo", "--data", tmp_path / "data", "--prompt", "1,2;3"), "--prompt",
+                       "takes one sequence")
+
+
+def test_scan_sizes_past_64_bits_are_one_line_errors(tmp_path):
+    from conftest import ROOT
+    d = tmp_path / "gpt2"
+    d.mkdir()
+    with open(os.path.join(ROOT, "model", "families", "configs", "gpt2.json")) as f:
+        (d / "config.json").write_text(f.read())
+    # The total wrapped: less than lm_head alone.
+    line = expect_usage_error(cli("scan", d, "--batch", "44000000000", "--seq", "1024"),
+                              "SizeOverflowError", "total output bytes of the scan")
+    # Larger: an "internal error" with a 4.6 KB C++ backtrace before.
+    line = expect_usage_error(cli("scan", d, "--batch", "440000000000", "--seq", "1024"),
+                              "SizeOverflowError", "[440000000000, 1024]")
+    assert len(line) < 500 and "Exception raised from" not in line
+
+
 def test_the_library_is_loaded_only_for_torch_subcommands(tmp_path):
     d = tmp_path / "ckpt"
     assert cli("make-checkpoint", "--arch", "gpt2", "--config", "gpt2-tiny", d).returncode == 0

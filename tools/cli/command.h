@@ -4,6 +4,7 @@
 // live in libmetaload.so (tools/cli/torch/), which the tool loads only for them.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +54,24 @@ int parse_and_run(CLI::App& app, const std::map<const CLI::App*, std::function<i
 
 // `s` on one line (newlines become spaces), for one-line error messages.
 std::string one_line(std::string s);
+
+// Numbers (tools/cli/numbers.cc), read the same way by every subcommand: decimal digits only,
+// never clamped, ranges said in words.
+// "a whole number from 1 to 2^63-1".
+std::string range_words(int64_t lo, int64_t hi);
+// Accepts a whole number in [lo, hi] and hands CLI11 its canonical digits (so "010" is ten, not
+// CLI11's octal eight): add it with ->transform(), not ->check(), which discards the rewrite.
+// Anything else is a parse error (exit 2) that names the option, the value and the range.
+CLI::Validator whole_number(int64_t lo, int64_t hi);
+// Accepts a whole number in [0, 2^64-1] (seeds).
+CLI::Validator whole_number_u64();
+// Token ids "1,2,3" (several: sequences of one length separated by ';', "1,2;3,4"), each a whole
+// number from 0 to 2^63-1; every separator separates (an empty item or sequence is an error,
+// trailing separators included). Returns "" and fills *rows, or says what is wrong.
+std::string parse_token_ids(const std::string& text, bool several,
+                            std::vector<std::vector<int64_t>>* rows);
+// parse_token_ids as a validator: bad ids are a parse error naming the option.
+CLI::Validator token_ids(bool several);
 
 // Output helpers shared by the subcommands.
 std::string with_commas(uint64_t n);        // 1234567 -> "1,234,567"

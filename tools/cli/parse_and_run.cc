@@ -36,7 +36,11 @@ int parse_and_run(CLI::App& app, const std::map<const CLI::App*, std::function<i
     std::cerr << "metaload " << chosen->get_name() << ": error: " << one_line(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "metaload " << chosen->get_name() << ": internal error: " << one_line(e.what())
+    // torch's errors carry a C++ backtrace of several KB after their message: one line without.
+    std::string what = e.what();
+    what = what.substr(0, what.find("Exception raised from"));
+    if (what.size() > 2000) what = what.substr(0, 2000) + "...";
+    std::cerr << "metaload " << chosen->get_name() << ": internal error: " << one_line(what)
               << "\n";
     return 1;
   }

@@ -85,7 +85,8 @@ int run(const Options& o) {
 std::function<int()> setup_tp(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("ref", o->ref, "checkpoint reference, model key, or config.json")->required();
-  o->want_opt = sub.add_option("--want", o->want, "the smallest working degree >= N");
+  o->want_opt = sub.add_option("--want", o->want, "the smallest working degree >= N")
+                    ->transform(whole_number(1, INT_MAX));
   o->revision_opt =
       sub.add_option("--revision", o->revision, "branch, tag or commit hash of an HF repo id");
   sub.add_flag("--expert-parallel", o->expert_parallel,

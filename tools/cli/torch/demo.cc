@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "loader/engine.h"
 #include "loader/hf_cache.h"
 #include "model/describe.h"
 #include "model/fixtures.h"
@@ -52,22 +53,11 @@ std::string ms(double s) {
 
 int run(const Options& o) {
   const auto t_all = std::chrono::steady_clock::now();
-  std::vector<int64_t> prompt;  // checked before any work
-  {
-    std::stringstream ss(o.prompt);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      size_t used = 0;
-      try {
-        prompt.push_back(std::stoll(item, &used));
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != item.size() || prompt.back() < 0)
-        throw UsageError(fmt::format("--prompt: '{}' is not a token id", item));
-    }
-  }
-  if (prompt.empty()) throw UsageError("--prompt: no token ids");
+  std::vector<std::vector<int64_t>> prompt_rows;  // checked before any work (the default too)
+  if (const std::string bad = parse_token_ids(o.prompt, /*several=*/false, &prompt_rows);
+      !bad.empty())
+    throw UsageError("--prompt: " + bad);
+  const std::vector<int64_t> prompt = std::move(prompt_rows.front());
   std::vector<std::pair<std::string, std::string>> summary;  // step -> what was measured
 
   // The demo's own hub cache: repo ids resolve there (and nowhere else) in this process.
@@ -241,16 +231,19 @@ std::function<int()> setup_demo(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--batch", o->batch, "scan batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->transform(whole_number(1, INT64_MAX));
   sub.add_option("--seq", o->seq, "scan sequence length")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->transform(whole_number(1, INT64_MAX));
   sub.add_option("--new-tokens", o->new_tokens, "tokens to generate")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  sub.add_option("--prompt", o->prompt, "prompt token ids")->capture_default_str();
+      ->transform(whole_number(0, INT_MAX));
+  sub.add_option("--prompt", o->prompt, "prompt token ids")
+      ->capture_default_str()
+      ->check(token_ids(/*several=*/false));
   sub.add_option("--device", o->device, "dispatch device")->capture_default_str();
-  sub.add_option("--threads", o->threads, "loader threads (default: the cores)");
+  sub.add_option("--threads", o->threads, "loader threads (default: the cores)")
+      ->transform(whole_number(0, kMaxLoaderThreads));
   sub.add_flag("--progress", o->progress,
                "draw the dispatch's progress bar even when stderr is not a terminal");
   return [o] { return run(*o); };

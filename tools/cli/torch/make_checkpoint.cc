@@ -81,8 +81,10 @@ std::function<int()> setup_make_checkpoint(CLI::App& sub) {
   sub.add_option("--dtype", o->dtype, "float32, float16 or bfloat16")->capture_default_str();
   sub.add_option("--shards", o->shards, "N > 1: N shards + model.safetensors.index.json")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
-  sub.add_option("--seed", o->seed, "seed of the weights")->capture_default_str();
+      ->transform(whole_number(1, 100000));
+  sub.add_option("--seed", o->seed, "seed of the weights")
+      ->capture_default_str()
+      ->transform(whole_number_u64());
   sub.add_option("--layout", o->layout,
                  "tensor names: published (as on the hub: GPT-2 without 'transformer.') or "
                  "saved (as save_pretrained writes them)")

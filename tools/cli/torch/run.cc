@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "loader/engine.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
 
@@ -26,36 +27,11 @@ struct Options {
   CLI::Option* revision_opt = nullptr;
 };
 
-// "1,2,3;4,5,6" -> [[1,2,3],[4,5,6]] (sequences of one length).
+// "1,2,3;4,5,6" -> [[1,2,3],[4,5,6]] (sequences of one length; tools/cli/numbers.cc).
 at::Tensor parse_ids(const std::string& text) {
   std::vector<std::vector<int64_t>> rows;
-  std::stringstream seqs(text);
-  std::string seq;
-  while (std::getline(seqs, seq, ';')) {
-    std::vector<int64_t> row;
-    std::stringstream items(seq);
-    std::string item;
-    while (std::getline(items, item, ',')) {
-      const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-      const std::string t = b == std::string::npos ? "" : item.substr(b, e - b + 1);
-      size_t used = 0;
-      int64_t v = -1;
-      try {
-        v = std::stoll(t, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (t.empty() || used != t.size() || v < 0)
-        throw UsageError(fmt::format("--ids: '{}' is not a token id (a non-negative integer)", t));
-      row.push_back(v);
-    }
-    if (row.empty()) throw UsageError("--ids: an empty sequence");
-    if (!rows.empty() && row.size() != rows[0].size())
-      throw UsageError(fmt::format("--ids: sequences of different lengths ({} and {})",
-                                   rows[0].size(), row.size()));
-    rows.push_back(row);
-  }
-  if (rows.empty()) throw UsageError("--ids: no token ids");
+  if (const std::string bad = parse_token_ids(text, /*several=*/true, &rows); !bad.empty())
+    throw UsageError("--ids: " + bad);
   at::Tensor ids = at::empty(
       {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, at::kLong);
   for (size_t i = 0; i < rows.size(); ++i)
@@ -65,8 +41,6 @@ at::Tensor parse_ids(const std::string& text) {
 
 int run(const Options& o) {
   const at::Tensor ids = parse_ids(o.ids);
-  if (o.new_tokens < 0)
-    throw UsageError(fmt::format("--new-tokens must be >= 0, got {}", o.new_tokens));
   ModelOptions mo;
   mo.device = parse_device(o.device, "--device");
   if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
@@ -128,12 +102,15 @@ std::function<int()> setup_run(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
   sub.add_option("--ids", o->ids, "prompt token ids: 1,2,3 (several sequences: 1,2;3,4)")
-      ->required();
-  sub.add_option("--new-tokens", o->new_tokens, "tokens to generate")->capture_default_str();
+      ->required()
+      ->check(token_ids(/*several=*/true));
+  sub.add_option("--new-tokens", o->new_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->transform(whole_number(0, INT_MAX));
   sub.add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
   o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
   sub.add_option("--threads", o->threads, "loader threads (default: the cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(whole_number(0, kMaxLoaderThreads));
   o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
   return [o] { return run(*o); };

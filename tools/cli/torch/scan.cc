@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/text.h"
 #include "model/dtypes.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
@@ -26,10 +27,12 @@ c10::Device parse_device(const std::string& text, const char* option) {
   try {
     c10::Device d(text);
     if (!d.is_cpu() && !d.is_cuda())
-      throw UsageError(fmt::format("{} {}: only cpu and cuda[:N] are supported", option, text));
+      throw UsageError(fmt::format("{} {}: only cpu and cuda[:N] are supported", option,
+                                   quote_text(text, '\'')));
     return d;
   } catch (const c10::Error&) {
-    throw UsageError(fmt::format("{} '{}' is not a device (cpu, cuda, cuda:N)", option, text));
+    throw UsageError(
+        fmt::format("{} {} is not a device (cpu, cuda, cuda:N)", option, quote_text(text, '\'')));
   }
 }
 
@@ -38,8 +41,8 @@ c10::ScalarType parse_model_dtype(const std::string& text, const char* option) {
   if (e.torch_name == "float32") return at::kFloat;
   if (e.torch_name == "float16") return at::kHalf;
   if (e.torch_name == "bfloat16") return at::kBFloat16;
-  throw UsageError(
-      fmt::format("{} {}: a model runs in float32, float16 or bfloat16", option, text));
+  throw UsageError(fmt::format("{} {}: a model runs in float32, float16 or bfloat16", option,
+                               quote_text(text, '\'')));
 }
 
 std::string human_bytes(uint64_t b) {
@@ -192,13 +195,16 @@ std::function<int()> setup_scan(CLI::App& sub) {
   sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
   sub.add_option("--batch", o->batch, "batch size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  sub.add_option("--seq", o->seq, "sequence length")->required()->check(CLI::PositiveNumber);
+      ->transform(whole_number(1, INT64_MAX));
+  sub.add_option("--seq", o->seq, "sequence length")
+      ->required()
+      ->transform(whole_number(1, INT64_MAX));
   sub.add_option("--device", o->device, "the device the scan claims (cpu, cuda:0; no GPU needed)")
       ->capture_default_str();
   o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
   o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
-  sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)");
+  sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)")
+      ->transform(whole_number(0, INT_MAX));
   sub.add_flag("--collapse", o->collapse, "show only the first and last of numbered layers");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
   return [o] { return run(*o); };

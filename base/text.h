@@ -1,0 +1,143 @@
+// User-supplied text (tensor names, paths, repo ids, model keys) in messages: one escaping rule and
+// one cap, used by every message that quotes such text, so that no name can cut a message short
+// (a NUL ends the C string torch and Python read), forge extra lines, or make it megabytes long.
+// Torch-free, header-only.
+//
+//   quote_text("w\0x")          -> "\"w\\x00x\""
+//   quote_text(10 MB name)      -> "\"aaaa...aaa...\" (10485760 bytes)"  (kQuoteMaxChars kept)
+//   capped_list(100000 x)   -> "a, b, ... (20 of them), ... and 99980 more"
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace metaload {
+
+inline constexpr size_t kQuoteMaxChars = 200;  // characters kept of one quoted value
+inline constexpr size_t kListMaxItems = 20;    // items kept of one list in a message
+
+namespace text_detail {
+
+// Length of the valid UTF-8 sequence at s[i] (no overlong forms, surrogates or code points past
+// U+10FFFF), or 0 when the byte there does not start one.
+inline size_t utf8_length(std::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned c = byte(i);
+  if (c < 0x80) return 1;
+  size_t len;
+  unsigned cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2, cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3, cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4, cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i + k) & 0x3F);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+      (cp >= 0xD800 && cp <= 0xDFFF)) {
+    return 0;
+  }
+  return len;
+}
+
+inline void hex_escape(std::string& out, const char* prefix, unsigned value, int digits) {
+  static const char* hex = "0123456789abcdef";
+  out += prefix;
+  for (int d = digits - 1; d >= 0; --d) out += hex[(value >> (4 * d)) & 15];
+}
+
+// Appends the escaped form of at most max_chars characters of s (and `quote`, when not 0, as
+// "\" + quote); true when s was cut.
+inline bool escape_into(std::string& out, std::string_view s, size_t max_chars, char quote) {
+  size_t chars = 0, i = 0;
+  while (i < s.size()) {
+    if (chars++ == max_chars) return true;
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = utf8_length(s, i);
+    if (len == 0) {  // a byte that is not UTF-8: shown, never passed through
+      hex_escape(out, "\\x", c, 2);
+      ++i;
+      continue;
+    }
+    if (len == 1) {
+      if (c == '\\') {
+        out += "\\\\";
+      } else if (quote != 0 && c == static_cast<unsigned char>(quote)) {
+        out += '\\';
+        out += quote;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c < 0x20 || c == 0x7F) {
+        hex_escape(out, "\\x", c, 2);
+      } else {
+        out += static_cast<char>(c);
+      }
+    } else if (len == 2 && c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0) {
+      hex_escape(out, "\\u", static_cast<unsigned char>(s[i + 1]), 4);  // C1 controls
+    } else {
+      out.append(s.substr(i, len));
+    }
+    i += len;
+  }
+  return false;
+}
+
+}  // namespace text_detail
+
+// `s` for a message, without quotes: control characters, backslashes and bytes that are not
+// UTF-8 escaped ("\n", "\x00", "\\", "\u0085"), cut after max_chars characters with "..." and
+// the full size: "abc... (10485760 bytes)".
+inline std::string escape_text(std::string_view s, size_t max_chars = kQuoteMaxChars) {
+  std::string out;
+  if (text_detail::escape_into(out, s, max_chars, /*quote=*/0)) {
+    out += "... (" + std::to_string(s.size()) + " bytes)";
+  }
+  return out;
+}
+
+// escape_text(s) in quotes (double by default, JSON-like; '\'' where a message uses those), with
+// that quote inside escaped too: "\"abc\"", "'abc'", "\"abc...\" (10485760 bytes)".
+inline std::string quote_text(std::string_view s, char quote = '"',
+                              size_t max_chars = kQuoteMaxChars) {
+  std::string out(1, quote);
+  const bool cut = text_detail::escape_into(out, s, max_chars, quote);
+  if (cut) out += "...";
+  out += quote;
+  if (cut) out += " (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+// The words that close a list cut at max_items: "... and 80 more" (empty when nothing was cut).
+inline std::string and_more(size_t total, size_t max_items = kListMaxItems) {
+  return total > max_items ? "... and " + std::to_string(total - max_items) + " more"
+                           : std::string();
+}
+
+// Items (already escaped or quoted by the caller) joined by `sep`, at most max_items of them,
+// then "... and N more".
+inline std::string capped_list(const std::vector<std::string>& items, std::string_view sep = ", ",
+                               size_t max_items = kListMaxItems) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  if (items.size() > max_items) out += std::string(sep) + and_more(items.size(), max_items);
+  return out;
+}
+
+}  // namespace metaload

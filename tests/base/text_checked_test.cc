@@ -1,0 +1,106 @@
+// base/text.h (quoting user-supplied text in messages) and base/checked.h (size arithmetic that
+// never wraps).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "base/checked.h"
+#include "base/text.h"
+
+namespace metaload {
+namespace {
+
+using namespace std::string_literals;
+
+TEST(Text, ANulOrNewlineIsEscapedNeverPassedThrough) {
+  const std::string name = "w\0x"s;
+  EXPECT_EQ(quote_text(name), "\"w\\x00x\"");
+  EXPECT_EQ(escape_text(name), "w\\x00x");
+  // A name cannot forge a line of a message that lists one problem per line.
+  EXPECT_EQ(escape_text("a\n  missing: b"), "a\\n  missing: b");
+  EXPECT_EQ(quote_text("tab\there\r\x7f"), "\"tab\\there\\r\\x7f\"");
+  EXPECT_EQ(quote_text("q\"b\\s"), "\"q\\\"b\\\\s\"");
+  EXPECT_EQ(escape_text("q\"b"), "q\"b");  // unquoted: only quote_text() escapes the quote
+  EXPECT_EQ(quote_text("it's \"x\"", '\''), "'it\\'s \"x\"'");
+}
+
+TEST(Text, Utf8IsKeptAndOtherBytesAreShownAsHex) {
+  EXPECT_EQ(quote_text("caf\xc3\xa9 \xe2\x82\xac"), "\"caf\xc3\xa9 \xe2\x82\xac\"");
+  EXPECT_EQ(quote_text("a\xff"
+                       "b"),
+            "\"a\\xffb\"");
+  EXPECT_EQ(quote_text("\xc0\xaf"), "\"\\xc0\\xaf\"");           // an overlong '/'
+  EXPECT_EQ(quote_text("\xed\xa0\x80"), "\"\\xed\\xa0\\x80\"");  // a surrogate
+  EXPECT_EQ(quote_text("\xc2\x85"), "\"\\u0085\"");              // a C1 control (NEL)
+}
+
+TEST(Text, LongValuesAreCutAtACharacterWithTheirSize) {
+  const std::string big(10 << 20, 'a');
+  const std::string q = quote_text(big);
+  EXPECT_EQ(q, "\"" + std::string(kQuoteMaxChars, 'a') + "...\" (10485760 bytes)");
+  EXPECT_EQ(escape_text(big, 3), "aaa... (10485760 bytes)");
+  EXPECT_EQ(quote_text(std::string(kQuoteMaxChars, 'b')),
+            "\"" + std::string(kQuoteMaxChars, 'b') + "\"");
+  // Multi-byte characters count as one and are never split.
+  std::string euros;
+  for (int i = 0; i < 5; ++i) euros += "\xe2\x82\xac";
+  EXPECT_EQ(quote_text(euros, '"', 2), "\"\xe2\x82\xac\xe2\x82\xac...\" (15 bytes)");
+}
+
+TEST(Text, ListsKeepTheFirstItemsAndSayHowManyMore) {
+  std::vector<std::string> items;
+  for (int i = 0; i < 100000; ++i) items.push_back("t" + std::to_string(i));
+  const std::string s = capped_list(items);
+  EXPECT_EQ(s.rfind("t0, t1, ", 0), 0u);
+  EXPECT_NE(s.find("t19, ... and 99980 more"), std::string::npos);
+  EXPECT_EQ(s.find("t20"), std::string::npos);
+  EXPECT_LT(s.size(), 300u);
+  EXPECT_EQ(capped_list({"a", "b"}), "a, b");
+  EXPECT_EQ(and_more(20), "");
+  EXPECT_EQ(and_more(21), "... and 1 more");
+}
+
+TEST(Checked, ProductsAndSumsThatFitAreExact) {
+  EXPECT_EQ(checked_mul<uint64_t>(1ull << 32, (1ull << 32) - 1, "x"),
+            (1ull << 32) * ((1ull << 32) - 1));
+  EXPECT_EQ(checked_add<uint64_t>(std::numeric_limits<uint64_t>::max() - 1, 1, "x"),
+            std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(checked_product<uint64_t>({2, 3, 4}, 4, "x"), 96u);
+  EXPECT_EQ(checked_product<uint64_t>({}, 2, "x"), 2u);
+  EXPECT_EQ(product_or_none<uint64_t>({0, -1}), std::nullopt);
+  EXPECT_EQ(mul_or_none<int64_t>(std::numeric_limits<int64_t>::max(), 2), std::nullopt);
+}
+
+TEST(Checked, AnOverflowNamesTheQuantityAndItsOperands) {
+  try {
+    checked_add<uint64_t>(std::numeric_limits<uint64_t>::max(), 2,
+                          "total output bytes of the scan");
+    FAIL() << "no error";
+  } catch (const SizeOverflowError& e) {
+    EXPECT_STREQ(e.kind(), "SizeOverflowError");
+    EXPECT_EQ(e.message(),
+              "total output bytes of the scan: 18446744073709551615 + 2 overflows (more than "
+              "2^64-1)");
+  }
+  try {
+    checked_product<uint64_t>({44000000000, 1024, 50257, 1000}, 4, "bytes of \"lm_head\"");
+    FAIL() << "no error";
+  } catch (const SizeOverflowError& e) {
+    EXPECT_EQ(e.message(),
+              "bytes of \"lm_head\": [44000000000, 1024, 50257, 1000] x 4 overflows (more than "
+              "2^64-1)");
+  }
+  try {
+    checked_mul<int64_t>(int64_t{1} << 40, int64_t{1} << 30, "n_inner");
+    FAIL() << "no error";
+  } catch (const SizeOverflowError& e) {
+    EXPECT_NE(e.message().find("overflows (more than 2^63-1)"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(checked_product<uint64_t>({2, -3}, 1, "x"), SizeOverflowError);
+}
+
+}  // namespace
+}  // namespace metaload
