@@ -12,7 +12,7 @@ package is a thin layer over torch.ops.metaload.
 from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
                    FamilyError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
-                   ResolveError, ScanError, ShapeError, ShardError, SliceError, SwapError, TPError,
+                   RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SliceError, SwapError, TPError,
                    UnknownOpError, UsageError, VerifyError, build_info, error_class, library_path,
                    load)
 from ._fake import fake, is_fake
@@ -78,6 +78,7 @@ __all__ = [
     "ModulePathError",
     "PlanError",
     "ReadError",
+    "RepoIdError",
     "ResolveError",
     "ScanError",
     "ShapeError",

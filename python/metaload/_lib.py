@@ -188,6 +188,17 @@ class ModelKeyError(Error):
     """A malformed model key (model/model_key.h)."""
 
 
+class RepoIdError(ModelKeyError):
+    """A model key whose repo_id the key policy refuses: not a Hugging Face Hub repo id, and local
+    paths were not allowed (model/model_key.h). `.rule` is the rule broken ("repo-id-parent-dir",
+    ...)."""
+
+    @property
+    def rule(self):
+        m = re.search(r"\(rule ([A-Za-z0-9_-]+)\)\s*$", str(self))
+        return m.group(1) if m else None
+
+
 class TPError(Error):
     """A tensor-parallel degree the model cannot be split into (model/tp.h)."""
 

@@ -3,6 +3,9 @@
 // module access and captures, model keys, tensor parallelism, and every error path (the model
 // stays meta and usable after a failed dispatch, and a retry works).
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <atomic>
 #include <chrono>
@@ -456,9 +459,68 @@ TEST(TransformersModel, HubCacheAndModelKeys) {
     TransformersModel(
         "metaload.TransformersModel:{\"repo_id\": \"metaload-test/absent\", \"revision\": null}");
   });
-  // A local directory's key names its absolute path.
+  // A local directory's key names its absolute path: not a Hub repo id, so only with local paths
+  // allowed (by the call, or by the options the model was made with).
   TransformersModel local(made.dir);
-  EXPECT_NE(local.to_model_key().find(made.dir), std::string::npos);
+  EXPECT_EQ(expect_error<RepoIdError>([&] { local.to_model_key(); }).rule(),
+            "repo-id-absolute-path");
+  const KeyOptions paths{/*allow_local_paths=*/true};
+  const std::string local_key = local.to_model_key(paths);
+  EXPECT_NE(local_key.find(made.dir), std::string::npos);
+  ModelOptions trusting;
+  trusting.keys = paths;
+  EXPECT_EQ(TransformersModel(made.dir, trusting).to_model_key(), local_key);
+  // Such a key is refused unless its reader opts in too.
+  EXPECT_EQ(expect_error<RepoIdError>([&] { TransformersModel::from_model_key(local_key); }).rule(),
+            "repo-id-absolute-path");
+  expect_error<RepoIdError>([&] { TransformersModel{local_key}; });
+  EXPECT_EQ(TransformersModel::from_model_key(local_key, trusting)->checkpoint(), made.dir);
+  EXPECT_EQ(TransformersModel(local_key, trusting).checkpoint(), made.dir);
+}
+
+// Changes the working directory for a scope.
+class ScopedCwd {
+ public:
+  explicit ScopedCwd(const std::string& dir) {
+    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
+  }
+  ~ScopedCwd() {
+    if (::chdir(old_) != 0) std::abort();
+  }
+
+ private:
+  char old_[PATH_MAX];
+};
+
+TEST(TransformersModel, KeysNameHubReposNeverPaths) {
+  TempDir d;
+  FixtureOptions f;
+  f.config = "gpt2-tiny";
+  make_checkpoint(f, d / "tiny");  // ./tiny once the working directory is d
+  ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
+  ScopedCwd cwd(d.path());
+  const std::string key = R"(metaload.TransformersModel:{"repo_id": "tiny", "revision": null})";
+  // "tiny" is a Hub repo id that the hub cache lacks; the directory ./tiny is never tried.
+  expect_error<ResolveError>([&] { TransformersModel{key}; });
+  expect_error<ResolveError>([&] { TransformersModel::from_model_key(key); });
+  ModelOptions trusting;
+  trusting.keys.allow_local_paths = true;
+  EXPECT_EQ(TransformersModel(key, trusting).checkpoint(), d / "tiny");
+  EXPECT_EQ(TransformersModel::from_model_key(key, trusting)->checkpoint(), d / "tiny");
+  // The issue's hostile keys, through every way a key reaches a model.
+  for (const std::string id : {"/etc/passwd", "../tiny", "org/.."}) {
+    SCOPED_TRACE(id);
+    const std::string bad = std::string(kTransformersModel) + ":" +
+                            python_json_dumps(nlohmann::ordered_json{{"repo_id", id}});
+    expect_error<RepoIdError>([&] { TransformersModel{bad}; });
+    expect_error<RepoIdError>([&] { TransformersModel::from_model_key(bad); });
+    expect_error<RepoIdError>([&] {
+      TransformersModel(ModelKey{kTransformersModel, id, std::nullopt, {}});
+    });
+  }
+  EXPECT_EQ(TransformersModel(ModelKey{kTransformersModel, "./tiny", std::nullopt, {}}, trusting)
+                .checkpoint(),
+            d / "tiny");
 }
 
 TEST(TransformersModel, ConfigAndReferenceErrors) {

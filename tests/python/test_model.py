@@ -231,6 +231,21 @@ def test_model_keys(tmp_path, monkeypatch):
     assert pinned.info["commit"] == made["commit"]
     with pytest.raises(_lib.error_class("ModelKeyError")):
         TransformersModel.from_model_key("metaload.Unknown:{\"repo_id\": \"a/b\"}")
+    # A local checkpoint's key names its directory: only with local paths allowed, both ways.
+    local = TransformersModel(made["dir"], progress=False)
+    with pytest.raises(_lib.error_class("RepoIdError"), match="repo-id-absolute-path"):
+        local.to_model_key()
+    local_key = local.to_model_key(allow_local_paths=True)
+    assert os.path.realpath(made["dir"]) in local_key
+    assert TransformersModel(made["dir"], allow_local_paths=True).to_model_key() == local_key
+    for make in (TransformersModel, TransformersModel.from_model_key):
+        with pytest.raises(_lib.error_class("RepoIdError"), match="repo-id-absolute-path"):
+            make(local_key)
+        assert make(local_key, allow_local_paths=True).info["checkpoint"] == os.path.realpath(made["dir"])
+    for hostile in ["/etc/passwd", "../x", "org/.."]:
+        with pytest.raises(_lib.error_class("RepoIdError")):
+            TransformersModel.from_model_key(metaload.to_model_key(
+                "metaload.TransformersModel", hostile, allow_local_paths=True))
 
 
 def test_errors_are_typed_and_leave_the_model_meta(tmp_path):
