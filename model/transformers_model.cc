@@ -22,6 +22,7 @@
 #include "loader/checkpoint.h"
 #include "loader/hf_cache.h"
 #include "loader/plan.h"
+#include "loader/slots_torch.h"
 #include "model/registry.h"
 
 namespace metaload {
@@ -520,7 +521,20 @@ LoadReport TransformersModel::dispatch_locked() {
   }
   report_ = report;
   dispatched_ = true;
+  if (report.mapped_bytes > 0) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true))
+      tensors.push_back(item.value());
+    for (const auto& item : module_->named_buffers(/*recurse=*/true))
+      tensors.push_back(item.value());
+    for (const auto& m : mappings_of(tensors)) mapped_.push_back(m);
+  }
   return report;
+}
+
+void TransformersModel::check_mapped_locked() const {
+  for (const auto& w : mapped_)
+    if (std::shared_ptr<FileMapping> m = w.lock()) m->check();
 }
 
 at::Tensor TransformersModel::forward(const at::Tensor& ids) {
@@ -529,10 +543,13 @@ at::Tensor TransformersModel::forward(const at::Tensor& ids) {
   if (ids.is_meta() || is_fake(ids)) return scan_locked({ids}, std::nullopt).logits;
   check_runnable("forward");
   dispatch_locked();
+  check_mapped_locked();
   install_observer({});
   RealGuard real;
   at::NoGradGuard no_grad;
-  return module_->forward(ids);
+  at::Tensor logits = module_->forward(ids);
+  check_mapped_locked();  // a file changed during the forward: the logits may mix two versions
+  return logits;
 }
 
 at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
@@ -544,9 +561,12 @@ at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
         "has none): pass real ids");
   check_runnable("generate");
   dispatch_locked();
+  check_mapped_locked();
   install_observer({});
   RealGuard real;
-  return module_->generate(ids, n);
+  at::Tensor out = module_->generate(ids, n);
+  check_mapped_locked();
+  return out;
 }
 
 std::vector<std::string> TransformersModel::module_paths() const {

@@ -30,6 +30,7 @@
 
 #include "base/error.h"
 #include "loader/engine.h"
+#include "loader/file_mapping.h"
 #include "model/families/family.h"
 #include "model/model_key.h"
 
@@ -179,9 +180,13 @@ class TransformersModel {
   std::optional<LoadReport> load_report() const;
 
   // Logits [B, S, vocab] of ids [B, S]. Real ids: dispatches first (once), then a real forward.
-  // Fake or meta ids: a scan (nothing loaded); the logits are fake.
+  // Fake or meta ids: a scan (nothing loaded); the logits are fake. Weights loaded zero-copy are
+  // checked before and after the forward (loader/file_mapping.h): FileChangedError names a file
+  // truncated or written in place since it was mapped, and the model refuses to run from then on
+  // (load it again).
   at::Tensor forward(const at::Tensor& ids);
-  // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n].
+  // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n]. Checks mapped
+  // files as forward does.
   at::Tensor generate(const at::Tensor& ids, int64_t n);
 
   // The module at a dotted path ("" the whole model). ModulePathError lists the closest paths.
@@ -205,6 +210,7 @@ class TransformersModel {
   ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device);
   LoadReport dispatch_locked();
   void check_runnable(const char* what) const;
+  void check_mapped_locked() const;
   [[noreturn]] void throw_unknown_path(const std::string& path, const char* what) const;
 
   ModelOptions options_;
@@ -216,6 +222,9 @@ class TransformersModel {
   mutable std::recursive_mutex mu_;
   bool dispatched_ = false;
   std::optional<LoadReport> report_;
+  // The files the weights map (a zero-copy dispatch), held weakly: a tensor replaced by the user
+  // lets its mapping go.
+  std::vector<std::weak_ptr<FileMapping>> mapped_;
   std::vector<std::weak_ptr<Capture::State>> captures_;
   // Module path -> class name, with the element paths of tuple outputs ("model.rotary_emb.0") as
   // well; built once, under mu_ (the tree never changes).

@@ -144,6 +144,11 @@ class ReadError(LoadError):
     """A checkpoint file could not be read (loader/engine.h)."""
 
 
+class FileChangedError(ReadError):
+    """A file loaded zero-copy was truncated or written in place while tensors map it; the message
+    names it (loader/file_mapping.h)."""
+
+
 class LoadCancelled(LoadError):
     """The load was cancelled (loader/engine.h)."""
 

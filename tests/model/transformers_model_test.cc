@@ -2,6 +2,7 @@
 // loads, dispatch loads into the same Parameter objects once, buffers equal an eager build's,
 // module access and captures, model keys, tensor parallelism, and every error path (the model
 // stays meta and usable after a failed dispatch, and a retry works).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "loader/engine_device.h"
 #include "loader/plan.h"
 #include "loader/safetensors.h"
+#include "loader/slots_torch.h"
 #include "model/fixtures.h"
 #include "model/registry.h"
 #include "model/tp.h"
@@ -400,6 +402,98 @@ TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(seen.back().bytes_done, r.mapped_bytes);
+}
+
+// The zero-copy contract at the model's own check points (loader/file_mapping.h): a hub cache blob
+// that someone truncates or overwrites in place after the dispatch.
+struct MappedGpt2 {
+  MappedGpt2() {
+    FixtureOptions f;
+    f.config = "gpt2-tiny";
+    f.hf_cache = d / "hub";
+    f.repo = "metaload-test/gpt2-tiny";
+    made = make_checkpoint(f);
+    file = made.dir + "/model.safetensors";  // a snapshot link into blobs/
+    // A day old, so that a write in place changes the mtime on any filesystem.
+    struct timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 86400, 0}};
+    ::utimensat(AT_FDCWD, file.c_str(), times, 0);
+  }
+  void overwrite_in_place() const {
+    const int fd = ::open(file.c_str(), O_WRONLY);
+    const std::string junk(4096, '\x7f');
+    EXPECT_EQ(::pwrite(fd, junk.data(), junk.size(), 8192), 4096);
+    ::close(fd);
+  }
+  TempDir d;
+  FixtureResult made;
+  std::string file;
+};
+
+TEST(TransformersModel, ZeroCopyWeightsKeepTheirBytesWhenALeasedFileIsRewrittenInPlace) {
+  MappedGpt2 c;
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  ASSERT_GT(m.load_report()->mapped_bytes, 0u);
+  const auto maps = mappings_of({m.parameter("transformer.h.0.attn.c_attn.weight")});
+  ASSERT_EQ(maps.size(), 1u);
+  if (maps[0]->guard() != MappingGuard::kLease) GTEST_SKIP() << "no read lease here";
+  c.overwrite_in_place();  // waits while the weights are copied
+  EXPECT_EQ(maps[0]->guard(), MappingGuard::kDetached);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  ASSERT_EQ(::truncate(c.file.c_str(), 0), 0);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));  // no SIGBUS: nothing maps the file any more
+}
+
+TEST(TransformersModel, ZeroCopyForwardRefusesWeightsWhoseFileChangedInPlace) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);  // no lease while a writer has it open
+  ASSERT_GE(writer, 0);
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  ASSERT_EQ(mappings_of({m.parameter("transformer.wte.weight")}).at(0)->guard(),
+            MappingGuard::kChecked);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  c.overwrite_in_place();
+  for (int i = 0; i < 2; ++i) {  // and stays refused
+    const FileChangedError e = expect_error<FileChangedError>([&] { m.forward(ids); });
+    EXPECT_NE(std::string(e.what()).find(c.file + ": the file was written in place"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_error<FileChangedError>([&] { m.generate(ids, 2); });
+  ::close(writer);
+}
+
+TEST(TransformersModel, ZeroCopyForwardRefusesWeightsWhoseFileWasTruncated) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);
+  ASSERT_GE(writer, 0);
+  TransformersModel m(c.made.dir);
+  m.dispatch();
+  ASSERT_EQ(::ftruncate(writer, 100), 0);
+  const FileChangedError e =
+      expect_error<FileChangedError>([&] { m.forward(ids_for(m, 1, 5, 3)); });
+  EXPECT_NE(std::string(e.what()).find(c.file + ": the file was truncated to 100 bytes"),
+            std::string::npos)
+      << e.what();
+  ::close(writer);
+}
+
+TEST(TransformersModel, ZeroCopyFilesReplacedByRenameAreFine) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);  // checked, not leased: the harder case
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  // The blob replaced by a new file renamed over it (how huggingface_hub writes).
+  char blob[PATH_MAX];
+  ASSERT_NE(::realpath(c.file.c_str(), blob), nullptr);
+  testing::write_file(std::string(blob) + ".incomplete", std::string(1000, 'z'));
+  ASSERT_EQ(::rename((std::string(blob) + ".incomplete").c_str(), blob), 0);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  ::close(writer);
 }
 
 TEST(TransformersModel, HubCacheAndModelKeys) {
