@@ -279,7 +279,6 @@ ModelKey from_model_key(std::string_view key, const KeyOptions& options) {
     throw ModelKeyError("model key \"repo_id\" is not a non-empty string: " + quote_str(json));
   }
   k.repo_id = repo->get<std::string>();
-  check_key_repo_id(k.repo_id, options, key);
   auto rev = j.find("revision");
   if (rev != j.end() && !rev->is_null()) {
     if (!rev->is_string())
@@ -290,6 +289,8 @@ ModelKey from_model_key(std::string_view key, const KeyOptions& options) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() != "repo_id" && it.key() != "revision") k.extra.emplace_back(it.key(), it.value());
   }
+  // Last: a RepoIdError means the key is otherwise well formed.
+  check_key_repo_id(k.repo_id, options, key);
   return k;
 }
 
