@@ -62,66 +62,6 @@ int64_t HostArena::live_bytes() {
   return g_arena_bytes.load();
 }
 
-namespace {
-std::atomic<int64_t> g_mappings{0};
-}  // namespace
-
-std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t expected_size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ReadError(path + ": cannot open for mapping: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != expected_size) {
-    const int err = errno;
-    ::close(fd);
-    throw ReadError(path + ": the file changed since its header was read (size " +
-                    std::to_string(static_cast<uint64_t>(st.st_size)) + ", expected " +
-                    std::to_string(expected_size) + ")" +
-                    (err ? std::string(": ") + std::strerror(err) : ""));
-  }
-  void* base = expected_size == 0
-                   ? nullptr
-                   : ::mmap(nullptr, expected_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (base == MAP_FAILED) throw ReadError(path + ": cannot map: " + std::strerror(err));
-  return std::shared_ptr<FileMapping>(
-      new FileMapping(path, static_cast<unsigned char*>(base), expected_size));
-}
-
-FileMapping::FileMapping(std::string path, unsigned char* data, uint64_t size)
-    : path_(std::move(path)), data_(data), size_(size) {
-  ++g_mappings;
-}
-
-FileMapping::~FileMapping() {
-  if (data_ != nullptr) ::munmap(data_, size_);
-  --g_mappings;
-}
-
-int64_t FileMapping::live_count() {
-  return g_mappings.load();
-}
-
-void FileMapping::populate(uint64_t offset, uint64_t length) const {
-  if (length == 0) return;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t start = offset / page * page;
-  const uint64_t end = std::min(size_, offset + length);
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-  if (::madvise(data_ + start, end - start, MADV_POPULATE_READ) == 0) return;
-  if (errno != EINVAL) {
-    throw ReadError(path_ + ": reading bytes [" + std::to_string(offset) + ", " +
-                    std::to_string(end) + ") failed: " + std::strerror(errno));
-  }
-  // A kernel without MADV_POPULATE_READ: fault the pages by reading them (a read error is then a
-  // SIGBUS, as with any mapped file).
-  volatile unsigned char sink = 0;
-  for (uint64_t p = start; p < end; p += page) sink ^= data_[p];
-  (void)sink;
-}
-
 bool free_page_reporting_active() {
   static const bool active = [] {
     // Feature bit 5 (VIRTIO_BALLOON_F_REPORTING) of any bound balloon device; the features file

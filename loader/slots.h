@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loader/engine.h"
+#include "loader/file_mapping.h"  // FileMapping: the zero-copy CPU path
 
 namespace metaload {
 
@@ -48,36 +49,6 @@ class HostArena {
   HostArena(unsigned char* base, uint64_t mapped, unsigned char* data, uint64_t size);
   unsigned char* base_;
   uint64_t mapped_;
-  unsigned char* data_;
-  uint64_t size_;
-};
-
-// A checkpoint file mapped copy-on-write (MAP_PRIVATE): the zero-copy CPU path. Tensors point into
-// the mapping; pages come from the page cache without a copy, and a write to a weight copies only
-// its page (the file never changes). The file must not be truncated or rewritten in place while
-// tensors use it (Hugging Face cache blobs and files written by rename never are).
-class FileMapping {
- public:
-  // Throws ReadError naming the file when it cannot be opened or mapped, or when its size is no
-  // longer `expected_size` (it changed since its header was read).
-  static std::shared_ptr<FileMapping> open(const std::string& path, uint64_t expected_size);
-  ~FileMapping();
-  FileMapping(const FileMapping&) = delete;
-  FileMapping& operator=(const FileMapping&) = delete;
-
-  unsigned char* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
-  // Faults [offset, offset + length) in now, so that a read error surfaces here as a ReadError
-  // rather than as SIGBUS later (MADV_POPULATE_READ; older kernels: one read per page).
-  void populate(uint64_t offset, uint64_t length) const;
-
-  static int64_t live_count();
-
- private:
-  FileMapping(std::string path, unsigned char* data, uint64_t size);
-  std::string path_;
   unsigned char* data_;
   uint64_t size_;
 };

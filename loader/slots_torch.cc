@@ -1,12 +1,16 @@
 #include "loader/slots_torch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "base/checked.h"
 #include "base/text.h"
+#include "base/torch_library.h"
 #include "loader/progress.h"
 #include "loader/slots.h"
 #include "loader/swap.h"
@@ -131,6 +135,10 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
     // `out` (and with it every mapping) dies with the throw.
     if (run.error) std::rethrow_exception(run.error);
   }
+  // A file written in place while it was mapped and populated (no lease kept it whole): the
+  // tensors would hold some of both versions.
+  for (const auto& m : maps)
+    if (m) m->check();
   report->bytes += report->mapped_bytes;
   report->slot_bytes += report->mapped_bytes;
   report->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -146,6 +154,24 @@ void place(SpecPlan& p, void* slot, std::vector<CopyJob>& all) {
 }
 
 }  // namespace
+
+std::vector<std::shared_ptr<FileMapping>> mappings_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::shared_ptr<FileMapping>> out;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) continue;
+    const void* p = t.storage().data_ptr().get();
+    if (p == nullptr) continue;
+    std::shared_ptr<FileMapping> m = FileMapping::containing(p);
+    if (m && std::find(out.begin(), out.end(), m) == out.end()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<FileMapping>> check_mapped(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::shared_ptr<FileMapping>> maps = mappings_of(tensors);
+  for (const auto& m : maps) m->check();
+  return maps;
+}
 
 SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
                     at::Device device, const EngineOptions& options, DeviceOps* staged) {
@@ -229,6 +255,22 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
   }
   out.report = run_staged_engine(files, jobs, *ops, options);
   return out;
+}
+
+namespace {
+
+// Python: metaload.check_mapped_files(...) -> [{"path", "guard"}] of the files checked.
+std::string check_mapped_op(at::TensorList tensors) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : check_mapped(tensors.vec()))
+    out.push_back({{"path", m->path()}, {"guard", mapping_guard_name(m->guard())}});
+  return out.dump();
+}
+
+}  // namespace
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def("check_mapped_files(Tensor[] tensors) -> str", &check_mapped_op);
 }
 
 }  // namespace metaload

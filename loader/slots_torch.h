@@ -5,12 +5,14 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "loader/engine.h"
 #include "loader/engine_device.h"
+#include "loader/file_mapping.h"
 #include "loader/tp.h"
 
 namespace metaload {
@@ -41,6 +43,13 @@ struct SlotLoad {
 SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
                     at::Device device, const EngineOptions& options = {},
                     DeviceOps* staged = nullptr);
+
+// The file mappings (file_mapping.h) that `tensors` point into, each once: what a zero-copy load
+// left them on. Tensors elsewhere (copied loads, other devices, meta) have none.
+std::vector<std::shared_ptr<FileMapping>> mappings_of(const std::vector<at::Tensor>& tensors);
+// Checks those mappings (FileMapping::check): FileChangedError names the first file truncated or
+// written in place since it was mapped. Returns them.
+std::vector<std::shared_ptr<FileMapping>> check_mapped(const std::vector<at::Tensor>& tensors);
 
 // FloatFormat of a float32/float16/bfloat16 dtype; false for any other.
 bool float_format_of(at::ScalarType t, FloatFormat* out);

@@ -28,17 +28,19 @@ nlohmann::json config_arg(const std::string& text) {
 }
 
 std::string op_describe(std::string ref, c10::optional<std::string> dtype,
-                        c10::optional<std::string> revision) {
-  return to_json(describe_checkpoint(ref, opt(dtype), opt(revision))).dump();
+                        c10::optional<std::string> revision, bool allow_local_paths) {
+  return to_json(describe_checkpoint(ref, opt(dtype), opt(revision), KeyOptions{allow_local_paths}))
+      .dump();
 }
 
 std::string op_to_model_key(std::string class_path, std::string repo_id,
-                            c10::optional<std::string> revision) {
-  return to_model_key(ModelKey{class_path, repo_id, opt(revision), {}});
+                            c10::optional<std::string> revision, bool allow_local_paths) {
+  return to_model_key(ModelKey{class_path, repo_id, opt(revision), {}},
+                      KeyOptions{allow_local_paths});
 }
 
-std::string op_from_model_key(std::string key) {
-  ModelKey k = from_model_key(key);
+std::string op_from_model_key(std::string key, bool allow_local_paths) {
+  ModelKey k = from_model_key(key, KeyOptions{allow_local_paths});
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   for (const auto& [name, value] : k.extra) extra[name] = value;
   nlohmann::ordered_json out = {
@@ -86,11 +88,16 @@ std::vector<std::string> op_model_classes() {
 }  // namespace metaload
 
 METALOAD_LIBRARY_FRAGMENT(m) {
-  m.def("describe_checkpoint(str ref, str? dtype=None, str? revision=None) -> str",
-        &metaload::op_describe);
-  m.def("to_model_key(str class_path, str repo_id, str? revision=None) -> str",
-        &metaload::op_to_model_key);
-  m.def("from_model_key(str key) -> str", &metaload::op_from_model_key);
+  m.def(
+      "describe_checkpoint(str ref, str? dtype=None, str? revision=None, "
+      "bool allow_local_paths=False) -> str",
+      &metaload::op_describe);
+  m.def(
+      "to_model_key(str class_path, str repo_id, str? revision=None, "
+      "bool allow_local_paths=False) -> str",
+      &metaload::op_to_model_key);
+  m.def("from_model_key(str key, bool allow_local_paths=False) -> str",
+        &metaload::op_from_model_key);
   m.def("max_tp_size(str config_json, bool expert_parallel=False) -> int",
         &metaload::op_max_tp_size);
   m.def("tp_degree_for(str config_json, int n, bool expert_parallel=False) -> int",

@@ -129,7 +129,86 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
   }
 }
 
+constexpr size_t kMaxRepoPart = 96;  // the Hub's limit on a repo name
+
+bool repo_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.';
+}
+
+// The rule the key policy's message ends with, as FormatError's do.
+std::string policy_message(std::string_view repo_id, std::string_view key, const RepoIdProblem& p) {
+  std::string m =
+      key.empty() ? std::string("repo_id ") : "model key " + quote_str(key) + ": repo_id ";
+  return m + quote_str(repo_id) +
+         " is not a Hugging Face Hub repo id (NAME or ORG/NAME): " + p.detail +
+         "; keys name Hub repos, resolved in the local hub cache; to accept keys naming local "
+         "paths, opt in with allow_local_paths (--allow-local-paths) (rule " +
+         p.rule + ")";
+}
+
 }  // namespace
+
+std::optional<RepoIdProblem> hub_repo_id_problem(std::string_view id) {
+  if (id.empty()) return RepoIdProblem{"repo-id-empty", "it is empty"};
+  if (id.front() == '/') return RepoIdProblem{"repo-id-absolute-path", "it is an absolute path"};
+  if (id.find("..") != std::string_view::npos)
+    return RepoIdProblem{"repo-id-parent-dir",
+                         "\"..\" is not allowed (a path would climb out of its directory)"};
+  const size_t slash = id.find('/');
+  if (slash != std::string_view::npos && id.find('/', slash + 1) != std::string_view::npos)
+    return RepoIdProblem{"repo-id-parts", "it has more than one '/'"};
+  if (slash == id.size() - 1) return RepoIdProblem{"repo-id-parts", "the name after '/' is empty"};
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    if (repo_char(c) || c == '/') continue;
+    const std::string what = static_cast<unsigned char>(c) >= 0x80
+                                 ? "a non-ASCII character"
+                                 : "character " + quote_str(std::string_view(&id[i], 1));
+    return RepoIdProblem{"repo-id-character",
+                         what + " at byte " + std::to_string(i) +
+                             " is not allowed (ASCII letters, digits, '-', '_' and '.' are)"};
+  }
+  if (id.find("--") != std::string_view::npos)
+    return RepoIdProblem{
+        "repo-id-double-dash",
+        "\"--\" is not allowed (the hub cache uses it as the '/' of folder names)"};
+  for (std::string_view part :
+       {slash == std::string_view::npos ? id : id.substr(0, slash),
+        slash == std::string_view::npos ? std::string_view() : id.substr(slash + 1)}) {
+    if (part.empty()) continue;
+    if (part.front() == '-' || part.front() == '.' || part.back() == '-' || part.back() == '.')
+      return RepoIdProblem{"repo-id-edge", quote_str(part) + " begins or ends with '-' or '.'"};
+    if (part.size() > kMaxRepoPart)
+      return RepoIdProblem{"repo-id-length", quote_str(part, 40) + " is " +
+                                                 std::to_string(part.size()) +
+                                                 " characters long (at most 96)"};
+  }
+  if (id.size() >= 4 && id.substr(id.size() - 4) == ".git")
+    return RepoIdProblem{"repo-id-git-suffix", "it ends with \".git\""};
+  return std::nullopt;
+}
+
+void check_key_repo_id(std::string_view repo_id, const KeyOptions& options, std::string_view key) {
+  std::optional<RepoIdProblem> p;
+  if (options.allow_local_paths) {
+    if (repo_id.empty()) {
+      p = RepoIdProblem{"repo-id-empty", "it is empty"};
+    } else if (repo_id.find('\0') != std::string_view::npos) {
+      p = RepoIdProblem{"repo-id-nul", "it holds a NUL byte, which no path can"};
+    }
+    if (p) {
+      throw RepoIdError(
+          (key.empty() ? std::string("repo_id ") : "model key " + quote_str(key) + ": repo_id ") +
+              quote_str(repo_id) + " cannot name a local path: " + p->detail + " (rule " + p->rule +
+              ")",
+          std::string(repo_id), p->rule);
+    }
+    return;
+  }
+  p = hub_repo_id_problem(repo_id);
+  if (p) throw RepoIdError(policy_message(repo_id, key, *p), std::string(repo_id), p->rule);
+}
 
 std::string python_json_dumps(const nlohmann::ordered_json& value) {
   std::string out;
@@ -137,13 +216,14 @@ std::string python_json_dumps(const nlohmann::ordered_json& value) {
   return out;
 }
 
-std::string to_model_key(const ModelKey& key) {
+std::string to_model_key(const ModelKey& key, const KeyOptions& options) {
   if (!is_dotted_name(key.class_path)) {
     throw ModelKeyError("class path " + quote_text(key.class_path) +
                         " is not a dotted Python name (e.g. " + kTransformersModel + ")");
   }
   if (key.repo_id.empty()) throw ModelKeyError("empty repo_id");
   if (!valid_utf8(key.repo_id)) throw ModelKeyError("repo_id is not valid UTF-8");
+  check_key_repo_id(key.repo_id, options);
   if (key.revision && !valid_utf8(*key.revision))
     throw ModelKeyError("revision is not valid UTF-8");
   std::string out = key.class_path + ":{\"repo_id\": ";
@@ -173,7 +253,7 @@ std::string to_model_key(const ModelKey& key) {
   return out;
 }
 
-ModelKey from_model_key(std::string_view key) {
+ModelKey from_model_key(std::string_view key, const KeyOptions& options) {
   size_t colon = key.find(':');
   if (colon == std::string_view::npos) {
     throw ModelKeyError("model key " + quote_str(key) +
@@ -217,6 +297,8 @@ ModelKey from_model_key(std::string_view key) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() != "repo_id" && it.key() != "revision") k.extra.emplace_back(it.key(), it.value());
   }
+  // Last: a RepoIdError means the key is otherwise well formed.
+  check_key_repo_id(k.repo_id, options, key);
   return k;
 }
 

@@ -2,6 +2,12 @@
 // exactly as Python's json.dumps writes it (", " and ": " separators, ensure_ascii \uXXXX escapes,
 // keys repo_id then revision), so keys minted here and by nnsight are byte-identical:
 //   metaload.TransformersModel:{"repo_id": "openai-community/gpt2", "revision": null}
+//
+// Keys may come from remote users (an inference server takes them in requests), so a key's repo_id
+// is a Hugging Face Hub repo id and nothing else unless the caller opts in to local paths
+// (KeyOptions::allow_local_paths): "/etc/passwd", "../x" or "org/.." are refused with a
+// RepoIdError naming the key and the rule broken, and a Hub-style id is looked up in the hub
+// cache only, never as a path (not even one relative to the working directory).
 // Torch-free.
 #pragma once
 
@@ -21,6 +27,46 @@ namespace metaload {
 // which.
 METALOAD_DEFINE_ERROR(ModelKeyError, Error);
 
+// A key's repo_id that the key policy refuses. rule() is a stable identifier of the rule broken
+// (the repo-id-* rules of hub_repo_id_problem); the message names the key (or the repo id, when
+// no key text exists yet), the rule and how to opt in to local paths.
+class RepoIdError : public ModelKeyError {
+ public:
+  RepoIdError(const std::string& message, std::string repo_id, std::string rule)
+      : ModelKeyError("RepoIdError", message),
+        repo_id_(std::move(repo_id)),
+        rule_(std::move(rule)) {}
+  const std::string& repo_id() const noexcept { return repo_id_; }
+  const std::string& rule() const noexcept { return rule_; }
+
+ private:
+  std::string repo_id_, rule_;
+};
+
+struct KeyOptions {
+  // Accept a repo_id that is not a Hub repo id: a local path (absolute, relative, with ".."),
+  // resolved as a path first, as TransformersModel(ref) resolves a path it is given. Only a NUL
+  // byte is still refused. For keys the caller itself minted from local checkpoints.
+  bool allow_local_paths = false;
+};
+
+// Why `repo_id` is not a Hugging Face Hub repo id, or nullopt when it is one. The Hub's rules
+// (huggingface_hub's validate_repo_id): "name" or "namespace/name"; letters, digits, '-', '_' and
+// '.'; no "--" or ".."; no part beginning or ending with '-' or '.'; at most 96 characters per
+// part; not ending in ".git". Rules, checked in this order: repo-id-empty, repo-id-absolute-path,
+// repo-id-parent-dir, repo-id-parts, repo-id-character, repo-id-double-dash, repo-id-edge,
+// repo-id-length, repo-id-git-suffix.
+struct RepoIdProblem {
+  std::string rule;
+  std::string detail;  // what is wrong, in words
+};
+std::optional<RepoIdProblem> hub_repo_id_problem(std::string_view repo_id);
+
+// Throws RepoIdError when the policy refuses `repo_id` (with allow_local_paths: only an empty one
+// or one holding a NUL byte, rule repo-id-nul). `key`, when given, is named in the message.
+void check_key_repo_id(std::string_view repo_id, const KeyOptions& options = {},
+                       std::string_view key = {});
+
 struct ModelKey {
   std::string class_path;  // as written in the key (an alias is kept; see canonical_model_class)
   std::string repo_id;
@@ -34,15 +80,15 @@ struct ModelKey {
   }
 };
 
-// Writes the key. Throws ModelKeyError for an empty class path or repo id, or strings that are not
-// valid UTF-8.
-std::string to_model_key(const ModelKey& key);
+// Writes the key. Throws ModelKeyError for an empty class path, strings that are not valid UTF-8,
+// and RepoIdError for a repo id the policy refuses (see KeyOptions).
+std::string to_model_key(const ModelKey& key, const KeyOptions& options = {});
 
 // Parses and validates a key: the class path must be registered (or an alias of a registered
-// class), the JSON an object with a non-empty string repo_id and a string or null revision.
-// Whitespace and key order in the JSON may differ from json.dumps'; to_model_key writes the
-// canonical form.
-ModelKey from_model_key(std::string_view key);
+// class), the JSON an object with a string repo_id the policy accepts (RepoIdError otherwise; see
+// KeyOptions) and a string or null revision. Whitespace and key order in the JSON may differ from
+// json.dumps'; to_model_key writes the canonical form.
+ModelKey from_model_key(std::string_view key, const KeyOptions& options = {});
 
 // The value as Python's json.dumps(value) writes it with default arguments.
 std::string python_json_dumps(const nlohmann::ordered_json& value);

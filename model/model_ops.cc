@@ -58,8 +58,10 @@ struct ModelHolder : torch::CustomClassHolder {
 c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::string> revision,
                                            std::string device, c10::optional<std::string> dtype,
                                            int64_t tp_rank, int64_t tp_size, int64_t threads,
-                                           bool dispatch, bool progress_bar, int64_t progress_id) {
+                                           bool dispatch, bool progress_bar, int64_t progress_id,
+                                           bool allow_local_paths) {
   ModelOptions o;
+  o.keys.allow_local_paths = allow_local_paths;
   o.device = at::Device(device);
   if (dtype) o.dtype = scalar_type_named(*dtype);
   if (revision) o.revision = *revision;
@@ -179,7 +181,11 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       .def(torch::init(&make_model))
       .def("info", &info)
       .def("to_model_key",
-           [](const c10::intrusive_ptr<ModelHolder>& self) { return self->model->to_model_key(); })
+           [](const c10::intrusive_ptr<ModelHolder>& self, c10::optional<bool> allow_local_paths) {
+             // None: the key policy the model was made with.
+             return allow_local_paths ? self->model->to_model_key(KeyOptions{*allow_local_paths})
+                                      : self->model->to_model_key();
+           })
       .def("dispatched",
            [](const c10::intrusive_ptr<ModelHolder>& self) { return self->model->dispatched(); })
       .def("dispatch",

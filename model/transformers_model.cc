@@ -26,6 +26,7 @@
 #include "loader/file_io.h"
 #include "loader/hf_cache.h"
 #include "loader/plan.h"
+#include "loader/slots_torch.h"
 #include "model/registry.h"
 
 namespace metaload {
@@ -214,9 +215,7 @@ std::string key_target(const ModelKey& key, std::optional<std::string>& revision
 }
 
 std::shared_ptr<TransformersModel> factory(const ModelKey& key, const ModelOptions& options) {
-  ModelOptions o = options;
-  const std::string target = key_target(key, o.revision);
-  return std::make_shared<TransformersModel>(target, o);
+  return std::make_shared<TransformersModel>(key, options);
 }
 
 [[maybe_unused]] const bool kFactoryRegistered = [] {
@@ -226,30 +225,56 @@ std::shared_ptr<TransformersModel> factory(const ModelKey& key, const ModelOptio
 
 }  // namespace
 
+namespace {
+
+void check_options(const ModelOptions& o) {
+  if (o.tp_size < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_size)
+    throw ModelError(
+        fmt::format("tensor-parallel rank {} of {} does not exist", o.tp_rank, o.tp_size));
+  if (o.threads < 0 || o.threads > kMaxLoaderThreads)
+    throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
+                                 kMaxLoaderThreads, o.threads));
+}
+
+}  // namespace
+
 TransformersModel::TransformersModel(const std::string& ref, ModelOptions options)
     : options_(std::move(options)), reference_(ref) {
   const auto t0 = std::chrono::steady_clock::now();
   options_.device = normalized(options_.device);
-  if (options_.tp_size < 1 || options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
-    throw ModelError(fmt::format("tensor-parallel rank {} of {} does not exist", options_.tp_rank,
-                                 options_.tp_size));
-  if (options_.threads < 0 || options_.threads > kMaxLoaderThreads)
-    throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
-                                 kMaxLoaderThreads, options_.threads));
+  check_options(options_);
   if (ref.empty()) throw ResolveError("empty model reference");
   // stat() and realpath() would read the path only up to a NUL: refuse rather than build another.
   if (ref.find('\0') != std::string::npos)
     throw ResolveError("model reference " + quote_text(ref) + " contains a NUL byte");
-
-  std::string target = ref;
-  std::optional<std::string> revision = options_.revision;
   struct stat st;
-  bool exists = ::stat(target.c_str(), &st) == 0;
-  if (!exists && ref.find(':') != std::string::npos) {
+  if (::stat(ref.c_str(), &st) != 0 && ref.find(':') != std::string::npos) {
     // A model key: its repo id (and revision) name the checkpoint.
-    target = key_target(metaload::from_model_key(ref), revision);
-    exists = ::stat(target.c_str(), &st) == 0;
+    std::optional<std::string> revision = options_.revision;
+    const std::string target = key_target(metaload::from_model_key(ref, options_.keys), revision);
+    init(target, revision, /*from_key=*/true, t0);
+  } else {
+    init(ref, options_.revision, /*from_key=*/false, t0);
   }
+}
+
+TransformersModel::TransformersModel(const ModelKey& key, ModelOptions options)
+    : options_(std::move(options)) {
+  const auto t0 = std::chrono::steady_clock::now();
+  options_.device = normalized(options_.device);
+  check_options(options_);
+  reference_ = metaload::to_model_key(key, options_.keys);  // checks the key's repo id
+  std::optional<std::string> revision = options_.revision;
+  const std::string target = key_target(key, revision);
+  init(target, revision, /*from_key=*/true, t0);
+}
+
+void TransformersModel::init(const std::string& target, std::optional<std::string> revision,
+                             bool from_key, std::chrono::steady_clock::time_point t0) {
+  struct stat st;
+  // A key names a Hub repo, never a path (not even one relative to the working directory),
+  // unless the caller allows keys to name local paths.
+  bool exists = (!from_key || options_.keys.allow_local_paths) && ::stat(target.c_str(), &st) == 0;
   revision_ = revision;
   std::string dir;
   if (exists) {
@@ -317,7 +342,7 @@ TransformersModel::~TransformersModel() {
 
 std::shared_ptr<TransformersModel> TransformersModel::from_model_key(std::string_view key,
                                                                      ModelOptions options) {
-  const ModelKey parsed = metaload::from_model_key(key);
+  const ModelKey parsed = metaload::from_model_key(key, options.keys);
   const std::string canonical = canonical_model_class(parsed.class_path);
   const auto make = model_factory<ModelFactory>(canonical);
   if (!make)
@@ -327,11 +352,15 @@ std::shared_ptr<TransformersModel> TransformersModel::from_model_key(std::string
 }
 
 std::string TransformersModel::to_model_key() const {
+  return to_model_key(options_.keys);
+}
+
+std::string TransformersModel::to_model_key(const KeyOptions& keys) const {
   if (load_ref_.empty())
     throw ModelError(
         fmt::format("{} was built from a module: it has no repo id for a key", reference_));
   return metaload::to_model_key(
-      ModelKey{kTransformersModel, repo_id_ ? *repo_id_ : load_ref_, revision_, {}});
+      ModelKey{kTransformersModel, repo_id_ ? *repo_id_ : load_ref_, revision_, {}}, keys);
 }
 
 bool TransformersModel::dispatched() const {
@@ -532,7 +561,20 @@ LoadReport TransformersModel::dispatch_locked() {
   }
   report_ = report;
   dispatched_ = true;
+  if (report.mapped_bytes > 0) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true))
+      tensors.push_back(item.value());
+    for (const auto& item : module_->named_buffers(/*recurse=*/true))
+      tensors.push_back(item.value());
+    for (const auto& m : mappings_of(tensors)) mapped_.push_back(m);
+  }
   return report;
+}
+
+void TransformersModel::check_mapped_locked() const {
+  for (const auto& w : mapped_)
+    if (std::shared_ptr<FileMapping> m = w.lock()) m->check();
 }
 
 at::Tensor TransformersModel::forward(const at::Tensor& ids) {
@@ -541,10 +583,13 @@ at::Tensor TransformersModel::forward(const at::Tensor& ids) {
   if (ids.is_meta() || is_fake(ids)) return scan_locked({ids}, std::nullopt).logits;
   check_runnable("forward");
   dispatch_locked();
+  check_mapped_locked();
   install_observer({});
   RealGuard real;
   at::NoGradGuard no_grad;
-  return module_->forward(ids);
+  at::Tensor logits = module_->forward(ids);
+  check_mapped_locked();  // a file changed during the forward: the logits may mix two versions
+  return logits;
 }
 
 at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
@@ -556,9 +601,12 @@ at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
         "has none): pass real ids");
   check_runnable("generate");
   dispatch_locked();
+  check_mapped_locked();
   install_observer({});
   RealGuard real;
-  return module_->generate(ids, n);
+  at::Tensor out = module_->generate(ids, n);
+  check_mapped_locked();
+  return out;
 }
 
 std::vector<std::string> TransformersModel::module_paths() const {

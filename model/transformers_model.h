@@ -15,6 +15,7 @@
 // at a time per model.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +30,7 @@
 
 #include "base/error.h"
 #include "loader/engine.h"
+#include "loader/file_mapping.h"
 #include "model/families/family.h"
 #include "model/model_key.h"
 
@@ -59,6 +61,9 @@ struct ModelOptions {
   uint64_t staging_bytes = 0;  // loader staging bound; 0: the engine's default
   // For repo ids: a branch, tag or commit (a model key's own revision wins when they agree).
   std::optional<std::string> revision;
+  // The key policy for a reference that is a model key, and for to_model_key(): by default a
+  // key's repo_id is a Hub repo id resolved in the hub cache only (model_key.h).
+  KeyOptions keys;
   // Load at construction instead of on first use.
   bool dispatch = false;
   // The rest of the loader's knobs: progress callback and bar, hooks, chunk sizes.
@@ -115,12 +120,16 @@ class Capture {
 class TransformersModel {
  public:
   // `ref`: a checkpoint directory (with config.json), a .safetensors / index file, a Hugging Face
-  // repo id in the local hub cache (at options.revision), or a model key "<class>:<json>". Reads
-  // config.json and nothing else (no safetensors header, no weight byte); builds the skeleton.
-  // Throws ResolveError (nothing found), FormatError / ConfigError (bad config.json: unknown
-  // model_type, missing field), ModelKeyError (bad key); with options.dispatch, whatever loading
-  // throws.
+  // repo id in the local hub cache (at options.revision), or a model key "<class>:<json>" (its
+  // repo id under the key policy, options.keys). Reads config.json and nothing else (no
+  // safetensors header, no weight byte); builds the skeleton. Throws ResolveError (nothing
+  // found), FormatError / ConfigError (bad config.json: unknown model_type, missing field),
+  // ModelKeyError (bad key; RepoIdError for a repo id the policy refuses); with
+  // options.dispatch, whatever loading throws.
   explicit TransformersModel(const std::string& ref, ModelOptions options = {});
+  // From a parsed key: its repo id in the hub cache only (a path only with
+  // options.keys.allow_local_paths).
+  explicit TransformersModel(const ModelKey& key, ModelOptions options = {});
   // A ready module (real weights): dispatched from the start; there is nothing to load.
   explicit TransformersModel(std::shared_ptr<CausalLM> module, ModelOptions options = {});
   ~TransformersModel();
@@ -132,9 +141,11 @@ class TransformersModel {
   static std::shared_ptr<TransformersModel> from_model_key(std::string_view key,
                                                            ModelOptions options = {});
   // "metaload.TransformersModel:{"repo_id": ..., "revision": ...}": the repo id of a hub
-  // reference (the absolute directory of a local one), the revision as given (null: unpinned).
-  // ModelError for a model built from a module.
+  // reference, the revision as given (null: unpinned). A local checkpoint's key names its
+  // absolute directory, which the key policy refuses (RepoIdError) unless it allows local paths
+  // (`keys`; by default options().keys). ModelError for a model built from a module.
   std::string to_model_key() const;
+  std::string to_model_key(const KeyOptions& keys) const;
 
   const FamilyConfig& config() const { return module_->config(); }
   CausalLM& module() const { return *module_; }
@@ -169,9 +180,13 @@ class TransformersModel {
   std::optional<LoadReport> load_report() const;
 
   // Logits [B, S, vocab] of ids [B, S]. Real ids: dispatches first (once), then a real forward.
-  // Fake or meta ids: a scan (nothing loaded); the logits are fake.
+  // Fake or meta ids: a scan (nothing loaded); the logits are fake. Weights loaded zero-copy are
+  // checked before and after the forward (loader/file_mapping.h): FileChangedError names a file
+  // truncated or written in place since it was mapped, and the model refuses to run from then on
+  // (load it again).
   at::Tensor forward(const at::Tensor& ids);
-  // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n].
+  // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n]. Checks mapped
+  // files as forward does.
   at::Tensor generate(const at::Tensor& ids, int64_t n);
 
   // The module at a dotted path ("" the whole model). ModulePathError lists the closest paths.
@@ -188,11 +203,14 @@ class TransformersModel {
   Capture capture(const std::string& path);
 
  private:
+  void init(const std::string& target, std::optional<std::string> revision, bool from_key,
+            std::chrono::steady_clock::time_point t0);
   void install_observer(const OutputObserver& extra);
   void deliver(const std::string& path, const at::Tensor& output);
   ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device);
   LoadReport dispatch_locked();
   void check_runnable(const char* what) const;
+  void check_mapped_locked() const;
   [[noreturn]] void throw_unknown_path(const std::string& path, const char* what) const;
 
   ModelOptions options_;
@@ -204,6 +222,9 @@ class TransformersModel {
   mutable std::recursive_mutex mu_;
   bool dispatched_ = false;
   std::optional<LoadReport> report_;
+  // The files the weights map (a zero-copy dispatch), held weakly: a tensor replaced by the user
+  // lets its mapping go.
+  std::vector<std::weak_ptr<FileMapping>> mapped_;
   std::vector<std::weak_ptr<Capture::State>> captures_;
   // Module path -> class name, with the element paths of tuple outputs ("model.rotary_emb.0") as
   // well; built once, under mu_ (the tree never changes).

@@ -10,14 +10,14 @@ The work happens in libmetaload.so (found through METALOAD_LIB or next to this p
 package is a thin layer over torch.ops.metaload.
 """
 from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
-                   FamilyError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
+                   FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
-                   ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError, SliceError,
-                   SwapError, TPError, UnknownOpError, UsageError, VerifyError, build_info,
-                   error_class, library_path, load)
+                   RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
+                   SliceError, SwapError, TPError, UnknownOpError, UsageError, VerifyError,
+                   build_info, error_class, library_path, load)
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
-from ._load import FileReport, LoadReport, load_into
+from ._load import FileReport, LoadReport, check_mapped_files, load_into
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._safetensors import load_file, safe_open, save_file
 from .model import TransformersModel, make_checkpoint
@@ -37,6 +37,7 @@ __all__ = [
     "Scan",
     "TransformersModel",
     "bytes_per_element",
+    "check_mapped_files",
     "checkpoint",
     "describe_checkpoint",
     "fake",
@@ -67,6 +68,7 @@ __all__ = [
     "DeviceError",
     "DTypeError",
     "FamilyError",
+    "FileChangedError",
     "FixtureError",
     "FormatError",
     "LoadCancelled",
@@ -78,6 +80,7 @@ __all__ = [
     "ModulePathError",
     "PlanError",
     "ReadError",
+    "RepoIdError",
     "ResolveError",
     "ScanError",
     "ShapeError",

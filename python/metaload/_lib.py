@@ -162,6 +162,11 @@ class ReadError(LoadError):
     """A checkpoint file could not be read (loader/engine.h)."""
 
 
+class FileChangedError(ReadError):
+    """A file loaded zero-copy was truncated or written in place while tensors map it; the message
+    names it (loader/file_mapping.h)."""
+
+
 class LoadCancelled(LoadError):
     """The load was cancelled (loader/engine.h)."""
 
@@ -205,6 +210,17 @@ class DTypeError(Error):
 
 class ModelKeyError(Error):
     """A malformed model key (model/model_key.h)."""
+
+
+class RepoIdError(ModelKeyError):
+    """A model key whose repo_id the key policy refuses: not a Hugging Face Hub repo id, and local
+    paths were not allowed (model/model_key.h). `.rule` is the rule broken ("repo-id-parent-dir",
+    ...)."""
+
+    @property
+    def rule(self):
+        m = re.search(r"\(rule ([A-Za-z0-9_-]+)\)\s*$", str(self))
+        return m.group(1) if m else None
 
 
 class TPError(Error):

@@ -84,10 +84,11 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     progress: True, a bar on stderr when it is a terminal; False, none; a callable
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
     called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
-    the checkpoint files instead of being copied (no fresh memory; the files must not be rewritten
-    in place while the model lives); default: on for checkpoints in the Hugging Face cache
-    (immutable blobs), off for other files. Returns a LoadReport; nothing changes unless every
-    tensor loaded.
+    the checkpoint files instead of being copied (no fresh memory); default: on for checkpoints in
+    the Hugging Face cache (immutable blobs), off for other files. Mapped files may be deleted or
+    replaced by rename, never truncated or written in place while the module uses them (see
+    check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
+    changes unless every tensor loaded.
     """
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
@@ -118,3 +119,31 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
             args.append(watch.id)
         out = ops.load_into(*args)
     return _report(out, missing, unexpected)
+
+
+def _tensors_of(obj) -> List[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.parameters()) + list(obj.buffers())
+    if hasattr(obj, "named_parameters") and hasattr(obj, "named_buffers"):  # a TransformersModel
+        return list(obj.named_parameters().values()) + list(obj.named_buffers().values())
+    if isinstance(obj, dict):
+        return [t for t in obj.values() if isinstance(t, torch.Tensor)]
+    return [t for t in obj if isinstance(t, torch.Tensor)]
+
+
+@_lib.typed_errors
+def check_mapped_files(obj) -> Dict[str, str]:
+    """Checks the files that `obj`'s tensors map (a zero-copy load_into or dispatch; obj: a module,
+    a TransformersModel, a state dict, a tensor or an iterable of tensors) and returns
+    {path: guard} for each: "lease" (a read lease: a writer or truncate waits while the bytes are
+    copied into private memory, and the weights stay as loaded), "checked" (no lease could be had:
+    this check compares size and mtime) or "detached" (the bytes were copied; the file no longer
+    matters). Raises metaload.FileChangedError naming a file truncated or written in place since
+    it was mapped: its weights can no longer be trusted; load the module again.
+    TransformersModel checks on its own before and after every forward and generate; call this
+    where your own code runs a module loaded zero-copy."""
+    out = _lib.load().check_mapped_files(_tensors_of(obj))
+    return {m["path"]: m["guard"] for m in json.loads(out)}
+

@@ -47,13 +47,16 @@ class CheckpointInfo:
 
 
 @typed_errors
-def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = None) -> CheckpointInfo:
+def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = None, *,
+                        allow_local_paths: bool = False) -> CheckpointInfo:
     """Describes a checkpoint directory/file, an HF repo id in the local cache, or a model key.
 
     dtype: a torch.dtype, a dtype name or a quantization name (see QUANTIZATIONS) to size for;
-    by default the stored bytes are the size.
+    by default the stored bytes are the size. allow_local_paths: a model key may name a local
+    path (by default its repo_id must be a Hub repo id, looked up in the hub cache only).
     """
-    out = json.loads(_ops().describe_checkpoint(str(ref_or_key), _dtype_name(dtype), revision))
+    out = json.loads(_ops().describe_checkpoint(str(ref_or_key), _dtype_name(dtype), revision,
+                                                bool(allow_local_paths)))
     return CheckpointInfo(**out)
 
 
@@ -76,15 +79,20 @@ def _class_path(cls_or_path) -> str:
 
 
 @typed_errors
-def to_model_key(cls_or_path, repo_id: str, revision: Optional[str] = None) -> str:
-    """The model key '<class path>:<json>' exactly as nnsight writes it (json.dumps form)."""
-    return _ops().to_model_key(_class_path(cls_or_path), repo_id, revision)
+def to_model_key(cls_or_path, repo_id: str, revision: Optional[str] = None, *,
+                 allow_local_paths: bool = False) -> str:
+    """The model key '<class path>:<json>' exactly as nnsight writes it (json.dumps form).
+    repo_id must be a Hugging Face Hub repo id (metaload.RepoIdError names the rule broken)
+    unless allow_local_paths=True."""
+    return _ops().to_model_key(_class_path(cls_or_path), repo_id, revision, bool(allow_local_paths))
 
 
 @typed_errors
-def from_model_key(key: str) -> ModelKey:
-    """Parses and checks a model key; the class may be an alias (nnsight's LanguageModel)."""
-    return ModelKey(**json.loads(_ops().from_model_key(key)))
+def from_model_key(key: str, *, allow_local_paths: bool = False) -> ModelKey:
+    """Parses and checks a model key; the class may be an alias (nnsight's LanguageModel).
+    Keys are remote identities: the repo_id must be a Hugging Face Hub repo id ("name" or
+    "org/name"; metaload.RepoIdError names the rule broken) unless allow_local_paths=True."""
+    return ModelKey(**json.loads(_ops().from_model_key(key, bool(allow_local_paths))))
 
 
 @typed_errors

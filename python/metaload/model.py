@@ -67,10 +67,14 @@ class TransformersModel:
     @typed_errors
     def __init__(self, ref: str, *, revision: Optional[str] = None, device="cpu", dtype=None,
                  tp_rank: int = 0, tp_size: int = 1, threads: int = 0, dispatch: bool = False,
-                 progress: _progress.Progress = True, progress_bar: Optional[bool] = None):
+                 progress: _progress.Progress = True, progress_bar: Optional[bool] = None,
+                 allow_local_paths: bool = False):
         """progress: as load_into's (True: a bar on stderr when it is a terminal; False; a
         callable (done_bytes, total_bytes) or a tqdm-like object), for the dispatch, whenever it
-        happens. progress_bar: the old name of progress (deprecated)."""
+        happens. progress_bar: the old name of progress (deprecated).
+        allow_local_paths: a model key `ref` may name a local path; by default a key's repo_id
+        must be a Hugging Face Hub repo id, looked up in the hub cache only (metaload.RepoIdError
+        otherwise). A `ref` that is a path (not a key) is a path either way."""
         _lib.load()
         if progress_bar is not None:
             warnings.warn("TransformersModel(progress_bar=...) is now progress=...",
@@ -85,6 +89,9 @@ class TransformersModel:
             self._progress_id = _progress.Watch.new_id()
         if _progress.supported():
             args.append(self._progress_id)  # a library with progress ids takes one (0: none)
+            args.append(bool(allow_local_paths))
+        elif allow_local_paths:
+            raise _lib.Error(f"{_lib.library_path()} predates allow_local_paths: rebuild it")
         with self._watch(dispatching=dispatch):
             self._m = torch.classes.metaload.TransformersModel(*args)
 
@@ -96,15 +103,18 @@ class TransformersModel:
 
     @classmethod
     def from_model_key(cls, key: str, **placement) -> "TransformersModel":
-        """A model in meta state from '<class>:<json>' (nnsight's class paths are aliases)."""
+        """A model in meta state from '<class>:<json>' (nnsight's class paths are aliases). The
+        key's repo_id must be a Hub repo id unless allow_local_paths=True is among `placement`."""
         if ":" not in key:
             raise _lib.error_class("ModelKeyError")(
                 f"{_lib.quote(key)} is not a model key (CLASS:JSON)")
         return cls(key, **placement)
 
     @typed_errors
-    def to_model_key(self) -> str:
-        return self._m.to_model_key()
+    def to_model_key(self, allow_local_paths: Optional[bool] = None) -> str:
+        """The model's key. A model loaded from a local checkpoint has no Hub repo id: its key
+        names the directory, which needs allow_local_paths (default: as the model was made)."""
+        return self._m.to_model_key(allow_local_paths)
 
     @property
     def info(self) -> Dict[str, Any]:

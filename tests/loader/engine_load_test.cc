@@ -676,11 +676,16 @@ TEST(FileMappingTest, PopulatingPagesPastTheEndIsAReadErrorNotASignal) {
     std::string page(1 << 16, 'x');
     out << page;
   }
+  // A writer holding the file open keeps the kernel from granting a read lease, so the
+  // truncation lands under the mapping instead of waiting for it to detach (file_mapping.h).
+  std::ofstream writer(path, std::ios::binary | std::ios::in | std::ios::out);
   auto map = FileMapping::open(path, 1 << 16);
+  EXPECT_EQ(map->guard(), MappingGuard::kChecked);
   map->populate(0, 1 << 16);
   EXPECT_EQ(map->data()[100], 'x');
   fs::resize_file(path, 4096);  // another process truncates the file under the mapping
   EXPECT_THROW(map->populate(0, 1 << 16), ReadError);
+  EXPECT_THROW(map->check(), FileChangedError);
   EXPECT_THROW(FileMapping::open(path, 1 << 16), ReadError);  // the size no longer matches
   map.reset();
   fs::remove(path);

@@ -2,10 +2,14 @@
 #include "model/describe.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <gtest/gtest.h>
 
 #include "base/checked.h"
+#include "loader/json_util.h"
 #include "loader/writer.h"
 #include "model/checkpoint_shapes.h"
 #include "model/dtypes.h"
@@ -46,6 +50,62 @@ void write_sparse(const std::string& dir, const std::string& config_name, DType 
     w.add(s.name, s.dtype, s.shape, nullptr);
   }
   w.write();
+}
+
+// Changes the working directory for a scope.
+class ScopedCwd {
+ public:
+  explicit ScopedCwd(const std::string& dir) {
+    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
+  }
+  ~ScopedCwd() {
+    if (::chdir(old_) != 0) std::abort();
+  }
+
+ private:
+  char old_[PATH_MAX];
+};
+
+std::string key_of(const std::string& repo_id) {
+  return std::string(kTransformersModel) + ":" +
+         python_json_dumps(nlohmann::ordered_json{{"repo_id", repo_id}, {"revision", nullptr}});
+}
+
+// The keys: describe opened /etc/passwd for a key naming it.
+TEST(Describe, KeysNamingPathsAreRefusedBeforeAnyFileIsRead) {
+  for (const std::string id : {"/etc/passwd", "../x", "org/.."}) {
+    SCOPED_TRACE(id);
+    reset_io_bytes_read();
+    const RepoIdError e = expect_error<RepoIdError>([&] { describe_checkpoint(key_of(id)); });
+    EXPECT_NE(std::string(e.what()).find(quote_str(key_of(id))), std::string::npos);
+    EXPECT_EQ(io_bytes_read(), 0u);
+  }
+  // Opting in restores path resolution: /etc/passwd is then read, and is no checkpoint.
+  expect_error<FormatError>(
+      [&] { describe_checkpoint(key_of("/etc/passwd"), std::nullopt, std::nullopt, {true}); });
+  EXPECT_GT(io_bytes_read(), 0u);
+}
+
+TEST(Describe, KeysAreLookedUpInTheHubCacheNeverInTheWorkingDirectory) {
+  TempDir root;
+  testing::make_dir(root / "tiny");
+  write_sparse(root / "tiny", "gpt2", DType::F32, false, 0);
+  ScopedEnv cache("HF_HUB_CACHE", (root / "hub").c_str());  // holds no "tiny"
+  ScopedCwd cwd(root.path());
+  // "tiny" is a valid Hub repo id; ./tiny is a checkpoint, but a key never names it ...
+  const ResolveError e = expect_error<ResolveError>([&] { describe_checkpoint(key_of("tiny")); });
+  EXPECT_NE(std::string(e.what()).find("hub"), std::string::npos) << e.what();
+  // ... unless the caller opts in to local paths.
+  const CheckpointInfo local =
+      describe_checkpoint(key_of("tiny"), std::nullopt, std::nullopt, {true});
+  EXPECT_EQ(local.n_params, 124439808u);
+  EXPECT_FALSE(local.repo_id);
+  // The same id given as a plain reference is a path, as before.
+  EXPECT_EQ(describe_checkpoint("tiny").n_params, 124439808u);
+  // A hand-built ModelKey is checked too.
+  expect_error<RepoIdError>([] {
+    open_key_checkpoint(ModelKey{kTransformersModel, "../tiny", std::nullopt, {}}, std::nullopt);
+  });
 }
 
 // The configs README's published parameter counts (tied weights counted once).

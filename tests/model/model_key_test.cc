@@ -32,13 +32,15 @@ TEST(ModelKey, JsonSuffixMatchesPythonJsonDumps) {
        R"({"repo_id": "\u65e5\u672c/\u30e2\u30c7\u30eb", "revision": null})"},
       {"emoji\xf0\x9f\x98\x80/x", R"({"repo_id": "emoji\ud83d\ude00/x", "revision": null})"},
   };
+  // Most of these are no Hub repo ids: the encoding is checked with local paths allowed.
+  const KeyOptions any{/*allow_local_paths=*/true};
   for (const auto& c : cases) {
-    std::string key = to_model_key({kTransformersModel, c.repo_id, std::nullopt, {}});
+    std::string key = to_model_key({kTransformersModel, c.repo_id, std::nullopt, {}}, any);
     EXPECT_EQ(key, std::string(kTransformersModel) + ":" + c.expected_json);
-    ModelKey back = from_model_key(key);
+    ModelKey back = from_model_key(key, any);
     EXPECT_EQ(back.repo_id, c.repo_id);
     EXPECT_FALSE(back.revision);
-    EXPECT_EQ(to_model_key(back), key);
+    EXPECT_EQ(to_model_key(back, any), key);
   }
 }
 
@@ -128,6 +130,84 @@ TEST(ModelKey, DeepJsonIsRefusedNotACrash) {
   const std::string w = expect_error<ModelKeyError>([&] { to_model_key(built); }).what();
   EXPECT_NE(w.find("extra field \"task\""), std::string::npos) << w;
   EXPECT_NE(w.find("rule json-too-deep"), std::string::npos) << w;
+}
+
+// Keys come from remote users: a repo_id is a Hub repo id unless the caller opts in to paths.
+struct HostileCase {
+  std::string repo_id;
+  std::string rule;
+};
+
+TEST(ModelKey, RepoIdsThatAreNoHubRepoIdsAreRefusedNamingTheKeyAndTheRule) {
+  const std::vector<HostileCase> cases = {
+      {"/etc/passwd", "repo-id-absolute-path"},
+      {"../x", "repo-id-parent-dir"},
+      {"org/..", "repo-id-parent-dir"},
+      {"..", "repo-id-parent-dir"},
+      {"a..b", "repo-id-parent-dir"},
+      {"a/b/c", "repo-id-parts"},
+      {"org/", "repo-id-parts"},
+      {"./x", "repo-id-edge"},
+      {".", "repo-id-edge"},
+      {"~/x", "repo-id-character"},
+      {"C:\\models\\x", "repo-id-character"},
+      {"a b", "repo-id-character"},
+      {"caf\xc3\xa9", "repo-id-character"},
+      {"a\nb", "repo-id-character"},
+      {"a--b/c", "repo-id-double-dash"},
+      {"-a/b", "repo-id-edge"},
+      {"a/b-", "repo-id-edge"},
+      {"org/.hidden", "repo-id-edge"},
+      {std::string(97, 'x'), "repo-id-length"},
+      {"org/" + std::string(97, 'x'), "repo-id-length"},
+      {"org/name.git", "repo-id-git-suffix"},
+  };
+  for (const HostileCase& c : cases) {
+    SCOPED_TRACE(c.repo_id);
+    ASSERT_TRUE(hub_repo_id_problem(c.repo_id));
+    EXPECT_EQ(hub_repo_id_problem(c.repo_id)->rule, c.rule);
+    const std::string key =
+        std::string(kTransformersModel) + ":" +
+        python_json_dumps(nlohmann::ordered_json{{"repo_id", c.repo_id}, {"revision", nullptr}});
+    const RepoIdError parsed = expect_error<RepoIdError>([&] { from_model_key(key); });
+    EXPECT_EQ(parsed.rule(), c.rule);
+    EXPECT_EQ(parsed.repo_id(), c.repo_id);
+    EXPECT_EQ(std::string(parsed.kind()), "RepoIdError");
+    const std::string msg = parsed.what();
+    EXPECT_NE(msg.find(quote_str(key)), std::string::npos) << msg;           // the key ...
+    EXPECT_NE(msg.find("(rule " + c.rule + ")"), std::string::npos) << msg;  // ... and the rule
+    EXPECT_NE(msg.find("allow_local_paths"), std::string::npos) << msg;      // ... and the way out
+    // A ModelKeyError like any other bad key.
+    expect_error<ModelKeyError>([&] { from_model_key(key); });
+    EXPECT_EQ(expect_error<RepoIdError>([&] {
+                to_model_key({kTransformersModel, c.repo_id, std::nullopt, {}});
+              }).rule(),
+              c.rule);
+    // The caller's own keys may name paths when it opts in.
+    const KeyOptions paths{/*allow_local_paths=*/true};
+    EXPECT_EQ(from_model_key(key, paths).repo_id, c.repo_id);
+    EXPECT_EQ(to_model_key(from_model_key(key, paths), paths), key);
+  }
+}
+
+TEST(ModelKey, HubRepoIdsAreAccepted) {
+  for (const std::string& id : std::vector<std::string>{
+           "gpt2", "openai-community/gpt2", "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B-Instruct",
+           "_private/x_", "a.b/c.d", "a-b_c.d/0", std::string(96, 'x'),
+           "org/" + std::string(96, 'y'), "org/gitlike.gi"}) {
+    SCOPED_TRACE(id);
+    EXPECT_FALSE(hub_repo_id_problem(id));
+    const std::string key = to_model_key({kTransformersModel, id, std::nullopt, {}});
+    EXPECT_EQ(from_model_key(key).repo_id, id);
+  }
+}
+
+TEST(ModelKey, LocalPathsStillCannotHoldNul) {
+  const std::string key = std::string(kTransformersModel) + R"(:{"repo_id": "/tmp/a\u0000b"})";
+  const KeyOptions paths{/*allow_local_paths=*/true};
+  EXPECT_EQ(expect_error<RepoIdError>([&] { from_model_key(key, paths); }).rule(), "repo-id-nul");
+  EXPECT_EQ(expect_error<RepoIdError>([&] { from_model_key(key); }).rule(),
+            "repo-id-absolute-path");
 }
 
 TEST(Registry, NnsightClassesAreAliasesOfTransformersModel) {

@@ -2,8 +2,11 @@
 // loads, dispatch loads into the same Parameter objects once, buffers equal an eager build's,
 // module access and captures, model keys, tensor parallelism, and every error path (the model
 // stays meta and usable after a failed dispatch, and a retry works).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +24,7 @@
 #include "loader/engine_device.h"
 #include "loader/plan.h"
 #include "loader/safetensors.h"
+#include "loader/slots_torch.h"
 #include "model/fixtures.h"
 #include "model/registry.h"
 #include "model/tp.h"
@@ -436,6 +440,98 @@ TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
   EXPECT_EQ(seen.back().bytes_done, r.mapped_bytes);
 }
 
+// The zero-copy contract at the model's own check points (loader/file_mapping.h): a hub cache blob
+// that someone truncates or overwrites in place after the dispatch.
+struct MappedGpt2 {
+  MappedGpt2() {
+    FixtureOptions f;
+    f.config = "gpt2-tiny";
+    f.hf_cache = d / "hub";
+    f.repo = "metaload-test/gpt2-tiny";
+    made = make_checkpoint(f);
+    file = made.dir + "/model.safetensors";  // a snapshot link into blobs/
+    // A day old, so that a write in place changes the mtime on any filesystem.
+    struct timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 86400, 0}};
+    ::utimensat(AT_FDCWD, file.c_str(), times, 0);
+  }
+  void overwrite_in_place() const {
+    const int fd = ::open(file.c_str(), O_WRONLY);
+    const std::string junk(4096, '\x7f');
+    EXPECT_EQ(::pwrite(fd, junk.data(), junk.size(), 8192), 4096);
+    ::close(fd);
+  }
+  TempDir d;
+  FixtureResult made;
+  std::string file;
+};
+
+TEST(TransformersModel, ZeroCopyWeightsKeepTheirBytesWhenALeasedFileIsRewrittenInPlace) {
+  MappedGpt2 c;
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  ASSERT_GT(m.load_report()->mapped_bytes, 0u);
+  const auto maps = mappings_of({m.parameter("transformer.h.0.attn.c_attn.weight")});
+  ASSERT_EQ(maps.size(), 1u);
+  if (maps[0]->guard() != MappingGuard::kLease) GTEST_SKIP() << "no read lease here";
+  c.overwrite_in_place();  // waits while the weights are copied
+  EXPECT_EQ(maps[0]->guard(), MappingGuard::kDetached);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  ASSERT_EQ(::truncate(c.file.c_str(), 0), 0);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));  // no SIGBUS: nothing maps the file any more
+}
+
+TEST(TransformersModel, ZeroCopyForwardRefusesWeightsWhoseFileChangedInPlace) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);  // no lease while a writer has it open
+  ASSERT_GE(writer, 0);
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  ASSERT_EQ(mappings_of({m.parameter("transformer.wte.weight")}).at(0)->guard(),
+            MappingGuard::kChecked);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  c.overwrite_in_place();
+  for (int i = 0; i < 2; ++i) {  // and stays refused
+    const FileChangedError e = expect_error<FileChangedError>([&] { m.forward(ids); });
+    EXPECT_NE(std::string(e.what()).find(c.file + ": the file was written in place"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_error<FileChangedError>([&] { m.generate(ids, 2); });
+  ::close(writer);
+}
+
+TEST(TransformersModel, ZeroCopyForwardRefusesWeightsWhoseFileWasTruncated) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);
+  ASSERT_GE(writer, 0);
+  TransformersModel m(c.made.dir);
+  m.dispatch();
+  ASSERT_EQ(::ftruncate(writer, 100), 0);
+  const FileChangedError e =
+      expect_error<FileChangedError>([&] { m.forward(ids_for(m, 1, 5, 3)); });
+  EXPECT_NE(std::string(e.what()).find(c.file + ": the file was truncated to 100 bytes"),
+            std::string::npos)
+      << e.what();
+  ::close(writer);
+}
+
+TEST(TransformersModel, ZeroCopyFilesReplacedByRenameAreFine) {
+  MappedGpt2 c;
+  const int writer = ::open(c.file.c_str(), O_WRONLY);  // checked, not leased: the harder case
+  TransformersModel m(c.made.dir);
+  const at::Tensor ids = ids_for(m, 1, 5, 3);
+  const at::Tensor before = m.forward(ids);
+  // The blob replaced by a new file renamed over it (how huggingface_hub writes).
+  char blob[PATH_MAX];
+  ASSERT_NE(::realpath(c.file.c_str(), blob), nullptr);
+  testing::write_file(std::string(blob) + ".incomplete", std::string(1000, 'z'));
+  ASSERT_EQ(::rename((std::string(blob) + ".incomplete").c_str(), blob), 0);
+  EXPECT_TRUE(at::equal(m.forward(ids), before));
+  ::close(writer);
+}
+
 TEST(TransformersModel, HubCacheAndModelKeys) {
   TempDir d;
   FixtureOptions f;
@@ -493,9 +589,68 @@ TEST(TransformersModel, HubCacheAndModelKeys) {
     TransformersModel(
         "metaload.TransformersModel:{\"repo_id\": \"metaload-test/absent\", \"revision\": null}");
   });
-  // A local directory's key names its absolute path.
+  // A local directory's key names its absolute path: not a Hub repo id, so only with local paths
+  // allowed (by the call, or by the options the model was made with).
   TransformersModel local(made.dir);
-  EXPECT_NE(local.to_model_key().find(made.dir), std::string::npos);
+  EXPECT_EQ(expect_error<RepoIdError>([&] { local.to_model_key(); }).rule(),
+            "repo-id-absolute-path");
+  const KeyOptions paths{/*allow_local_paths=*/true};
+  const std::string local_key = local.to_model_key(paths);
+  EXPECT_NE(local_key.find(made.dir), std::string::npos);
+  ModelOptions trusting;
+  trusting.keys = paths;
+  EXPECT_EQ(TransformersModel(made.dir, trusting).to_model_key(), local_key);
+  // Such a key is refused unless its reader opts in too.
+  EXPECT_EQ(expect_error<RepoIdError>([&] { TransformersModel::from_model_key(local_key); }).rule(),
+            "repo-id-absolute-path");
+  expect_error<RepoIdError>([&] { TransformersModel{local_key}; });
+  EXPECT_EQ(TransformersModel::from_model_key(local_key, trusting)->checkpoint(), made.dir);
+  EXPECT_EQ(TransformersModel(local_key, trusting).checkpoint(), made.dir);
+}
+
+// Changes the working directory for a scope.
+class ScopedCwd {
+ public:
+  explicit ScopedCwd(const std::string& dir) {
+    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
+  }
+  ~ScopedCwd() {
+    if (::chdir(old_) != 0) std::abort();
+  }
+
+ private:
+  char old_[PATH_MAX];
+};
+
+TEST(TransformersModel, KeysNameHubReposNeverPaths) {
+  TempDir d;
+  FixtureOptions f;
+  f.config = "gpt2-tiny";
+  make_checkpoint(f, d / "tiny");  // ./tiny once the working directory is d
+  ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
+  ScopedCwd cwd(d.path());
+  const std::string key = R"(metaload.TransformersModel:{"repo_id": "tiny", "revision": null})";
+  // "tiny" is a Hub repo id that the hub cache lacks; the directory ./tiny is never tried.
+  expect_error<ResolveError>([&] { TransformersModel{key}; });
+  expect_error<ResolveError>([&] { TransformersModel::from_model_key(key); });
+  ModelOptions trusting;
+  trusting.keys.allow_local_paths = true;
+  EXPECT_EQ(TransformersModel(key, trusting).checkpoint(), d / "tiny");
+  EXPECT_EQ(TransformersModel::from_model_key(key, trusting)->checkpoint(), d / "tiny");
+  // The issue's hostile keys, through every way a key reaches a model.
+  for (const std::string id : {"/etc/passwd", "../tiny", "org/.."}) {
+    SCOPED_TRACE(id);
+    const std::string bad = std::string(kTransformersModel) + ":" +
+                            python_json_dumps(nlohmann::ordered_json{{"repo_id", id}});
+    expect_error<RepoIdError>([&] { TransformersModel{bad}; });
+    expect_error<RepoIdError>([&] { TransformersModel::from_model_key(bad); });
+    expect_error<RepoIdError>([&] {
+      TransformersModel(ModelKey{kTransformersModel, id, std::nullopt, {}});
+    });
+  }
+  EXPECT_EQ(TransformersModel(ModelKey{kTransformersModel, "./tiny", std::nullopt, {}}, trusting)
+                .checkpoint(),
+            d / "tiny");
 }
 
 TEST(TransformersModel, ConfigAndReferenceErrors) {

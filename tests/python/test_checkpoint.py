@@ -207,11 +207,73 @@ def test_nnsight_minted_key_resolves_and_describes(tmp_path, monkeypatch):
     ("emoji😀/x", None),
 ])
 def test_model_key_is_exactly_json_dumps(repo_id, revision):
+    # Most of these are no Hub repo ids: the encoding is checked with local paths allowed.
     expected = "metaload.TransformersModel:" + json.dumps({"repo_id": repo_id, "revision": revision})
-    key = ck.to_model_key("metaload.TransformersModel", repo_id, revision)
+    key = ck.to_model_key("metaload.TransformersModel", repo_id, revision, allow_local_paths=True)
     assert key == expected
-    back = ck.from_model_key(key)
+    back = ck.from_model_key(key, allow_local_paths=True)
     assert (back.repo_id, back.revision) == (repo_id, revision)
+
+
+# The issue's hostile keys and the rest of the Hub's rules.
+HOSTILE_REPO_IDS = [
+    ("/etc/passwd", "repo-id-absolute-path"),
+    ("../x", "repo-id-parent-dir"),
+    ("org/..", "repo-id-parent-dir"),
+    ("a/b/c", "repo-id-parts"),
+    ("./x", "repo-id-edge"),
+    ("a b", "repo-id-character"),
+    ("we\"ird", "repo-id-character"),
+    ("a\u0000b", "repo-id-character"),
+    ("a--b", "repo-id-double-dash"),
+    ("x" * 97, "repo-id-length"),
+    ("org/m.git", "repo-id-git-suffix"),
+]
+
+
+def key_of(repo_id):
+    return "metaload.TransformersModel:" + json.dumps({"repo_id": repo_id, "revision": None})
+
+
+@pytest.mark.parametrize("repo_id,rule", HOSTILE_REPO_IDS)
+def test_keys_are_remote_identities_hub_repo_ids_only(repo_id, rule):
+    key = key_of(repo_id)
+    with pytest.raises(err("RepoIdError")) as e:
+        ck.from_model_key(key)
+    assert e.value.rule == rule and isinstance(e.value, err("ModelKeyError"))
+    assert json.dumps(key)[1:-1][:60] in str(e.value)  # names the key (escaped as JSON) ...
+    assert f"(rule {rule})" in str(e.value) and "allow_local_paths" in str(e.value)
+    with pytest.raises(err("RepoIdError"), match=rule):
+        ck.to_model_key("metaload.TransformersModel", repo_id)
+    with pytest.raises(err("RepoIdError"), match=rule):
+        ck.describe_checkpoint(key)
+    if "\0" not in repo_id:  # no path holds a NUL byte, trusted or not
+        assert ck.from_model_key(key, allow_local_paths=True).repo_id == repo_id
+        assert ck.to_model_key("metaload.TransformersModel", repo_id,
+                               allow_local_paths=True) == key
+    else:
+        with pytest.raises(err("RepoIdError"), match="repo-id-nul"):
+            ck.from_model_key(key, allow_local_paths=True)
+
+
+def test_describe_of_a_key_naming_a_file_reads_it_only_when_allowed():
+    ck.reset_io_bytes_read()
+    with pytest.raises(err("RepoIdError"), match="absolute-path"):
+        ck.describe_checkpoint(key_of("/etc/passwd"))
+    assert ck.io_bytes_read() == 0
+    with pytest.raises(err("FormatError")):  # opened as asked, and no checkpoint
+        ck.describe_checkpoint(key_of("/etc/passwd"), allow_local_paths=True)
+
+
+def test_a_key_never_names_a_directory_in_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "tiny").mkdir()
+    ck.save_safetensors(tmp_path / "tiny" / "model.safetensors", {"w": torch.ones(2)})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(err("ResolveError")):
+        ck.describe_checkpoint(key_of("tiny"))
+    assert ck.describe_checkpoint(key_of("tiny"), allow_local_paths=True).n_params == 2
+    assert ck.describe_checkpoint("tiny").n_params == 2  # a plain reference is a path, as before
 
 
 @pytest.mark.parametrize("key,says", [
@@ -323,6 +385,11 @@ def test_cli_key_and_tp(gpt2_like, tmp_path):
     (["describe", "{gpt2}", "--dtype", "fp5"], "DTypeError"),
     (["key", "not a repo"], "ModelKeyError"),
     (["key", 'x.Y:{"repo_id": "a"}'], "ModelKeyError"),
+    (["key", key_of("/etc/passwd")], "RepoIdError"),
+    (["key", key_of("../x")], "RepoIdError"),
+    (["key", key_of("org/..")], "RepoIdError"),
+    (["describe", key_of("/etc/passwd")], "RepoIdError"),
+    (["tp", key_of("/etc/passwd")], "RepoIdError"),
     (["tp", os.path.join(CONFIGS, "llama-2-70b.json"), "--want", "16"], "TPError"),
     (["describe"], None),
     (["describe", "{gpt2}", "--bogus"], None),
@@ -337,6 +404,20 @@ def test_cli_bad_input_is_exit_2_and_one_line(args, kind, gpt2_like):
     assert lines[0].startswith("metaload")
     if kind:
         assert f"[metaload.{kind}]" in lines[0]
+
+
+def test_cli_key_commands_take_local_paths_only_when_allowed(gpt2_like):
+    key = key_of(str(gpt2_like))
+    r = run_cli("key", key, "--allow-local-paths")
+    assert r.returncode == 0 and r.stdout == key + "\n", r.stderr
+    r = run_cli("key", str(gpt2_like), "--allow-local-paths")
+    assert r.returncode == 0 and r.stdout == key + "\n", r.stderr
+    r = run_cli("describe", key, "--allow-local-paths", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["n_params"] == 408, r.stderr
+    r = run_cli("tp", key, "--allow-local-paths", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["max_tp_size"] == 12, r.stderr
+    r = run_cli("describe", key)
+    assert r.returncode == 2 and "RepoIdError" in r.stderr and "repo-id-absolute-path" in r.stderr
 
 
 def test_cli_bad_checkpoint_names_file_and_rule(tmp_path):

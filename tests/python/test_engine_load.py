@@ -129,3 +129,117 @@ def test_resnet50_zero_copy_same_outputs_and_file_untouched(resnet):
         model.conv1.weight.mul_(2)  # copy-on-write: the checkpoint file never changes
     with open(path, "rb") as f:
         assert f.read() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# The zero-copy contract (README, Reliability; loader/file_mapping.h): a mapped file truncated or
+# overwritten in place, or replaced by rename, after the load.
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import metaload  # noqa: E402
+
+FileChangedError = _lib.error_class("FileChangedError")
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(256, 512)
+        self.b = torch.nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.fixture
+def small(tmp_path):
+    torch.manual_seed(1)
+    ref = Small()
+    path = str(tmp_path / "small.safetensors")
+    save_safetensors(path, ref)
+    day_ago = os.stat(path).st_mtime - 86400  # a write in place then changes the mtime for sure
+    os.utime(path, (day_ago, day_ago))
+    return ref, path
+
+
+def mapped(path):
+    model = Small().to("meta")
+    assert load_into(model, path, progress=False, mmap=True).engine == "cpu+mapped"
+    return model
+
+
+def same(model, ref):
+    return all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                  ref.state_dict().values()))
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite"])
+def test_zero_copy_leased_file_changed_in_place_keeps_the_loaded_weights(small, change):
+    ref, path = small
+    model = mapped(path)
+    guards = metaload.check_mapped_files(model)
+    if guards != {path: "lease"}:
+        pytest.skip(f"no read lease here: {guards}")
+    if change == "truncate":
+        os.truncate(path, 0)  # waits while the weights are copied into private memory
+    else:
+        with open(path, "r+b") as f:
+            f.write(b"\xff" * os.path.getsize(path))
+    assert metaload.check_mapped_files(model) == {path: "detached"}
+    assert same(model, ref)  # every page read: no SIGBUS, no foreign bytes
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite"])
+def test_zero_copy_unleased_file_changed_in_place_is_a_typed_error_naming_it(small, change):
+    ref, path = small
+    with open(path, "r+b") as writer:  # an open writer: the kernel grants no lease
+        model = mapped(path)
+        assert metaload.check_mapped_files(model) == {path: "checked"}
+        assert metaload.check_mapped_files(model.a.weight) == {path: "checked"}
+        if change == "truncate":
+            writer.truncate(100)
+        else:
+            writer.write(b"\xff" * 4096)
+            writer.flush()
+        with pytest.raises(FileChangedError) as e:
+            metaload.check_mapped_files(model)
+    assert isinstance(e.value, _lib.error_class("ReadError"))
+    said = "truncated to 100 bytes" if change == "truncate" else "written in place"
+    assert f"{path}: the file was {said}" in str(e.value)
+
+
+def test_zero_copy_files_replaced_by_rename_are_fine(small):
+    ref, path = small
+    with open(path, "r+b"):  # checked, not leased: the harder case
+        model = mapped(path)
+        with open(path + ".new", "wb") as f:
+            f.write(b"\0" * 1000)
+        os.replace(path + ".new", path)
+        assert metaload.check_mapped_files(model) == {path: "checked"}
+    assert same(model, ref)
+    assert metaload.check_mapped_files(torch.zeros(3)) == {}  # nothing mapped
+
+
+def test_sigbus_on_a_truncated_mapped_file_names_it_before_the_process_ends(small):
+    ref, path = small
+    script = textwrap.dedent(f"""
+        import torch, metaload
+        from test_engine_load import Small
+        f = open({path!r}, "r+b")  # no lease: the truncation lands under the mapping
+        model = Small().to("meta")
+        metaload.load_into(model, {path!r}, progress=False, mmap=True)
+        assert metaload.check_mapped_files(model) == {{{path!r}: "checked"}}
+        f.truncate(0)
+        print(float(model.b.weight.sum()))  # reads a page past the end
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr)
+    assert f"metaload: SIGBUS reading {path} at byte " in r.stderr, r.stderr
+    assert "mapped zero-copy" in r.stderr and r.stdout == ""

@@ -232,6 +232,21 @@ def test_model_keys(tmp_path, monkeypatch):
     assert pinned.info["commit"] == made["commit"]
     with pytest.raises(_lib.error_class("ModelKeyError")):
         TransformersModel.from_model_key("metaload.Unknown:{\"repo_id\": \"a/b\"}")
+    # A local checkpoint's key names its directory: only with local paths allowed, both ways.
+    local = TransformersModel(made["dir"], progress=False)
+    with pytest.raises(_lib.error_class("RepoIdError"), match="repo-id-absolute-path"):
+        local.to_model_key()
+    local_key = local.to_model_key(allow_local_paths=True)
+    assert os.path.realpath(made["dir"]) in local_key
+    assert TransformersModel(made["dir"], allow_local_paths=True).to_model_key() == local_key
+    for make in (TransformersModel, TransformersModel.from_model_key):
+        with pytest.raises(_lib.error_class("RepoIdError"), match="repo-id-absolute-path"):
+            make(local_key)
+        assert make(local_key, allow_local_paths=True).info["checkpoint"] == os.path.realpath(made["dir"])
+    for hostile in ["/etc/passwd", "../x", "org/.."]:
+        with pytest.raises(_lib.error_class("RepoIdError")):
+            TransformersModel.from_model_key(metaload.to_model_key(
+                "metaload.TransformersModel", hostile, allow_local_paths=True))
 
 
 def test_errors_are_typed_and_leave_the_model_meta(tmp_path):
@@ -287,3 +302,41 @@ def test_sizes_past_64_bits_and_arguments_out_of_range_are_typed(tmp_path):
                             (dict(tp_size=2 ** 32 + 2), "tp_size must be from 1 to 2^31-1")]:
         with pytest.raises(metaload.ModelError, match=re.escape(message)):
             TransformersModel(str(d), **kwargs)
+
+
+def mapped_gpt2(tmp_path, name):
+    made = make_checkpoint(config="gpt2-tiny", hf_cache=str(tmp_path / name), repo="org/gpt2-tiny")
+    file = os.path.join(made["dir"], "model.safetensors")  # a link to the blob: mapped by default
+    day_ago = os.stat(file).st_mtime - 86400  # a write in place then changes the mtime for sure
+    os.utime(file, (day_ago, day_ago))
+    return made["dir"], file
+
+
+def test_zero_copy_forward_refuses_weights_whose_file_changed_in_place(tmp_path):
+    # Rewritten in place by a writer that held the file open (so no lease kept it whole): the next
+    # forward raises, naming the file, and so does every one after it.
+    ckpt, file = mapped_gpt2(tmp_path, "hub")
+    ids = torch.tensor([[1, 2, 3]])
+    with open(file, "r+b") as writer:
+        model = TransformersModel(ckpt, progress=False)
+        model(ids)
+        assert metaload.check_mapped_files(model) == {file: "checked"}
+        writer.seek(8192)
+        writer.write(b"\x7f" * 4096)
+        writer.flush()
+        for _ in range(2):
+            with pytest.raises(metaload.FileChangedError, match=f"{file}: the file was written in place"):
+                model(ids)
+
+
+def test_zero_copy_forward_keeps_weights_whose_leased_file_changed_in_place(tmp_path):
+    ckpt, file = mapped_gpt2(tmp_path, "hub")
+    ids = torch.tensor([[1, 2, 3]])
+    model = TransformersModel(ckpt, progress=False)
+    before = model(ids)
+    if metaload.check_mapped_files(model) != {file: "lease"}:
+        pytest.skip("no read lease here")
+    with open(file, "r+b") as f:  # waits while the weights are copied into private memory
+        f.write(b"\x7f" * 100000)
+    assert metaload.check_mapped_files(model) == {file: "detached"}
+    assert torch.equal(model(ids), before)

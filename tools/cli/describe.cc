@@ -11,7 +11,7 @@ namespace {
 
 struct Options {
   std::string ref, dtype, revision;
-  bool json = false;
+  bool json = false, allow_local_paths = false;
   CLI::Option* dtype_opt = nullptr;
   CLI::Option* revision_opt = nullptr;
 };
@@ -45,7 +45,8 @@ int run(const Options& o) {
   std::optional<std::string> dtype, revision;
   if (*o.dtype_opt) dtype = o.dtype;
   if (*o.revision_opt) revision = o.revision;
-  CheckpointInfo info = describe_checkpoint(o.ref, dtype, revision);
+  CheckpointInfo info =
+      describe_checkpoint(o.ref, dtype, revision, KeyOptions{o.allow_local_paths});
   if (o.json) {
     std::cout << to_json(info).dump(2) << "\n";
     return 0;
@@ -83,6 +84,8 @@ std::function<int()> setup_describe(CLI::App& sub) {
   o->revision_opt =
       sub.add_option("--revision", o->revision, "branch, tag or commit hash of an HF repo id");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
+  sub.add_flag("--allow-local-paths", o->allow_local_paths,
+               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
   return [o] { return run(*o); };
 }
 

@@ -15,14 +15,14 @@ namespace {
 
 struct Options {
   std::string ref, revision, class_path = kTransformersModel;
-  bool json = false;
+  bool json = false, allow_local_paths = false;
   CLI::Option* revision_opt = nullptr;
 };
 
 int run(const Options& o) {
   ModelKey key;
   if (o.ref.find(':') != std::string::npos) {
-    key = from_model_key(o.ref);
+    key = from_model_key(o.ref, KeyOptions{o.allow_local_paths});
     if (*o.revision_opt) {
       if (key.revision && *key.revision != o.revision) {
         throw ModelKeyError("the key pins revision " + quote_str(*key.revision) +
@@ -31,7 +31,7 @@ int run(const Options& o) {
       key.revision = o.revision;
     }
   } else {
-    if (!looks_like_repo_id(o.ref)) {
+    if (!o.allow_local_paths && !looks_like_repo_id(o.ref)) {
       throw ModelKeyError(
           quote_str(o.ref) +
           " is neither a Hugging Face repo id (ORG/NAME) nor a model key (CLASS:JSON)");
@@ -40,7 +40,7 @@ int run(const Options& o) {
     key = ModelKey{o.class_path, o.ref, std::nullopt, {}};
     if (*o.revision_opt) key.revision = o.revision;
   }
-  const std::string text = to_model_key(key);
+  const std::string text = to_model_key(key, KeyOptions{o.allow_local_paths});
   if (o.json) {
     nlohmann::json j = {
         {"key", text},
@@ -63,6 +63,8 @@ std::function<int()> setup_key(CLI::App& sub) {
   o->revision_opt = sub.add_option("--revision", o->revision, "pin a branch, tag or commit hash");
   sub.add_option("--class", o->class_path, "wrapper class path of the key")->capture_default_str();
   sub.add_flag("--json", o->json, "print the key and its parts as JSON");
+  sub.add_flag("--allow-local-paths", o->allow_local_paths,
+               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
   return [o] { return run(*o); };
 }
 

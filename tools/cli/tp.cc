@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "loader/checkpoint.h"
+#include "model/describe.h"
 #include "model/model_key.h"
 #include "model/tp.h"
 #include "tools/cli/command.h"
@@ -17,7 +18,7 @@ namespace {
 struct Options {
   std::string ref, revision;
   int64_t want = 0;
-  bool expert_parallel = false, json = false;
+  bool expert_parallel = false, json = false, allow_local_paths = false;
   CLI::Option* want_opt = nullptr;
   CLI::Option* revision_opt = nullptr;
 };
@@ -31,18 +32,20 @@ nlohmann::json load_config(const Options& o) {
   }
   std::optional<std::string> rev;
   if (*o.revision_opt) rev = o.revision;
-  std::string ref = o.ref;
-  if (!exists && ref.find(':') != std::string::npos) {
-    ModelKey k = from_model_key(ref);
-    ref = k.repo_id;
+  Checkpoint c;
+  if (!exists && o.ref.find(':') != std::string::npos) {
+    const KeyOptions keys{o.allow_local_paths};
+    ModelKey k = from_model_key(o.ref, keys);
     if (k.revision) {
       if (rev && *rev != *k.revision)
         throw ResolveError("the key pins revision \"" + *k.revision + "\" but --revision is \"" +
                            *rev + "\"");
       rev = k.revision;
     }
+    c = open_key_checkpoint(k, rev, keys);  // the hub cache only, unless local paths are allowed
+  } else {
+    c = open_checkpoint(o.ref, rev);
   }
-  Checkpoint c = open_checkpoint(ref, rev);
   if (!c.config_path)
     throw ResolveError("checkpoint " + c.dir + " has no config.json: the TP degree depends on it");
   return read_config_json(*c.config_path);
@@ -92,6 +95,8 @@ std::function<int()> setup_tp(CLI::App& sub) {
   sub.add_flag("--expert-parallel", o->expert_parallel,
                "split experts too (expert count joins the gcd)");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
+  sub.add_flag("--allow-local-paths", o->allow_local_paths,
+               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
   return [o] { return run(*o); };
 }
 

@@ -22,7 +22,7 @@ struct Options {
   std::string ref, ids, device = "cpu", dtype, revision;
   int64_t new_tokens = 16;
   int threads = 0;
-  bool json = false;
+  bool json = false, allow_local_paths = false;
   CLI::Option* dtype_opt = nullptr;
   CLI::Option* revision_opt = nullptr;
 };
@@ -46,6 +46,7 @@ int run(const Options& o) {
   if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
   if (*o.revision_opt) mo.revision = o.revision;
   mo.threads = o.threads;
+  mo.keys.allow_local_paths = o.allow_local_paths;
   TransformersModel model(o.ref, mo);
   const LoadReport report = model.dispatch();
   const auto t0 = std::chrono::steady_clock::now();
@@ -113,6 +114,8 @@ std::function<int()> setup_run(CLI::App& sub) {
       ->transform(whole_number(0, kMaxLoaderThreads));
   o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
+  sub.add_flag("--allow-local-paths", o->allow_local_paths,
+               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
   return [o] { return run(*o); };
 }
 

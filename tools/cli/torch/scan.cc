@@ -152,7 +152,7 @@ struct Options {
   std::string ref, device = "cpu", dtype, revision;
   int64_t batch = 1, seq = 0;
   int depth = -1;
-  bool collapse = false, json = false;
+  bool collapse = false, json = false, allow_local_paths = false;
   CLI::Option* dtype_opt = nullptr;
   CLI::Option* revision_opt = nullptr;
 };
@@ -162,6 +162,7 @@ int run(const Options& o) {
   mo.device = parse_device(o.device, "--device");
   if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
   if (*o.revision_opt) mo.revision = o.revision;
+  mo.keys.allow_local_paths = o.allow_local_paths;
   TransformersModel model(o.ref, mo);
   const ModelScan scan = model.scan(o.batch, o.seq);
   if (o.json) {
@@ -207,6 +208,8 @@ std::function<int()> setup_scan(CLI::App& sub) {
       ->transform(whole_number(0, INT_MAX));
   sub.add_flag("--collapse", o->collapse, "show only the first and last of numbered layers");
   sub.add_flag("--json", o->json, "print JSON instead of a table");
+  sub.add_flag("--allow-local-paths", o->allow_local_paths,
+               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
   return [o] { return run(*o); };
 }
 

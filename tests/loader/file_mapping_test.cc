@@ -1,0 +1,274 @@
+// The zero-copy contract (loader/file_mapping.h): what happens to a mapped checkpoint file that is
+// truncated, overwritten in place, replaced by rename or deleted while tensors map it.
+#include "loader/file_mapping.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/loader/test_util.h"
+
+namespace metaload {
+namespace {
+
+using testing::expect_error;
+using testing::TempDir;
+
+constexpr uint64_t kSize = 1 << 20;
+
+// kSize bytes: byte i is i * 7 + salt.
+std::string pattern(int salt) {
+  std::string s(kSize, '\0');
+  for (uint64_t i = 0; i < kSize; ++i) s[i] = static_cast<char>(i * 7 + salt);
+  return s;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  std::fclose(f);
+}
+
+// The file's modification time a day back, so that a write in place changes it even on
+// filesystems with coarse timestamps.
+void age(const std::string& path) {
+  struct timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 86400, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+}
+
+bool holds(const FileMapping& m, const std::string& bytes) {
+  return m.size() == bytes.size() && std::string(reinterpret_cast<const char*>(m.data()),
+                                                 m.size()) == bytes;  // reads every page
+}
+
+std::shared_ptr<FileMapping> map_whole(const std::string& path) {
+  auto m = FileMapping::open(path, kSize);
+  m->populate(0, kSize);
+  return m;
+}
+
+// Where this process gets a read lease (its own file, a local filesystem), a writer waits while
+// the mapping copies its bytes, and the tensors keep what they loaded.
+class LeasedMapping : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_ / "model.safetensors";
+    write_file(path_, pattern(1));
+    map_ = map_whole(path_);
+    if (map_->guard() != MappingGuard::kLease)
+      GTEST_SKIP() << "no read lease on " << dir_.path() << " (filesystem or permissions)";
+  }
+  TempDir dir_;
+  std::string path_;
+  std::shared_ptr<FileMapping> map_;
+};
+
+TEST_F(LeasedMapping, TruncationInPlaceDetachesFirst) {
+  const int64_t detached = FileMapping::detached_count();
+  ASSERT_EQ(::truncate(path_.c_str(), 0), 0);  // waits until the bytes are copied
+  EXPECT_EQ(map_->guard(), MappingGuard::kDetached);
+  EXPECT_EQ(FileMapping::detached_count(), detached + 1);
+  EXPECT_TRUE(holds(*map_, pattern(1)));  // every page readable: no SIGBUS
+  map_->check();
+  struct stat st {};  // and the truncation did happen
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+}
+
+TEST_F(LeasedMapping, OverwriteInPlaceDetachesFirst) {
+  const int fd = ::open(path_.c_str(), O_WRONLY);  // waits until the bytes are copied
+  ASSERT_GE(fd, 0);
+  const std::string other = pattern(2);
+  ASSERT_EQ(::pwrite(fd, other.data(), other.size(), 0), static_cast<ssize_t>(other.size()));
+  ::close(fd);
+  EXPECT_EQ(map_->guard(), MappingGuard::kDetached);
+  EXPECT_TRUE(holds(*map_, pattern(1)));
+  map_->check();
+  // A weight written by the model stays the model's.
+  map_->data()[5] = 42;
+  EXPECT_EQ(map_->data()[5], 42);
+}
+
+TEST_F(LeasedMapping, ReplacementByRenameAndDeletionNeedNothing) {
+  write_file(dir_ / "new", pattern(3));
+  ASSERT_EQ(::rename((dir_ / "new").c_str(), path_.c_str()), 0);
+  EXPECT_EQ(map_->guard(), MappingGuard::kLease);  // the mapped inode was never opened to write
+  map_->check();
+  EXPECT_TRUE(holds(*map_, pattern(1)));
+  ASSERT_EQ(::unlink(path_.c_str()), 0);
+  map_->check();
+  EXPECT_TRUE(holds(*map_, pattern(1)));
+}
+
+TEST_F(LeasedMapping, DetachOnRequestFreesTheFile) {
+  map_->detach();
+  map_->detach();  // idempotent
+  EXPECT_EQ(map_->guard(), MappingGuard::kDetached);
+  ASSERT_EQ(::truncate(path_.c_str(), 10), 0);
+  EXPECT_TRUE(holds(*map_, pattern(1)));
+}
+
+TEST_F(LeasedMapping, AForkedChildChecksWhatItInheritedAndLeasesItsOwnMappings) {
+  const std::string other = dir_ / "other.safetensors";
+  write_file(other, pattern(2));
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The parent's watcher detaches the parent's copy, not this one: the child checks it.
+    if (map_->guard() != MappingGuard::kChecked) std::_Exit(1);
+    auto mine = FileMapping::open(other, kSize);  // starts the child's own watcher
+    if (mine->guard() != MappingGuard::kLease) std::_Exit(2);
+    if (::truncate(other.c_str(), 0) != 0 || mine->guard() != MappingGuard::kDetached)
+      std::_Exit(3);
+    std::_Exit(holds(*mine, pattern(2)) ? 0 : 4);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(map_->guard(), MappingGuard::kLease);  // the parent's own is leased as before
+}
+
+// Without a lease (here: a writer already has the file open, so the kernel refuses one), a change
+// is found by check(), which names the file.
+class CheckedMapping : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_ / "model.safetensors";
+    write_file(path_, pattern(1));
+    age(path_);
+    writer_ = ::open(path_.c_str(), O_WRONLY);
+    ASSERT_GE(writer_, 0);
+    map_ = map_whole(path_);
+    ASSERT_EQ(map_->guard(), MappingGuard::kChecked);
+    map_->check();  // unchanged so far
+  }
+  void TearDown() override {
+    if (writer_ >= 0) ::close(writer_);
+  }
+  TempDir dir_;
+  std::string path_;
+  int writer_ = -1;
+  std::shared_ptr<FileMapping> map_;
+};
+
+TEST_F(CheckedMapping, TruncationInPlaceIsAFileChangedErrorNamingTheFile) {
+  ASSERT_EQ(::ftruncate(writer_, 4096), 0);
+  const FileChangedError e = expect_error<FileChangedError>([&] { map_->check(); });
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find(path_ + ": the file was truncated to 4096 bytes (1048576 when mapped)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("load the model again"), std::string::npos) << msg;
+  expect_error<ReadError>([&] { map_->check(); });  // a ReadError like any other
+  // Faulting pages in past the end is a ReadError too, never a signal.
+  expect_error<ReadError>([&] { map_->populate(0, kSize); });
+  // A changed file cannot be detached as it was.
+  expect_error<FileChangedError>([&] { map_->detach(); });
+}
+
+TEST_F(CheckedMapping, OverwriteInPlaceIsAFileChangedErrorNamingTheFile) {
+  const std::string other = pattern(2);
+  ASSERT_EQ(::pwrite(writer_, other.data(), other.size(), 0), static_cast<ssize_t>(other.size()));
+  const FileChangedError e = expect_error<FileChangedError>([&] { map_->check(); });
+  EXPECT_NE(std::string(e.what()).find(path_ + ": the file was written in place"),
+            std::string::npos)
+      << e.what();
+}
+
+TEST_F(CheckedMapping, ReplacementByRenameAndDeletionAreFine) {
+  write_file(dir_ / "new", pattern(3));
+  ASSERT_EQ(::rename((dir_ / "new").c_str(), path_.c_str()), 0);
+  map_->check();  // the descriptor still names the mapped inode, unchanged
+  EXPECT_TRUE(holds(*map_, pattern(1)));
+  ASSERT_EQ(::unlink(path_.c_str()), 0);
+  map_->check();
+}
+
+TEST(FileMappingTest, ContainingFindsTheMappingOfAnAddress) {
+  TempDir dir;
+  write_file(dir / "a", pattern(1));
+  auto m = FileMapping::open(dir / "a", kSize);
+  EXPECT_EQ(FileMapping::containing(m->data()), m);
+  EXPECT_EQ(FileMapping::containing(m->data() + kSize - 1), m);
+  EXPECT_NE(FileMapping::containing(m->data() + kSize), m);
+  int on_the_stack = 0;
+  EXPECT_EQ(FileMapping::containing(&on_the_stack), nullptr);
+  unsigned char* data = m->data();
+  const int64_t live = FileMapping::live_count();
+  m.reset();
+  EXPECT_EQ(FileMapping::live_count(), live - 1);
+  EXPECT_EQ(FileMapping::containing(data), nullptr);
+}
+
+TEST(FileMappingTest, ASigbusOnAMappedFileNamesItBeforeTheProcessEnds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // this process runs a watcher thread
+  TempDir dir;
+  const std::string path = dir / "sigbus.safetensors";
+  write_file(path, pattern(1));
+  EXPECT_EXIT(
+      {
+        // No lease (a writer has it open), so a truncation lands under the mapping.
+        const int writer = ::open(path.c_str(), O_WRONLY);
+        auto m = FileMapping::open(path, kSize);
+        if (writer < 0 || m->guard() != MappingGuard::kChecked || ::ftruncate(writer, 0) != 0)
+          std::_Exit(3);
+        volatile unsigned char b = m->data()[5 * 4096 + 7];
+        (void)b;
+        std::_Exit(4);  // not reached
+      },
+      ::testing::KilledBySignal(SIGBUS),
+      "metaload: SIGBUS reading .*/sigbus\\.safetensors at byte 20487, mapped zero-copy");
+}
+
+TEST(FileMappingTest, PastAQuarterOfTheOpenFileLimitFilesAreCheckedByPath) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  for (int i = 0; i < 6; ++i) {
+    write_file(dir / std::to_string(i), pattern(i));
+    age(dir / std::to_string(i));
+  }
+  EXPECT_EXIT(
+      {
+        // 12 descriptors at most: 3 mapped files may stay open, the rest are checked by path.
+        struct rlimit rl {};
+        ::getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 12;
+        if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) std::_Exit(3);
+        std::vector<std::shared_ptr<FileMapping>> maps;
+        for (int i = 0; i < 6; ++i)
+          maps.push_back(FileMapping::open(dir / std::to_string(i), kSize));
+        for (int i = 0; i < 6; ++i) {
+          const bool held = maps[i]->guard() == MappingGuard::kLease;
+          if (held != (i < 3)) std::_Exit(10 + i);
+        }
+        // Replaced by rename: the path names another inode; fine.
+        write_file(dir / "new", pattern(9));
+        if (::rename((dir / "new").c_str(), (dir / "4").c_str()) != 0) std::_Exit(5);
+        maps[4]->check();
+        // Written in place: found through the path.
+        const int fd = ::open((dir / "5").c_str(), O_WRONLY);
+        if (fd < 0 || ::pwrite(fd, "x", 1, 0) != 1) std::_Exit(6);
+        try {
+          maps[5]->check();
+        } catch (const FileChangedError&) {
+          std::_Exit(0);
+        }
+        std::_Exit(7);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace metaload
