@@ -203,7 +203,9 @@ inline constexpr bool kCpuReflectionPad2dKeepsFormat = kTorch2;
 // reproduces them exactly); 2.x vectorizes some directions with other NaN bits.
 inline constexpr bool kCpuCastNanBitsAreScalar = !kTorch2;
 
-// ---- CPU kernels that changed after 1.13 (kernels/meta_reductions.cc, kernels/meta_linalg.cc) -
+}  // namespace metaload::compat
+
+// ---- CPU kernels that changed after 1.13 (kernels/meta_reductions.cc, meta_linalg.cc) ----
 // The Meta kernels follow the CPU kernel of the libtorch they run on. Each entry names a
 // difference seen between Debian's 1.13 and PyPI's 2.11 (the 2.x release that made it is not
 // pinned).
