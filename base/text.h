@@ -18,6 +18,10 @@ namespace metaload {
 
 inline constexpr size_t kQuoteMaxChars = 200;  // characters kept of one quoted value
 inline constexpr size_t kListMaxItems = 20;    // items kept of one list in a message
+// A path is cut in the middle, never at the end: its file name is the part a reader needs, and
+// deep build sandboxes and caches make honest paths longer than kQuoteMaxChars.
+inline constexpr size_t kPathHeadChars = 120;  // characters kept of a long path's start
+inline constexpr size_t kPathTailChars = 400;  // characters kept of a long path's end
 
 namespace text_detail {
 
@@ -106,6 +110,26 @@ inline std::string escape_text(std::string_view s, size_t max_chars = kQuoteMaxC
   if (text_detail::escape_into(out, s, max_chars, /*quote=*/0)) {
     out += "... (" + std::to_string(s.size()) + " bytes)";
   }
+  return out;
+}
+
+// A file path for a message, escaped as escape_text does; one longer than
+// kPathHeadChars + kPathTailChars loses its middle, never its file name:
+// "/root/.cache/...x/model.safetensors (5000 bytes)".
+inline std::string escape_path(std::string_view s) {
+  if (s.size() <= kPathHeadChars + kPathTailChars) {
+    std::string whole;
+    if (!text_detail::escape_into(whole, s, kPathHeadChars + kPathTailChars, /*quote=*/0)) {
+      return whole;
+    }
+  }
+  std::string out;
+  text_detail::escape_into(out, s.substr(0, kPathHeadChars), kPathHeadChars, 0);
+  size_t tail = s.size() - kPathTailChars;  // bytes, then moved to a UTF-8 boundary
+  while (tail < s.size() && (static_cast<unsigned char>(s[tail]) & 0xC0) == 0x80) ++tail;
+  out += "...";
+  text_detail::escape_into(out, s.substr(tail), kPathTailChars, 0);
+  out += " (" + std::to_string(s.size()) + " bytes)";
   return out;
 }
 

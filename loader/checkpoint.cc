@@ -318,7 +318,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
   if (::stat(ref.c_str(), &st) == 0) {
     if (revision) {
       throw ResolveError("revision " + quote_str(*revision) + " given for the local path " +
-                         escape_text(ref) +
+                         escape_path(ref) +
                          "; revisions select snapshots of Hugging Face repo ids only");
     }
     if (S_ISDIR(st.st_mode)) {
@@ -333,7 +333,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
     } else if (S_ISREG(st.st_mode)) {
       for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"}) {
         if (ends_with(ref, ext)) {
-          throw ResolveError(escape_text(ref) +
+          throw ResolveError(escape_path(ref) +
                              " is a PyTorch pickle checkpoint; only safetensors checkpoints are "
                              "supported (convert it)");
         }
@@ -341,7 +341,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
       c.dir = parent_dir(ref);
       add_file(c, read_safetensors_header(ref));
     } else {
-      throw ResolveError(escape_text(ref) + " is " + fileio::file_kind(ref) +
+      throw ResolveError(escape_path(ref) + " is " + fileio::file_kind(ref) +
                          ", neither a regular file nor a directory");
     }
     finish(c);
@@ -349,7 +349,7 @@ Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::stri
   }
   std::vector<std::string> looked;
   // A dangling link or a link loop is there, but leads nowhere: say which.
-  looked.push_back(escape_text(ref) + ": " +
+  looked.push_back(escape_path(ref) + ": " +
                    (fileio::exists(ref) ? "is " + fileio::file_kind(ref)
                                         : std::string("no such file or directory")));
   if (looks_like_repo_id(ref)) {

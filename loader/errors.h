@@ -38,7 +38,7 @@ class FormatError : public Error {
   static std::string compose(const std::string& file, const std::string& tensor,
                              const std::string& rule, const std::string& detail) {
     // File and tensor names come from users and from files: escaped and capped (base/text.h).
-    std::string m = file.empty() ? std::string("<memory>") : escape_text(file);
+    std::string m = file.empty() ? std::string("<memory>") : escape_path(file);
     m += ": ";
     if (!tensor.empty()) m += "tensor " + quote_text(tensor, '\'') + ": ";
     m += detail + " (rule " + rule + ")";

@@ -103,7 +103,7 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
     }
     const uint64_t bytes = j.rows * j.row_bytes;
     if (j.offset + bytes > maps[j.file]->size()) {
-      throw ReadError(escape_text(files[j.file]) + ": tensor " + quote_text(specs[i].name, '\'') +
+      throw ReadError(escape_path(files[j.file]) + ": tensor " + quote_text(specs[i].name, '\'') +
                       " ends at byte " + std::to_string(j.offset + bytes) +
                       " past the end of the file");
     }

@@ -543,7 +543,7 @@ LoadReport TransformersModel::dispatch_locked() {
       undo();
       const std::string summary =
           fmt::format("{} cannot be split into {} tensor-parallel ranks: {} problems",
-                      escape_text(reference_), options_.tp_size, problems.size());
+                      escape_path(reference_), options_.tp_size, problems.size());
       throw MismatchError(summary, {}, {}, std::move(problems));
     }
   }
@@ -619,7 +619,7 @@ std::vector<std::string> TransformersModel::module_paths() const {
 void TransformersModel::throw_unknown_path(const std::string& path, const char* what) const {
   throw ModulePathError(fmt::format(
       "{}: no module {} in {} ({}); closest: {}", what, quote_text(path, '\''), module_->name(),
-      escape_text(module_->config().source), closest(path, module_paths(), 5)));
+      escape_path(module_->config().source), closest(path, module_paths(), 5)));
 }
 
 std::shared_ptr<torch::nn::Module> TransformersModel::at(const std::string& path) const {

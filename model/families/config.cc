@@ -40,7 +40,7 @@ class Fields {
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw ConfigError(
-        fmt::format("{}: field '{}{}' {}", escape_text(source_), prefix_, field, what));
+        fmt::format("{}: field '{}{}' {}", escape_path(source_), prefix_, field, what));
   }
 
   // Present and not null (transformers treats null as "use the default").
@@ -310,7 +310,7 @@ FamilyConfig parse_family_config(const json& config, const std::string& source) 
     }
     parameter_count(c);
   } catch (const SizeOverflowError& e) {
-    throw SizeOverflowError(escape_text(source) + ": " + e.message());
+    throw SizeOverflowError(escape_path(source) + ": " + e.message());
   }
   return c;
 }

@@ -50,6 +50,27 @@ TEST(Text, LongValuesAreCutAtACharacterWithTheirSize) {
   EXPECT_EQ(quote_text(euros, '"', 2), "\"\xe2\x82\xac\xe2\x82\xac...\" (15 bytes)");
 }
 
+TEST(Text, LongPathsLoseTheirMiddleNeverTheirFileName) {
+  // A Bazel sandbox path is longer than kQuoteMaxChars: it stays whole up to head + tail.
+  const std::string sandbox = "/root/.cache/bazel/" + std::string(300, 's') + "/model.safetensors";
+  EXPECT_EQ(escape_path(sandbox), sandbox);
+  const std::string deep = "/data/" + std::string(5000, 'd') + "/shard-\n\x01.safetensors";
+  const std::string p = escape_path(deep);
+  EXPECT_EQ(p.rfind("/data/ddd", 0), 0u) << p;
+  EXPECT_NE(p.find("ddd...ddd"), std::string::npos) << p;
+  EXPECT_NE(p.find("/shard-\\n\\x01.safetensors (" + std::to_string(deep.size()) + " bytes)"),
+            std::string::npos)
+      << p;
+  EXPECT_LT(p.size(), kPathHeadChars + kPathTailChars + 40);
+  // Control characters are escaped as everywhere; the tail starts after a character, never
+  // inside one (the cut here falls on the euro sign's second byte).
+  EXPECT_EQ(escape_path("a\nb"), "a\\nb");
+  const std::string cut =
+      escape_path(std::string(600, 'a') + "\xe2\x82\xac" + std::string(398, 'b'));
+  EXPECT_NE(cut.find("a..." + std::string(398, 'b') + " (1001 bytes)"), std::string::npos) << cut;
+  EXPECT_EQ(cut.find("\\x"), std::string::npos) << cut;
+}
+
 TEST(Text, ListsKeepTheFirstItemsAndSayHowManyMore) {
   std::vector<std::string> items;
   for (int i = 0; i < 100000; ++i) items.push_back("t" + std::to_string(i));
