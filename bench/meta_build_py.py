@@ -6,7 +6,9 @@ embedding and an LM head: 965 modules, 70B parameters) built four ways in one ru
   torch.device("meta") (torch 2.x)        -- anchor; on 1.13, device="meta" to every constructor
   device="meta" to every constructor      -- the floor: no mode at all
   accelerate.init_empty_weights()         -- where accelerate is installed
-Median of N rounds (argv[1], default 7); peak RSS growth next to each (ru_maxrss of the process).
+Median of N rounds (argv[1], default 7), wall-clock and this process's CPU time (on a shared
+machine another job's load stretches the wall clock, not the CPU time); peak RSS growth next to
+each (ru_maxrss of the process).
 Target (issue 10): metaload.meta() <= 1.0x the torch.device anchor, <= 0.5x init_empty_weights.
 """
 import contextlib
@@ -71,26 +73,30 @@ def main():
         with ctx():
             Llama70B(device)
     times = {k: [] for k in routes}
+    cpu = {k: [] for k in routes}
     rss = {k: 0.0 for k in routes}
     for _ in range(rounds):  # interleaved: the machine's noise hits every route alike
         for name, (ctx, device) in routes.items():
             before = rss_mib()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with ctx():
                 model = Llama70B(device)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             assert all(p.is_meta for p in model.parameters()), name
             rss[name] = max(rss[name], rss_mib() - before)
             del model
     n_modules = sum(1 for _ in Llama70B("meta").modules())
     base = statistics.median(times[anchor])
+    cpu_base = statistics.median(cpu[anchor])
     print(f"Python Llama-2-70B tree ({n_modules} modules), torch {torch.__version__}, "
           f"median of {rounds}")
-    print(f"| route | ms | x anchor | peak RSS growth MiB |")
-    print(f"|---|---|---|---|")
+    print("| route | ms | x anchor | CPU ms | x anchor (CPU) | peak RSS growth MiB |")
+    print("|---|---|---|---|---|---|")
     for name in routes:
-        m = statistics.median(times[name])
-        print(f"| {name} | {m * 1e3:.1f} | {m / base:.2f} | {rss[name]:.1f} |")
+        m, c = statistics.median(times[name]), statistics.median(cpu[name])
+        print(f"| {name} | {m * 1e3:.1f} | {m / base:.2f} | {c * 1e3:.1f} | {c / cpu_base:.2f} | "
+              f"{rss[name]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/registration.h"
+#include "base/torch_compat.h"
 #include "base/torch_library.h"
 #include "c10_ext/data_dependent.h"
 #include "c10_ext/op_args.h"
@@ -267,6 +268,9 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     auto& dev = s[base + info.device];
     if (dev.isDevice()) {
       target = normalize(dev.toDevice());
+      // A cuda device came through torch's binding, which metaload's Python package told the
+      // device was initialised (python/metaload/_device_init.py): undo that for real callers.
+      if (target.is_cuda()) require_device_init_again(target.type());
     } else if (!inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();

@@ -1,4 +1,5 @@
-"""No CUDA initialisation inside metaload.meta(), without a Python mode on every torch call.
+"""No CUDA initialisation inside metaload.meta() (and metaload.fake("cuda")), without a Python
+mode on every torch call.
 
 torch's Python bindings initialise an accelerator before dispatching any call that names it
 (`device="cuda"`, `.cuda()`, `.to("cuda")`, a cuda default device): they call
@@ -69,10 +70,24 @@ def forcing_here():
     return bool(getattr(_tls, "forcing", None))
 
 
+def enter_fake_device():
+    """A metaload.fake() scope claiming a cuda device opened on this thread: factories called
+    inside Python functions it does not see (F.fractional_max_pool2d's torch.rand(...,
+    device=input.device)) reach FakeMode, which clears the flag again (fake_mode.cc)."""
+    _tls.fake_devices = getattr(_tls, "fake_devices", 0) + 1
+    install()
+
+
+def exit_fake_device():
+    _tls.fake_devices -= 1
+
+
 def _forcing():
     forcing = getattr(_tls, "forcing", None)
-    if forcing is not None:
+    if forcing is not None:  # meta() or real(), innermost
         return forcing
+    if getattr(_tls, "fake_devices", 0):
+        return True
     return bool(_lib.load().is_forcing())  # MetaMode switched on in C++ (METALOAD=meta, C++ code)
 
 

@@ -12,7 +12,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _interplay, _lib, _to_args
+from . import _device_init, _interplay, _lib, _to_args
 
 _state = threading.local()
 
@@ -182,10 +182,15 @@ def fake(device="cpu"):
     if stack is None:
         stack = _state.devices = []
     stack.append(device)
+    detour = _needs_cuda_detour(device)
+    if detour:
+        _device_init.enter_fake_device()
     try:
         with _interplay.outer_fake_mode_set_aside(), _FakeFunctionMode():
             yield device
     finally:
+        if detour:
+            _device_init.exit_fake_device()
         stack.pop()
         ops.exit_scope(token)
 

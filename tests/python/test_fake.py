@@ -263,3 +263,50 @@ def test_boolean_mask_indexing_is_a_typed_data_dependent_error():
             t[torch.tensor([True, False, True, False, True])]
         picked = t[torch.tensor([0, 2])]  # integer indices: the shape is known
     assert picked.shape == (2, 3) and picked.device == torch.device("cuda", 0)
+
+
+_FAKE_CUDA_INIT_PROBE = r'''
+import threading, torch
+import torch.nn.functional as F
+calls = []
+class Sentinel(Exception):
+    pass
+def counting_lazy_init():  # stands for torch's initialisation (no GPU is needed to see the calls)
+    calls.append(threading.current_thread().name)
+    raise Sentinel()
+torch.cuda._lazy_init = counting_lazy_init
+import metaload
+
+def attempt(fn):
+    try:
+        fn()
+    except Sentinel:
+        pass
+
+with metaload.fake("cuda"):
+    x = torch.randn(1, 3, 8, 8).cuda()
+    # F.fractional_max_pool2d makes its samples with torch.rand(..., device=input.device) inside a
+    # function the Python mode is handling, so only the dispatcher sees that call.
+    y = F.fractional_max_pool2d(x, 2, output_size=(4, 4))
+    with torch._C.DisableTorchFunction():
+        z = torch.rand(2, 3, device="cuda")
+    assert (tuple(y.shape), str(y.device), tuple(z.shape), str(z.device)) == (
+        (1, 3, 4, 4), "cuda:0", (2, 3), "cuda:0"), (y.shape, y.device, z.shape, z.device)
+    assert metaload.is_fake(y) and metaload.is_fake(z)
+    inside = list(calls)
+    worker = threading.Thread(target=attempt, args=(lambda: torch.empty(1, device="cuda"),),
+                              name="worker")
+    worker.start()
+    worker.join()
+    attempt(torch.cuda.current_device)  # torch.cuda's own functions are real requests
+    during = list(calls)
+attempt(lambda: torch.empty(1, device="cuda"))
+print(inside, during, calls)
+'''
+
+
+def test_fake_cuda_factories_inside_python_functions_stay_fake_without_cuda_init():
+    r = run_python(_FAKE_CUDA_INIT_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == (
+        "[] ['worker', 'MainThread'] ['worker', 'MainThread', 'MainThread']"), r.stdout
