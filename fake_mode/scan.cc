@@ -38,7 +38,10 @@ ScanResult scan(const ScanFn& fn, const std::vector<at::Tensor>& inputs, c10::De
   }
   if (attach) {
     attach([&result](const std::string& path, const at::Tensor& out) {
-      result.modules[path] = ShapeInfo{out.sizes().vec(), out.scalar_type(), claimed_device(out)};
+      auto [it, fresh] = result.modules.try_emplace(path);
+      if (fresh) result.order.push_back(path);
+      it->second = ShapeInfo{out.sizes().vec(), out.scalar_type(), claimed_device(out),
+                             it->second.calls + 1};
     });
   }
   Attached detach{attach};

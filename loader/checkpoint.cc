@@ -1,7 +1,6 @@
 #include "loader/checkpoint.h"
 
 #include <dirent.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,13 +24,6 @@ constexpr uint64_t kMaxConfigSize = 64ull << 20;
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-std::string parent_dir(const std::string& p) {
-  size_t slash = p.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return p.substr(0, slash);
 }
 
 bool strictly_under(const std::string& child, const std::string& root) {
@@ -307,69 +299,38 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;
 }
 
-Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::string>& revision) {
+Checkpoint open_checkpoint(const CheckpointReference& r) {
   Checkpoint c;
-  c.ref = ref;
-  if (ref.empty()) throw ResolveError("empty checkpoint reference");
-  // The system calls below would read the path only up to a NUL: refuse rather than open another.
-  if (ref.find('\0') != std::string::npos)
-    throw ResolveError("checkpoint reference " + quote_str(ref) + " contains a NUL byte");
-  struct stat st;
-  if (::stat(ref.c_str(), &st) == 0) {
-    if (revision) {
-      throw ResolveError("revision " + quote_str(*revision) + " given for the local path " +
-                         escape_path(ref) +
-                         "; revisions select snapshots of Hugging Face repo ids only");
-    }
-    if (S_ISDIR(st.st_mode)) {
-      c.dir = ref;
-      while (c.dir.size() > 1 && c.dir.back() == '/') c.dir.pop_back();
-      c.snapshot_of = hf_repo_of_snapshot(real_path(c.dir));
+  c.ref = r.ref;
+  c.dir = r.dir;
+  c.snapshot_of = r.snapshot_of;
+  c.repo_id = r.repo_id;
+  c.revision = r.commit;
+  switch (r.kind) {
+    case ReferenceKind::kDirectory:
+    case ReferenceKind::kRepoId:
       load_dir(c);
-    } else if (S_ISREG(st.st_mode) && ends_with(ref, ".index.json")) {
-      c.dir = parent_dir(ref);
-      c.snapshot_of = hf_repo_of_snapshot(real_path(c.dir));
-      load_indexed(c, ref, false);
-    } else if (S_ISREG(st.st_mode)) {
+      break;
+    case ReferenceKind::kIndex:
+      load_indexed(c, r.path, false);
+      break;
+    case ReferenceKind::kFile:
       for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"}) {
-        if (ends_with(ref, ext)) {
-          throw ResolveError(escape_path(ref) +
+        if (ends_with(r.path, ext)) {
+          throw ResolveError(escape_path(r.path) +
                              " is a PyTorch pickle checkpoint; only safetensors checkpoints are "
                              "supported (convert it)");
         }
       }
-      c.dir = parent_dir(ref);
-      add_file(c, read_safetensors_header(ref));
-    } else {
-      throw ResolveError(escape_path(ref) + " is " + fileio::file_kind(ref) +
-                         ", neither a regular file nor a directory");
-    }
-    finish(c);
-    return c;
+      add_file(c, read_safetensors_header(r.path));
+      break;
   }
-  std::vector<std::string> looked;
-  // A dangling link or a link loop is there, but leads nowhere: say which.
-  looked.push_back(escape_path(ref) + ": " +
-                   (fileio::exists(ref) ? "is " + fileio::file_kind(ref)
-                                        : std::string("no such file or directory")));
-  if (looks_like_repo_id(ref)) {
-    if (auto snap = try_resolve_hf_snapshot(ref, revision, looked)) {
-      c.dir = snap->snapshot_dir;
-      c.revision = snap->commit;
-      c.repo_id = ref;
-      c.snapshot_of = snap->repo_dir;
-      load_dir(c);
-      finish(c);
-      return c;
-    }
-  } else {
-    looked.push_back(quote_str(ref) + " is not a Hugging Face repo id (ORG/NAME) either");
-  }
-  std::string msg = "cannot resolve checkpoint " + quote_str(ref) +
-                    (revision ? " at revision " + quote_str(*revision) : std::string()) +
-                    "; looked at: ";
-  for (size_t i = 0; i < looked.size(); ++i) msg += (i ? "; " : "") + looked[i];
-  throw ResolveError(msg);
+  finish(c);
+  return c;
+}
+
+Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::string>& revision) {
+  return open_checkpoint(resolve_checkpoint_reference(ref, revision));
 }
 
 }  // namespace metaload

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/errors.h"
+#include "loader/reference.h"
 #include "loader/safetensors.h"
 
 namespace metaload {
@@ -63,7 +64,7 @@ struct Checkpoint {
   std::vector<std::string> tensor_names() const;
 };
 
-// Opens `ref`, tried in this order:
+// Opens `ref`, resolved by resolve_checkpoint_reference (reference.h):
 //  1. an existing path: a .safetensors file, an .index.json file, or a directory holding
 //     model.safetensors, else model.safetensors.index.json, else exactly one
 //     *.safetensors.index.json, else exactly one *.safetensors;
@@ -81,6 +82,8 @@ struct Checkpoint {
 // "tensor-not-in-index") and a tensor in two shards ("duplicate-tensor").
 Checkpoint open_checkpoint(const std::string& ref,
                            const std::optional<std::string>& revision = std::nullopt);
+// The same for a reference already resolved (reference.h: the resolution rules live there).
+Checkpoint open_checkpoint(const CheckpointReference& ref);
 
 // Reads and parses config.json strictly (duplicate keys rejected, kMaxJsonDepth). Throws
 // FormatError.

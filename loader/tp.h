@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loader/engine.h"
+#include "loader/tp_shard.h"  // TpShard: the general shard a family's TP plan describes
 
 namespace metaload {
 
@@ -38,16 +39,6 @@ struct SliceRegion {
 // `data_offset`: absolute file offset where the stored tensor begins; `name` is for errors.
 SliceRegion slice_region(const std::vector<int64_t>& shape, uint64_t elem_size,
                          uint64_t data_offset, const TpSlice& slice, const std::string& name);
-
-// A general shard, as a family's TP plan describes one: the slot is the concatenation along `dim`
-// of the stored tensor's [begin, end) ranges (a fused q|k|v tensor has one range per section),
-// followed by zero rows up to shape[dim] (a vocabulary padded for TP; a rank may hold padding
-// only). dim -1: the whole tensor.
-struct TpShard {
-  int dim = -1;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  std::vector<int64_t> shape;  // the slot's shape
-};
 
 // The even split of TpSlice as a TpShard.
 TpShard even_shard(const std::vector<int64_t>& shape, const TpSlice& slice,

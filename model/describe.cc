@@ -1,14 +1,11 @@
 #include "model/describe.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
 
 #include "base/checked.h"
 #include "base/text.h"
-#include "loader/hf_cache.h"
 #include "model/dtypes.h"
-#include "model/model_key.h"
+#include "model/reference.h"
 #include "model/tp.h"
 
 namespace metaload {
@@ -92,40 +89,14 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
   return info;
 }
 
-Checkpoint open_key_checkpoint(const ModelKey& key, const std::optional<std::string>& revision,
-                               const KeyOptions& keys) {
-  check_key_repo_id(key.repo_id, keys);  // a ModelKey built by hand was never checked
-  if (keys.allow_local_paths) return open_checkpoint(key.repo_id, revision);
-  // Opened as its snapshot directory, so that open_checkpoint never sees the bare id, which it
-  // would try as a path first.
-  const HubSnapshot snap = resolve_hf_snapshot(key.repo_id, revision);
-  Checkpoint c = open_checkpoint(snap.snapshot_dir);
-  c.ref = key.repo_id;
-  c.repo_id = key.repo_id;
-  c.revision = snap.commit;
-  return c;
-}
-
 CheckpointInfo describe_checkpoint(const std::string& ref_or_key,
                                    const std::optional<std::string>& dtype,
                                    const std::optional<std::string>& revision,
                                    const KeyOptions& keys) {
   // Validate the dtype before touching any file, so a typo fails fast.
   if (dtype) resolve_dtype_name(*dtype);
-  struct stat st;
-  if (::stat(ref_or_key.c_str(), &st) != 0 && ref_or_key.find(':') != std::string::npos) {
-    ModelKey key = from_model_key(ref_or_key, keys);
-    std::optional<std::string> rev = key.revision;
-    if (revision) {
-      if (rev && *rev != *revision) {
-        throw ResolveError("model key pins revision \"" + *rev + "\" but revision \"" + *revision +
-                           "\" was asked for");
-      }
-      rev = revision;
-    }
-    return describe_checkpoint(open_key_checkpoint(key, rev, keys), dtype);
-  }
-  return describe_checkpoint(open_checkpoint(ref_or_key, revision), dtype);
+  return describe_checkpoint(
+      open_checkpoint(resolve_reference(ref_or_key, revision, keys).checkpoint), dtype);
 }
 
 nlohmann::json to_json(const CheckpointInfo& i) {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/checkpoint.h"
-#include "model/model_key.h"
+#include "model/reference.h"
 
 namespace metaload {
 
@@ -38,22 +38,15 @@ struct CheckpointInfo {
 // its real model.safetensors, which also holds 12 x 1,048,576 mask elements.
 bool is_non_parameter_buffer(const TensorInfo& t);
 
-// Describes `ref_or_key`: a checkpoint reference (see open_checkpoint) or a model key
-// "<class>:<json>" whose repo_id (and revision) is resolved in the HF cache (see
-// open_key_checkpoint; `keys` is the key policy). `dtype` names the dtype or quantization to size
-// for (see dtypes.h); without it the stored bytes are the size. `revision` applies to repo ids (a
-// key's own revision must agree with it). Reads headers, the index and config.json only.
+// Describes `ref_or_key`: a checkpoint reference or a model key "<class>:<json>", resolved by
+// resolve_reference (reference.h; a key's repo_id in the hub cache only unless `keys` allows
+// local paths). `dtype` names the dtype or quantization to size for (see dtypes.h); without it
+// the stored bytes are the size. `revision` applies to repo ids (a key's own revision must agree
+// with it: ModelKeyError otherwise). Reads headers, the index and config.json only.
 CheckpointInfo describe_checkpoint(const std::string& ref_or_key,
                                    const std::optional<std::string>& dtype = std::nullopt,
                                    const std::optional<std::string>& revision = std::nullopt,
                                    const KeyOptions& keys = {});
-
-// The checkpoint a parsed key names: its repo id in the local hub cache at `revision`, never a
-// path (a Hub-style id such as "gpt2" is not looked up in the working directory), so a key from a
-// remote user reads nothing outside the hub cache. With keys.allow_local_paths, the repo id is
-// resolved as open_checkpoint resolves any reference (a path first). ResolveError when absent.
-Checkpoint open_key_checkpoint(const ModelKey& key, const std::optional<std::string>& revision,
-                               const KeyOptions& keys = {});
 
 // The same for an already opened checkpoint.
 CheckpointInfo describe_checkpoint(const Checkpoint& checkpoint,

@@ -29,8 +29,10 @@
 #include <ATen/ATen.h>
 
 #include "base/error.h"
+#include "fake_mode/scan.h"
 #include "loader/engine.h"
 #include "loader/file_mapping.h"
+#include "loader/plan.h"
 #include "model/families/family.h"
 #include "model/model_key.h"
 
@@ -42,32 +44,31 @@ class Module;
 
 namespace metaload {
 
+struct ModelReference;  // model/reference.h
+
 // The model cannot do what was asked in its current state (forward of a TP shard, a module tree
 // given as a skeleton with nothing to load, no repo id for a key, ...).
 METALOAD_DEFINE_ERROR(ModelError, Error);
 // A dotted module path that does not exist; the message lists the closest existing ones.
 METALOAD_DEFINE_ERROR(ModulePathError, ModelError);
 
-struct ModelOptions {
-  // Placement: accepted at construction, ignored by the meta build (which allocates nothing
-  // anywhere), applied by dispatch().
-  at::Device device = at::kCPU;
-  // The parameters' dtype (the skeleton has it too, so scans report the real activation dtypes).
-  // Default float32, as transformers; float16 / bfloat16 checkpoints are converted on load.
-  std::optional<at::ScalarType> dtype;
-  int tp_rank = 0;
-  int tp_size = 1;
-  int threads = 0;             // loader threads; 0: the machine's cores
-  uint64_t staging_bytes = 0;  // loader staging bound; 0: the engine's default
-  // For repo ids: a branch, tag or commit (a model key's own revision wins when they agree).
-  std::optional<std::string> revision;
+// The loader's options are the model's (LoadOptions, loader/plan.h): dispatch() hands them to
+// metaload::load, with the family's names in place of `names`. Their meaning here:
+//  - device: accepted at construction, ignored by the meta build (which allocates nothing
+//    anywhere), applied by dispatch();
+//  - dtype: the parameters' dtype (the skeleton has it too, so scans report the real activation
+//    dtypes). Default float32, as transformers; float16 / bfloat16 checkpoints are converted on
+//    load;
+//  - revision: for repo ids, a branch, tag or commit (a model key's own revision must agree);
+//  - tp_rank / tp_size, threads (0: the machine's cores), staging_bytes (0: the engine's
+//    default), map_files, strict, progress and engine (progress bar, hooks, chunk sizes): as
+//    metaload::load takes them.
+struct ModelOptions : LoadOptions {
   // The key policy for a reference that is a model key, and for to_model_key(): by default a
   // key's repo_id is a Hub repo id resolved in the hub cache only (model_key.h).
   KeyOptions keys;
   // Load at construction instead of on first use.
   bool dispatch = false;
-  // The rest of the loader's knobs: progress callback and bar, hooks, chunk sizes.
-  EngineOptions engine;
 };
 
 // One module's output seen by a scan.
@@ -83,6 +84,12 @@ struct ModuleShape {
 };
 
 struct ModelScan {
+  // Built from fake_mode's scan result: its modules in the order they first produced output, each
+  // with its class name (`class_of`: "" when unknown), the logits its first output.
+  // SizeOverflowError when the total output bytes pass 2^64-1.
+  static ModelScan from_result(const ScanResult& result, c10::Device device,
+                               const std::function<std::string(const std::string&)>& class_of);
+
   c10::Device device = c10::Device(c10::kCPU);
   std::vector<ModuleShape> modules;  // in the order the modules first produced output
   at::Tensor logits;                 // a fake tensor claiming `device`
@@ -203,12 +210,13 @@ class TransformersModel {
   Capture capture(const std::string& path);
 
  private:
-  void init(const std::string& target, std::optional<std::string> revision, bool from_key,
-            std::chrono::steady_clock::time_point t0);
-  void install_observer(const OutputObserver& extra);
+  void init(const ModelReference& ref, std::chrono::steady_clock::time_point t0);
+  void install_observer(const ModuleObserver& extra);
   void deliver(const std::string& path, const at::Tensor& output);
   ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device);
+  at::Device scan_device_locked(const at::Tensor& ids, std::optional<at::Device> device) const;
   LoadReport dispatch_locked();
+  void remember_mappings_locked();
   void check_runnable(const char* what) const;
   void check_mapped_locked() const;
   [[noreturn]] void throw_unknown_path(const std::string& path, const char* what) const;

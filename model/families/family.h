@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include "fake_mode/scan.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
 
@@ -41,16 +42,17 @@ struct KVCache {
   void clear() { length = 0; }
 };
 
-// Sees module outputs during a forward: the module's dotted path ("transformer.h.3.attn"; "" for
-// the whole model, whose output is the logits) and its output. For modules that return several
-// tensors in transformers, the first (the hidden states); attn_dropout's is the attention
-// probabilities [B, heads, S, T]. Every module with a forward reports, in execution order, except
-// the ModuleList containers. A module whose output is a tuple (rotary_emb's (cos, sin), each
-// [B, S, head_dim]) reports each element under "<path>.<i>": "model.rotary_emb.0" is cos, ".1" sin.
-using OutputObserver = std::function<void(const std::string& path, const at::Tensor& output)>;
+// A family's tree reports to a ModuleObserver (fake_mode/scan.h: the one observer type, so a
+// scan's own observer attaches directly) during a forward: the module's dotted path
+// ("transformer.h.3.attn"; "" for the whole model, whose output is the logits) and its output.
+// For modules that return several tensors in transformers, the first (the hidden states);
+// attn_dropout's is the attention probabilities [B, heads, S, T]. Every module with a forward
+// reports, in execution order, except the ModuleList containers. A module whose output is a tuple
+// (rotary_emb's (cos, sin), each [B, S, head_dim]) reports each element under "<path>.<i>":
+// "model.rotary_emb.0" is cos, ".1" sin.
 
 // How many tensors the module's forward returns when that is a tuple reported element by element
-// (see OutputObserver); 0 for a module with one output (or none).
+// (see above); 0 for a module with one output (or none).
 int64_t output_elements(const torch::nn::Module& module);
 
 class CausalLM : public torch::nn::Module {
@@ -79,7 +81,7 @@ class CausalLM : public torch::nn::Module {
 
   // Sets (or, with an empty function, clears) the observer of module outputs. The model layer's
   // scan records shapes with it, capture keeps the tensors. Costs nothing when unset.
-  void set_output_observer(OutputObserver observer) { *observer_ = std::move(observer); }
+  void set_output_observer(ModuleObserver observer) { *observer_ = std::move(observer); }
 
   // The longest sequence the model accepts (GPT-2: n_positions); 0 when unbounded (RoPE).
   virtual int64_t max_length() const { return 0; }
@@ -117,7 +119,7 @@ class CausalLM : public torch::nn::Module {
 
   FamilyConfig config_;
   // Shared with every submodule (set by build_causal_lm), so setting the observer reaches them all.
-  std::shared_ptr<OutputObserver> observer_ = std::make_shared<OutputObserver>();
+  std::shared_ptr<ModuleObserver> observer_ = std::make_shared<ModuleObserver>();
 
  private:
   friend std::shared_ptr<CausalLM> build_causal_lm(const FamilyConfig&, const BuildOptions&);

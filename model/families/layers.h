@@ -24,7 +24,7 @@ class Observed : public torch::nn::Module {
   explicit Observed(const std::string& class_name, int64_t elements = 0)
       : torch::nn::Module(class_name), elements_(elements) {}
   int64_t output_elements() const { return elements_; }
-  void attach(std::string path, std::shared_ptr<OutputObserver> observer) {
+  void attach(std::string path, std::shared_ptr<ModuleObserver> observer) {
     path_ = std::move(path);
     observer_ = std::move(observer);
   }
@@ -41,7 +41,7 @@ class Observed : public torch::nn::Module {
 
  private:
   std::string path_;
-  std::shared_ptr<OutputObserver> observer_;
+  std::shared_ptr<ModuleObserver> observer_;
   int64_t elements_ = 0;
 };
 

@@ -281,10 +281,10 @@ const TPRule& tp_rule_for(const std::vector<TPRule>& plan, const std::string& na
   throw FamilyError(fmt::format("no tensor-parallel rule for parameter '{}'", name));
 }
 
-TPShard tp_shard(const TPRule& rule, const Shape& shape, int64_t rank, int64_t size) {
+TpShard tp_shard(const TPRule& rule, const Shape& shape, int64_t rank, int64_t size) {
   if (size < 1 || rank < 0 || rank >= size)
     throw FamilyError(fmt::format("{}: invalid TP rank {} of size {}", rule.pattern, rank, size));
-  TPShard shard;
+  TpShard shard;
   shard.shape = shape;
   if (rule.style == TPStyle::kReplicated) return shard;  // dim -1: the whole tensor
   const int dim = rule.split_dim;

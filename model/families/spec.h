@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "loader/tp_shard.h"
 #include "model/families/config.h"
 
 namespace metaload {
@@ -84,18 +85,9 @@ std::vector<TPRule> tp_plan(const FamilyConfig& config);
 // The rule whose pattern matches `name`; FamilyError when none does.
 const TPRule& tp_rule_for(const std::vector<TPRule>& plan, const std::string& name);
 
-// What rank `rank` of `size` holds of a tensor stored with `shape`.
-struct TPShard {
-  int dim = -1;  // -1: the whole tensor
-  // [begin, end) ranges along `dim` of the stored tensor, concatenated in this order.
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  // The rank's local tensor shape. For kVocab it includes the padding rows (zero-filled), which
-  // are not covered by `ranges`: the vocabulary is padded to a multiple of lcm(64, size), so the
-  // last ranks may hold padding only (no range at all).
-  std::vector<int64_t> shape;
-};
+// What rank `rank` of `size` holds of a tensor stored with `shape` (loader/tp_shard.h).
 // FamilyError when the shape does not fit the rule or `size` does not divide what must be divided
 // (heads, features; the padded vocabulary always divides).
-TPShard tp_shard(const TPRule& rule, const std::vector<int64_t>& shape, int64_t rank, int64_t size);
+TpShard tp_shard(const TPRule& rule, const std::vector<int64_t>& shape, int64_t rank, int64_t size);
 
 }  // namespace metaload

@@ -294,9 +294,28 @@ TEST(Scan, RunsACallableOnFakeInputsAndCollectsReportedModules) {
   EXPECT_FALSE(r.outputs[0].requires_grad());  // gradients are off during a scan
   ASSERT_EQ(r.modules.size(), 3u);
   EXPECT_EQ(r.modules["1"], (ShapeInfo{{5, 64}, at::kFloat, kCuda0}));
+  EXPECT_EQ(r.modules["1"].calls, 1);
   EXPECT_FALSE(observer);  // detached after the run
   EXPECT_FALSE(fake_mode_device().has_value());
   EXPECT_FALSE(is_fake(real_input));
+}
+
+TEST(Scan, KeepsTheOrderOfFirstOutputsAndCountsCalls) {
+  ModuleObserver observer;
+  auto attach = [&observer](ModuleObserver o) { observer = std::move(o); };
+  auto fn = [&](const std::vector<at::Tensor>& in) {
+    // "b" runs first and twice (a module called again, as a shared block would be).
+    observer("b", in[0]);
+    const at::Tensor h = at::cat({in[0], in[0]});
+    observer("a", h);
+    observer("b", h);
+    return std::vector<at::Tensor>{h};
+  };
+  ScanResult r = scan(fn, {torch::ones({2, 3})}, kCuda0, attach);
+  EXPECT_EQ(r.order, (std::vector<std::string>{"b", "a"}));  // not the map's sorted order
+  EXPECT_EQ(r.modules["b"].calls, 2);
+  EXPECT_EQ(r.modules["a"].calls, 1);
+  EXPECT_EQ(r.modules["b"], (ShapeInfo{{4, 3}, at::kFloat, kCuda0}));  // the latest output wins
 }
 
 // A Sequential nests in another only as a subclass with a typed forward (AnyModule needs one).

@@ -14,6 +14,7 @@
 #include "model/checkpoint_shapes.h"
 #include "model/dtypes.h"
 #include "model/model_key.h"
+#include "model/reference.h"
 #include "model/registry.h"
 #include "tests/loader/test_util.h"
 
@@ -104,7 +105,7 @@ TEST(Describe, KeysAreLookedUpInTheHubCacheNeverInTheWorkingDirectory) {
   EXPECT_EQ(describe_checkpoint("tiny").n_params, 124439808u);
   // A hand-built ModelKey is checked too.
   expect_error<RepoIdError>([] {
-    open_key_checkpoint(ModelKey{kTransformersModel, "../tiny", std::nullopt, {}}, std::nullopt);
+    resolve_reference(ModelKey{kTransformersModel, "../tiny", std::nullopt, {}});
   });
 }
 
@@ -233,7 +234,9 @@ TEST(Describe, ModelKeysResolveThroughTheHubCache) {
       describe_checkpoint("openai-community/gpt2", std::nullopt, std::string("main")).revision,
       hash);
   EXPECT_EQ(describe_checkpoint(nnsight_key, std::nullopt, hash).revision, hash);
-  expect_error<ResolveError>(
+  // A key pinning another revision: ModelKeyError, as everywhere a key meets a revision
+  // (model/reference.h join_revision).
+  expect_error<ModelKeyError>(
       [&] { describe_checkpoint(pinned, std::nullopt, std::string("main")); });
   expect_error<ModelKeyError>([] { describe_checkpoint(R"(unknown.Class:{"repo_id": "x"})"); });
   expect_error<ResolveError>([] { describe_checkpoint("openai-community/missing"); });

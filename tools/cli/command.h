@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,24 @@ std::string parse_token_ids(const std::string& text, bool several,
                             std::vector<std::vector<int64_t>>* rows);
 // parse_token_ids as a validator: bad ids are a parse error naming the option.
 CLI::Validator token_ids(bool several);
+
+// What every subcommand that names a model takes (tools/cli/model_args.cc): the reference, and
+// --revision, --json and --allow-local-paths, spelled and explained once. A command's options
+// derive from it.
+struct ModelArgs {
+  std::string ref, revision;
+  bool json = false, allow_local_paths = false;
+  CLI::Option* revision_opt = nullptr;
+  // --revision when given.
+  std::optional<std::string> requested_revision() const;
+};
+// Adds the required REF argument, described by `ref_help`.
+void add_ref_argument(CLI::App& sub, ModelArgs& args, const std::string& ref_help);
+// Adds --revision (described by `revision_help`).
+void add_revision_option(CLI::App& sub, ModelArgs& args, const std::string& revision_help);
+// Adds --json (described by `json_help`) and --allow-local-paths.
+void add_output_and_key_flags(CLI::App& sub, ModelArgs& args,
+                              const std::string& json_help = "print JSON instead of a table");
 
 // Output helpers shared by the subcommands.
 std::string with_commas(uint64_t n);        // 1234567 -> "1,234,567"

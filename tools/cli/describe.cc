@@ -9,11 +9,9 @@ namespace metaload {
 namespace cli {
 namespace {
 
-struct Options {
-  std::string ref, dtype, revision;
-  bool json = false, allow_local_paths = false;
+struct Options : ModelArgs {
+  std::string dtype;
   CLI::Option* dtype_opt = nullptr;
-  CLI::Option* revision_opt = nullptr;
 };
 
 std::string config_summary(const nlohmann::json& c) {
@@ -42,11 +40,10 @@ std::string config_summary(const nlohmann::json& c) {
 }
 
 int run(const Options& o) {
-  std::optional<std::string> dtype, revision;
+  std::optional<std::string> dtype;
   if (*o.dtype_opt) dtype = o.dtype;
-  if (*o.revision_opt) revision = o.revision;
   CheckpointInfo info =
-      describe_checkpoint(o.ref, dtype, revision, KeyOptions{o.allow_local_paths});
+      describe_checkpoint(o.ref, dtype, o.requested_revision(), KeyOptions{o.allow_local_paths});
   if (o.json) {
     std::cout << to_json(info).dump(2) << "\n";
     return 0;
@@ -75,17 +72,13 @@ int run(const Options& o) {
 
 std::function<int()> setup_describe(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("ref", o->ref,
-                 "checkpoint directory, .safetensors file, index.json, HF repo id or model key")
-      ->required();
+  add_ref_argument(sub, *o,
+                   "checkpoint directory, .safetensors file, index.json, HF repo id or model key");
   o->dtype_opt = sub.add_option(
       "--dtype", o->dtype,
       "size for this dtype or quantization (bfloat16, nf4, ...); default: as stored");
-  o->revision_opt =
-      sub.add_option("--revision", o->revision, "branch, tag or commit hash of an HF repo id");
-  sub.add_flag("--json", o->json, "print JSON instead of a table");
-  sub.add_flag("--allow-local-paths", o->allow_local_paths,
-               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
+  add_revision_option(sub, *o, "branch, tag or commit hash of an HF repo id");
+  add_output_and_key_flags(sub, *o);
   return [o] { return run(*o); };
 }
 

@@ -6,6 +6,7 @@
 #include "loader/hf_cache.h"
 #include "loader/json_util.h"
 #include "model/model_key.h"
+#include "model/reference.h"
 #include "model/registry.h"
 #include "tools/cli/command.h"
 
@@ -13,23 +14,15 @@ namespace metaload {
 namespace cli {
 namespace {
 
-struct Options {
-  std::string ref, revision, class_path = kTransformersModel;
-  bool json = false, allow_local_paths = false;
-  CLI::Option* revision_opt = nullptr;
+struct Options : ModelArgs {
+  std::string class_path = kTransformersModel;
 };
 
 int run(const Options& o) {
   ModelKey key;
   if (o.ref.find(':') != std::string::npos) {
     key = from_model_key(o.ref, KeyOptions{o.allow_local_paths});
-    if (*o.revision_opt) {
-      if (key.revision && *key.revision != o.revision) {
-        throw ModelKeyError("the key pins revision " + quote_str(*key.revision) +
-                            " but --revision is " + quote_str(o.revision));
-      }
-      key.revision = o.revision;
-    }
+    key.revision = join_revision(key, o.requested_revision());
   } else {
     if (!o.allow_local_paths && !looks_like_repo_id(o.ref)) {
       throw ModelKeyError(
@@ -37,8 +30,7 @@ int run(const Options& o) {
           " is neither a Hugging Face repo id (ORG/NAME) nor a model key (CLASS:JSON)");
     }
     canonical_model_class(o.class_path);  // an unknown class is an error here too
-    key = ModelKey{o.class_path, o.ref, std::nullopt, {}};
-    if (*o.revision_opt) key.revision = o.revision;
+    key = ModelKey{o.class_path, o.ref, o.requested_revision(), {}};
   }
   const std::string text = to_model_key(key, KeyOptions{o.allow_local_paths});
   if (o.json) {
@@ -59,12 +51,10 @@ int run(const Options& o) {
 
 std::function<int()> setup_key(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("ref", o->ref, "an HF repo id (ORG/NAME), or a model key to check")->required();
-  o->revision_opt = sub.add_option("--revision", o->revision, "pin a branch, tag or commit hash");
+  add_ref_argument(sub, *o, "an HF repo id (ORG/NAME), or a model key to check");
+  add_revision_option(sub, *o, "pin a branch, tag or commit hash");
   sub.add_option("--class", o->class_path, "wrapper class path of the key")->capture_default_str();
-  sub.add_flag("--json", o->json, "print the key and its parts as JSON");
-  sub.add_flag("--allow-local-paths", o->allow_local_paths,
-               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
+  add_output_and_key_flags(sub, *o, "print the key and its parts as JSON");
   return [o] { return run(*o); };
 }
 

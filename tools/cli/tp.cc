@@ -6,8 +6,7 @@
 #include <memory>
 
 #include "loader/checkpoint.h"
-#include "model/describe.h"
-#include "model/model_key.h"
+#include "model/reference.h"
 #include "model/tp.h"
 #include "tools/cli/command.h"
 
@@ -15,12 +14,10 @@ namespace metaload {
 namespace cli {
 namespace {
 
-struct Options {
-  std::string ref, revision;
+struct Options : ModelArgs {
   int64_t want = 0;
-  bool expert_parallel = false, json = false, allow_local_paths = false;
+  bool expert_parallel = false;
   CLI::Option* want_opt = nullptr;
-  CLI::Option* revision_opt = nullptr;
 };
 
 nlohmann::json load_config(const Options& o) {
@@ -30,22 +27,9 @@ nlohmann::json load_config(const Options& o) {
       o.ref.substr(o.ref.size() - 5) == ".json" && o.ref.find(".index.json") == std::string::npos) {
     return read_config_json(o.ref);
   }
-  std::optional<std::string> rev;
-  if (*o.revision_opt) rev = o.revision;
-  Checkpoint c;
-  if (!exists && o.ref.find(':') != std::string::npos) {
-    const KeyOptions keys{o.allow_local_paths};
-    ModelKey k = from_model_key(o.ref, keys);
-    if (k.revision) {
-      if (rev && *rev != *k.revision)
-        throw ResolveError("the key pins revision \"" + *k.revision + "\" but --revision is \"" +
-                           *rev + "\"");
-      rev = k.revision;
-    }
-    c = open_key_checkpoint(k, rev, keys);  // the hub cache only, unless local paths are allowed
-  } else {
-    c = open_checkpoint(o.ref, rev);
-  }
+  // A key's repo id is looked up in the hub cache only, unless local paths are allowed.
+  const Checkpoint c = open_checkpoint(
+      resolve_reference(o.ref, o.requested_revision(), KeyOptions{o.allow_local_paths}).checkpoint);
   if (!c.config_path)
     throw ResolveError("checkpoint " + c.dir + " has no config.json: the TP degree depends on it");
   return read_config_json(*c.config_path);
@@ -87,16 +71,13 @@ int run(const Options& o) {
 
 std::function<int()> setup_tp(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("ref", o->ref, "checkpoint reference, model key, or config.json")->required();
+  add_ref_argument(sub, *o, "checkpoint reference, model key, or config.json");
   o->want_opt = sub.add_option("--want", o->want, "the smallest working degree >= N")
                     ->transform(whole_number(1, INT_MAX));
-  o->revision_opt =
-      sub.add_option("--revision", o->revision, "branch, tag or commit hash of an HF repo id");
+  add_revision_option(sub, *o, "branch, tag or commit hash of an HF repo id");
   sub.add_flag("--expert-parallel", o->expert_parallel,
                "split experts too (expert count joins the gcd)");
-  sub.add_flag("--json", o->json, "print JSON instead of a table");
-  sub.add_flag("--allow-local-paths", o->allow_local_paths,
-               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
+  add_output_and_key_flags(sub, *o);
   return [o] { return run(*o); };
 }
 

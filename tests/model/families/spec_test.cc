@@ -422,7 +422,7 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   const TPRule& c_attn = tp_rule_for(gp, "transformer.h.5.attn.c_attn.weight");
   EXPECT_EQ(c_attn.style, TPStyle::kColumn);
   EXPECT_EQ(c_attn.split_dim, 1);  // Conv1D [in, out]
-  TPShard s = tp_shard(c_attn, {768, 2304}, 1, 4);
+  TpShard s = tp_shard(c_attn, {768, 2304}, 1, 4);
   EXPECT_EQ(s.dim, 1);
   // Rank 1's heads of q, of k and of v: 192 columns each.
   EXPECT_EQ(s.ranges,
@@ -435,7 +435,7 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   EXPECT_EQ(tp_rule_for(gp, "transformer.wpe.weight").style, TPStyle::kReplicated);
   const TPRule& wte = tp_rule_for(gp, "transformer.wte.weight");
   EXPECT_EQ(wte.style, TPStyle::kVocab);
-  TPShard v = tp_shard(wte, {50257, 768}, 1, 2);  // padded to 50304: 25152 rows per rank
+  TpShard v = tp_shard(wte, {50257, 768}, 1, 2);  // padded to 50304: 25152 rows per rank
   EXPECT_EQ(v.ranges, (std::vector<std::pair<int64_t, int64_t>>{{25152, 50257}}));
   EXPECT_EQ(v.shape, (std::vector<int64_t>{25152, 768}));
   // TP 3: padded to a multiple of lcm(64, 3) = 192 (50304 again), 16768 rows per rank.
@@ -447,13 +447,13 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   const TPRule& embed = tp_rule_for(tied, "model.embed_tokens.weight");
   EXPECT_EQ(tp_shard(embed, {200, 48}, 1, 3).ranges,
             (std::vector<std::pair<int64_t, int64_t>>{{128, 200}}));
-  TPShard pad_only = tp_shard(embed, {200, 48}, 2, 3);
+  TpShard pad_only = tp_shard(embed, {200, 48}, 2, 3);
   EXPECT_TRUE(pad_only.ranges.empty());
   EXPECT_EQ(pad_only.shape, (std::vector<int64_t>{128, 48}));
   EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 0, 5), FamilyError);  // 12 heads, TP 5
   EXPECT_THROW(tp_shard(c_attn, {768, 2300}, 0, 2), FamilyError);  // wrong shape
   EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 2, 2), FamilyError);  // rank out of range
-  TPShard r = tp_shard(tp_rule_for(gp, "transformer.ln_f.weight"), {768}, 1, 4);
+  TpShard r = tp_shard(tp_rule_for(gp, "transformer.ln_f.weight"), {768}, 1, 4);
   EXPECT_EQ(r.dim, -1);
   EXPECT_EQ(r.shape, (std::vector<int64_t>{768}));
 
@@ -463,13 +463,13 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   EXPECT_EQ(k.style, TPStyle::kColumn);
   EXPECT_EQ(k.split_dim, 0);
   // 8 kv heads on 16 ranks: two ranks per head; rank 3 holds kv head 1.
-  TPShard ks = tp_shard(k, {1024, 8192}, 3, 16);
+  TpShard ks = tp_shard(k, {1024, 8192}, 3, 16);
   EXPECT_EQ(ks.ranges, (std::vector<std::pair<int64_t, int64_t>>{{128, 256}}));
   EXPECT_EQ(ks.shape, (std::vector<int64_t>{128, 8192}));
   const TPRule& o = tp_rule_for(lp, "model.layers.7.self_attn.o_proj.weight");
   EXPECT_EQ(o.style, TPStyle::kRow);
   EXPECT_EQ(o.split_dim, 1);
-  TPShard os = tp_shard(o, {8192, 8192}, 2, 8);
+  TpShard os = tp_shard(o, {8192, 8192}, 2, 8);
   EXPECT_EQ(os.ranges, (std::vector<std::pair<int64_t, int64_t>>{{2048, 3072}}));
   EXPECT_EQ(os.shape, (std::vector<int64_t>{8192, 1024}));
   // 64 query heads do not split over 3 ranks; neither may query heads be replicated.
@@ -486,7 +486,7 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
 
 // For every TP size that a tensor admits, the ranks' ranges tile the split dimension exactly (or,
 // for replicated kv heads, every rank gets one whole head and every head is held).
-TEST(FamilySpec, TPShardsTileEveryTensor) {
+TEST(FamilySpec, TpShardsTileEveryTensor) {
   for (const auto& name : builtin_config_names()) {
     FamilyConfig c = builtin_config(name);
     std::vector<TPRule> plan = tp_plan(c);
@@ -496,7 +496,7 @@ TEST(FamilySpec, TPShardsTileEveryTensor) {
       const TPRule& rule = tp_rule_for(plan, p.name);
       if (!seen_patterns.insert(rule.pattern).second) continue;
       for (int64_t size : {1, 2, 3, 4, 8, 16, 32}) {
-        std::vector<TPShard> shards;
+        std::vector<TpShard> shards;
         try {
           for (int64_t r = 0; r < size; ++r) shards.push_back(tp_shard(rule, p.shape, r, size));
         } catch (const FamilyError&) {

@@ -18,13 +18,10 @@ namespace metaload {
 namespace cli {
 namespace {
 
-struct Options {
-  std::string ref, ids, device = "cpu", dtype, revision;
+struct Options : ModelBuildArgs {
+  std::string ids;
   int64_t new_tokens = 16;
   int threads = 0;
-  bool json = false, allow_local_paths = false;
-  CLI::Option* dtype_opt = nullptr;
-  CLI::Option* revision_opt = nullptr;
 };
 
 // "1,2,3;4,5,6" -> [[1,2,3],[4,5,6]] (sequences of one length; tools/cli/numbers.cc).
@@ -41,12 +38,8 @@ at::Tensor parse_ids(const std::string& text) {
 
 int run(const Options& o) {
   const at::Tensor ids = parse_ids(o.ids);
-  ModelOptions mo;
-  mo.device = parse_device(o.device, "--device");
-  if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
-  if (*o.revision_opt) mo.revision = o.revision;
+  ModelOptions mo = o.model_options();
   mo.threads = o.threads;
-  mo.keys.allow_local_paths = o.allow_local_paths;
   TransformersModel model(o.ref, mo);
   const LoadReport report = model.dispatch();
   const auto t0 = std::chrono::steady_clock::now();
@@ -101,21 +94,17 @@ int run(const Options& o) {
 
 std::function<int()> setup_run(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
+  add_model_build_options(sub, *o, "cpu or cuda[:N]");
   sub.add_option("--ids", o->ids, "prompt token ids: 1,2,3 (several sequences: 1,2;3,4)")
       ->required()
       ->check(token_ids(/*several=*/true));
   sub.add_option("--new-tokens", o->new_tokens, "tokens to generate")
       ->capture_default_str()
       ->transform(whole_number(0, INT_MAX));
-  sub.add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
-  o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
   sub.add_option("--threads", o->threads, "loader threads (default: the cores)")
       ->transform(whole_number(0, kMaxLoaderThreads));
-  o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
-  sub.add_flag("--json", o->json, "print JSON instead of a table");
-  sub.add_flag("--allow-local-paths", o->allow_local_paths,
-               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
+  add_revision_option(sub, *o, "branch, tag or commit of a repo id");
+  add_output_and_key_flags(sub, *o);
   return [o] { return run(*o); };
 }
 

@@ -148,22 +148,14 @@ void print_scan_table(const ModelScan& scan, int depth, bool collapse, std::ostr
 
 namespace {
 
-struct Options {
-  std::string ref, device = "cpu", dtype, revision;
+struct Options : ModelBuildArgs {
   int64_t batch = 1, seq = 0;
   int depth = -1;
-  bool collapse = false, json = false, allow_local_paths = false;
-  CLI::Option* dtype_opt = nullptr;
-  CLI::Option* revision_opt = nullptr;
+  bool collapse = false;
 };
 
 int run(const Options& o) {
-  ModelOptions mo;
-  mo.device = parse_device(o.device, "--device");
-  if (*o.dtype_opt) mo.dtype = parse_model_dtype(o.dtype, "--dtype");
-  if (*o.revision_opt) mo.revision = o.revision;
-  mo.keys.allow_local_paths = o.allow_local_paths;
-  TransformersModel model(o.ref, mo);
+  TransformersModel model(o.ref, o.model_options());
   const ModelScan scan = model.scan(o.batch, o.seq);
   if (o.json) {
     const nlohmann::json modules = nlohmann::json::parse(scan.modules_json());
@@ -193,23 +185,18 @@ int run(const Options& o) {
 
 std::function<int()> setup_scan(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("ref", o->ref, "checkpoint directory, HF repo id, or model key")->required();
+  add_model_build_options(sub, *o, "the device the scan claims (cpu, cuda:0; no GPU needed)");
   sub.add_option("--batch", o->batch, "batch size")
       ->capture_default_str()
       ->transform(whole_number(1, INT64_MAX));
   sub.add_option("--seq", o->seq, "sequence length")
       ->required()
       ->transform(whole_number(1, INT64_MAX));
-  sub.add_option("--device", o->device, "the device the scan claims (cpu, cuda:0; no GPU needed)")
-      ->capture_default_str();
-  o->dtype_opt = sub.add_option("--dtype", o->dtype, "model dtype (default float32)");
-  o->revision_opt = sub.add_option("--revision", o->revision, "branch, tag or commit of a repo id");
+  add_revision_option(sub, *o, "branch, tag or commit of a repo id");
   sub.add_option("--depth", o->depth, "show paths of at most N components (default: all)")
       ->transform(whole_number(0, INT_MAX));
   sub.add_flag("--collapse", o->collapse, "show only the first and last of numbered layers");
-  sub.add_flag("--json", o->json, "print JSON instead of a table");
-  sub.add_flag("--allow-local-paths", o->allow_local_paths,
-               "a model key may name a local path (keys name Hugging Face Hub repos otherwise)");
+  add_output_and_key_flags(sub, *o);
   return [o] { return run(*o); };
 }
 

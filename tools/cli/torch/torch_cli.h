@@ -21,6 +21,7 @@ namespace metaload {
 
 class TransformersModel;
 struct ModelScan;
+struct ModelOptions;
 
 namespace cli {
 
@@ -37,6 +38,17 @@ std::function<int()> setup_demo(CLI::App& sub);
 c10::Device parse_device(const std::string& text, const char* option);
 // A dtype name from the one table (model/dtypes.h) that a model can run in.
 c10::ScalarType parse_model_dtype(const std::string& text, const char* option);
+
+// The arguments of the subcommands that build a model (scan, run): REF, --device, --dtype,
+// --revision, --json and --allow-local-paths.
+struct ModelBuildArgs : ModelArgs {
+  std::string device = "cpu", dtype;
+  CLI::Option* dtype_opt = nullptr;
+  // The model options they ask for (UsageError for a bad device or dtype).
+  ModelOptions model_options() const;
+};
+// Adds REF, --device (described by `device_help`) and --dtype.
+void add_model_build_options(CLI::App& sub, ModelBuildArgs& args, const std::string& device_help);
 
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string human_bytes(uint64_t bytes);

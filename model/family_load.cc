@@ -1,0 +1,60 @@
+#include "model/family_load.h"
+
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "base/text.h"
+#include "model/families/spec.h"
+
+namespace metaload {
+
+NameMapping family_name_mapping(const FamilyConfig& config) {
+  NameMapping names;
+  names.checkpoint_to_module = [config](const std::string& n) {
+    return map_checkpoint_name(config, n);
+  };
+  names.tied = tied_parameter_groups(config);
+  std::unordered_set<std::string> computed;
+  for (const BufferSpec& b : buffer_specs(config))
+    if (!b.persistent) computed.insert(b.name);
+  names.skip = [computed](const std::string& n) { return computed.count(n) > 0; };
+  names.tp_shard = [plan = tp_plan(config)](const std::string& name,
+                                            const std::vector<int64_t>& shape, int rank, int size) {
+    return tp_shard(tp_rule_for(plan, name), shape, rank, size);
+  };
+  return names;
+}
+
+ShardShapes::ShardShapes(CausalLM& module, int rank, int size, const std::string& reference) {
+  if (size <= 1) return;
+  const std::vector<TPRule> plan = tp_plan(module.config());
+  std::unordered_set<const void*> seen;  // a tied tensor once
+  std::vector<MismatchItem> problems;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    at::Tensor t = item.value();
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    try {
+      const TpShard s = tp_shard(tp_rule_for(plan, item.key()), t.sizes().vec(), rank, size);
+      if (s.dim >= 0 && s.shape != t.sizes().vec()) {
+        whole_.emplace_back(t, t.sizes().vec());
+        t.set_data(at::empty(s.shape, t.options()));
+      }
+    } catch (const FamilyError& e) {
+      problems.push_back({item.key(), ": " + escape_text(e.message())});
+    }
+  }
+  if (problems.empty()) return;
+  undo();
+  const std::string summary =
+      fmt::format("{} cannot be split into {} tensor-parallel ranks: {} problems",
+                  escape_path(reference), size, problems.size());
+  throw MismatchError(summary, {}, {}, std::move(problems));
+}
+
+void ShardShapes::undo() {
+  for (auto& [t, shape] : whole_) t.set_data(at::empty(shape, t.options()));
+  whole_.clear();
+}
+
+}  // namespace metaload

@@ -1,0 +1,109 @@
+// TransformersModel's dispatch (the weights into the skeleton) and the real runs that need it.
+#include <fmt/format.h>
+
+#include "c10_ext/meta_mode.h"
+#include "fake_mode/fake_tensor.h"
+#include "loader/slots_torch.h"
+#include "model/family_load.h"
+#include "model/transformers_model.h"
+
+namespace metaload {
+
+bool TransformersModel::dispatched() const {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return dispatched_;
+}
+
+std::optional<LoadReport> TransformersModel::load_report() const {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return report_;
+}
+
+void TransformersModel::check_runnable(const char* what) const {
+  if (options_.tp_size > 1)
+    throw ModelError(fmt::format(
+        "{}: rank {} of a tensor-parallel split holds shards of the weights and cannot run the "
+        "model alone (metaload has no collectives); scan the whole model, or dispatch with "
+        "tp_size 1",
+        what, options_.tp_rank));
+}
+
+LoadReport TransformersModel::dispatch() {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  return dispatch_locked();
+}
+
+LoadReport TransformersModel::dispatch_locked() {
+  if (dispatched_) return report_.value_or(LoadReport{});
+  if (load_ref_.empty())
+    throw ModelError(fmt::format("{} has no checkpoint to dispatch from", reference_));
+  LoadOptions lo = options_;  // the model's options are the loader's
+  lo.names = family_name_mapping(module_->config());
+  lo.dtype.reset();     // the skeleton already has the dtype: each target keeps its own
+  lo.revision.reset();  // load_ref_ is the resolved snapshot, pinned at construction
+  // A tensor-parallel rank's skeleton takes the shard shapes first (undone if the load fails).
+  ShardShapes shards(*module_, options_.tp_rank, options_.tp_size, reference_);
+  LoadReport report;
+  try {
+    RealGuard real;  // the slots and buffers are real even inside a user's metaload.meta()
+    report = metaload::load(*module_, load_ref_, lo);
+  } catch (...) {
+    shards.undo();
+    throw;
+  }
+  {
+    RealGuard real;
+    module_->init_nonpersistent_buffers(options_.device);
+  }
+  report_ = report;
+  dispatched_ = true;
+  if (report.mapped_bytes > 0) remember_mappings_locked();
+  return report;
+}
+
+void TransformersModel::remember_mappings_locked() {
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true))
+    tensors.push_back(item.value());
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
+  for (const auto& m : mappings_of(tensors)) mapped_.push_back(m);
+}
+
+void TransformersModel::check_mapped_locked() const {
+  for (const auto& w : mapped_)
+    if (std::shared_ptr<FileMapping> m = w.lock()) m->check();
+}
+
+at::Tensor TransformersModel::forward(const at::Tensor& ids) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (!ids.defined()) throw ModelError("forward: the input ids are undefined");
+  if (ids.is_meta() || is_fake(ids)) return scan_locked({ids}, std::nullopt).logits;
+  check_runnable("forward");
+  dispatch_locked();
+  check_mapped_locked();
+  install_observer({});
+  RealGuard real;
+  at::NoGradGuard no_grad;
+  at::Tensor logits = module_->forward(ids);
+  check_mapped_locked();  // a file changed during the forward: the logits may mix two versions
+  return logits;
+}
+
+at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (!ids.defined()) throw ModelError("generate: the input ids are undefined");
+  if (ids.is_meta() || is_fake(ids))
+    throw ModelError(
+        "generate: the ids are meta or fake tensors; choosing tokens needs values (a scan "
+        "has none): pass real ids");
+  check_runnable("generate");
+  dispatch_locked();
+  check_mapped_locked();
+  install_observer({});
+  RealGuard real;
+  at::Tensor out = module_->generate(ids, n);
+  check_mapped_locked();
+  return out;
+}
+
+}  // namespace metaload
