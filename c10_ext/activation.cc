@@ -73,8 +73,7 @@ struct EnvActivation {
 };
 EnvActivation g_env_activation;
 
-// ---- control operators
-// ---------------------------------------------------------------------------
+// ---- control operators ----------------------------------------------------------------------
 
 thread_local std::vector<std::unique_ptr<Scope>> t_scopes;
 

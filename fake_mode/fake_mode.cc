@@ -38,8 +38,7 @@ c10::Device normalize(c10::Device d) {
   return c10::Device(c10::kCUDA, 0);
 }
 
-// ---- per-operator facts
-// ----------------------------------------------------------------------------
+// ---- per-operator facts ---------------------------------------------------------------------
 
 struct OpInfo {
   int8_t device = -1;         // index of a `device` argument (factories, _to_copy)
@@ -105,8 +104,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return cached_op_info<OpInfo, &classify>(op);
 }
 
-// ---- device rules
-// ---------------------------------------------------------------------------------
+// ---- device rules ---------------------------------------------------------------------------
 
 // Gathers the devices of an op's tensor arguments the way a real run checks them.
 struct DeviceRule {
@@ -315,8 +313,7 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
 }
 
-// ---- registration
-// ---------------------------------------------------------------------------------
+// ---- registration ---------------------------------------------------------------------------
 
 std::once_flag g_register_once;
 std::atomic<bool> g_registered{false};
@@ -383,8 +380,7 @@ FakeMode::~FakeMode() {
 
 namespace {
 
-// ---- operators for Python
-// ---------------------------------------------------------------------------
+// ---- operators for Python -------------------------------------------------------------------
 
 int64_t enter_fake(c10::string_view device) {
   return push_scope(std::make_unique<ScopeOf<FakeMode>>(c10::Device(std::string(device))));
