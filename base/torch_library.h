@@ -5,14 +5,26 @@
 // a throw there terminates the process. That happens whenever a second copy of libmetaload.so is
 // loaded from another path (LD_PRELOAD of one copy, torch.ops.load_library of another). With these
 // macros the first copy loaded owns the `metaload::` operators; a later copy registers none of
-// them and says so once on stderr (its modes then raise ModeError: the dispatch keys are taken).
+// them and says so once in a warning (its modes then raise ModeError: the dispatch keys are taken).
 #pragma once
 
 #include <torch/library.h>
 
 #include <cstdint>
+#include <string>
 
 namespace metaload {
+
+// A warning raised while the library loads, through torch's warning machinery (TORCH_WARN), so
+// that Python's `warnings` module sees it. Static initializers run inside dlopen, where no Python
+// caller can catch a warning; so inside a Python process (Py_IsInitialized is exported, whether the
+// interpreter has started or the library was preloaded) the warning is kept until
+// raise_load_warnings() -- which metaload::init, the first call `import metaload` makes, runs.
+// Elsewhere (a C++ program) it is raised at once and c10's handler prints it on stderr.
+void load_warning(const std::string& message);
+
+// Raises every warning load_warning kept, once each (TORCH_WARN, on the calling thread).
+void raise_load_warnings();
 
 // Runs `init` on a fresh library object of `kind` for namespace "metaload", unless another copy
 // of the library registered the namespace first; a failure is a warning, never an abort.

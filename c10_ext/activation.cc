@@ -108,6 +108,7 @@ bool key_registered() {
 
 void init() {
   run_deferred_registrations();
+  raise_load_warnings();  // those of the load, which no Python caller could catch then
 }
 
 }  // namespace
