@@ -215,13 +215,13 @@ using New = Tensor(CT, IntArrayRef, OptDtype, optional<at::Layout>, optional<at:
 using Factory = Tensor(IntArrayRef, OptDtype, optional<at::Layout>, optional<at::Device>,
                        optional<bool>);
 
-// The ops that dominate transformer and CNN forwards (measured: GPT-2, Llama, ViT, ResNet scans),
-// their in-place forms, and the pointwise/reduction ops around them. Ops with a kernel in
-// metaload's own table (relu, where, index_select, layer/batch norm, convolution, ...) are not
-// here: that kernel is C++ already and serves Meta.
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = {
-      // binary pointwise
+// A comparison's Tensor and Scalar forms.
+#define COMPARISONS(op) \
+  META("aten::" #op ".Tensor", Binary, op), META("aten::" #op ".Scalar", WithScalar, op)
+
+// Binary pointwise ops and their in-place forms.
+std::vector<Entry> binary_pointwise() {
+  return {
       META("aten::add.Tensor", BinaryAlpha, add),
       META("aten::add_.Tensor", BinaryAlphaIn, add_),
       META("aten::sub.Tensor", BinaryAlpha, sub),
@@ -240,18 +240,12 @@ const std::vector<Entry>& entries() {
       META("aten::pow.Scalar", Tensor(CS, CT), pow),
       META("aten::fmod.Tensor", Binary, fmod),
       META("aten::remainder.Tensor", Binary, remainder),
-      META("aten::eq.Tensor", Binary, eq),
-      META("aten::ne.Tensor", Binary, ne),
-      META("aten::lt.Tensor", Binary, lt),
-      META("aten::le.Tensor", Binary, le),
-      META("aten::gt.Tensor", Binary, gt),
-      META("aten::ge.Tensor", Binary, ge),
-      META("aten::eq.Scalar", WithScalar, eq),
-      META("aten::ne.Scalar", WithScalar, ne),
-      META("aten::lt.Scalar", WithScalar, lt),
-      META("aten::le.Scalar", WithScalar, le),
-      META("aten::gt.Scalar", WithScalar, gt),
-      META("aten::ge.Scalar", WithScalar, ge),
+      COMPARISONS(eq),
+      COMPARISONS(ne),
+      COMPARISONS(lt),
+      COMPARISONS(le),
+      COMPARISONS(gt),
+      COMPARISONS(ge),
       META("aten::bitwise_and.Tensor", Binary, bitwise_and),
       META("aten::bitwise_or.Tensor", Binary, bitwise_or),
       META("aten::bitwise_xor.Tensor", Binary, bitwise_xor),
@@ -267,7 +261,12 @@ const std::vector<Entry>& entries() {
       COMPOSITE("aten::mul_.Scalar", WithScalarIn, mul_scalar_),
       COMPOSITE("aten::div.Scalar", WithScalar, div_scalar),
       COMPOSITE("aten::div_.Scalar", WithScalarIn, div_scalar_),
-      // unary pointwise and activations
+  };
+}
+
+// Unary pointwise ops and activations.
+std::vector<Entry> unary_pointwise() {
+  return {
       META("aten::neg", Unary, neg),
       META("aten::neg_", UnaryIn, neg_),
       META("aten::exp", Unary, exp),
@@ -307,7 +306,12 @@ const std::vector<Entry>& entries() {
       META("aten::clamp_", ClampIn, clamp_),
       META("aten::clamp_min", WithScalar, clamp_min),
       META("aten::clamp_max", WithScalar, clamp_max),
-      // matrix products
+  };
+}
+
+// Matrix products, softmax and reductions.
+std::vector<Entry> products_and_reductions() {
+  return {
       META("aten::mm", Binary, mm),
       META("aten::bmm", Binary, bmm),
       META("aten::addmm", Affine, addmm),
@@ -331,7 +335,12 @@ const std::vector<Entry>& entries() {
       META("aten::cumsum", Tensor(CT, int64_t, OptDtype), cumsum),
       META("aten::topk", Pair(CT, int64_t, int64_t, bool, bool), topk),
       META("aten::sort.stable", Pair(CT, optional<bool>, int64_t, bool), sort),
-      // joining, masking, gathering
+  };
+}
+
+// Joining, masking, gathering, normalisation, pooling and resampling.
+std::vector<Entry> joining_and_resampling() {
+  return {
       META("aten::cat", Tensor(const at::ITensorListRef&, int64_t), cat),
       META("aten::tril", Diagonal, tril),
       META("aten::triu", Diagonal, triu),
@@ -361,7 +370,12 @@ const std::vector<Entry>& entries() {
            upsample_nearest2d),
       META("aten::upsample_bilinear2d",
            Tensor(CT, IntArrayRef, bool, optional<double>, optional<double>), upsample_bilinear2d),
-      // initialisation and factories
+  };
+}
+
+// Initialisation and factories.
+std::vector<Entry> initialisation() {
+  return {
       META("aten::uniform_", Random, uniform_),
       META("aten::normal_", Random, normal_),
       META("aten::fill_.Scalar", WithScalarIn, fill_),
@@ -379,9 +393,26 @@ const std::vector<Entry>& entries() {
       COMPOSITE("aten::new_ones", New, new_filled),
       COMPOSITE("aten::zeros", Factory, filled),
   };
+}
+
+// The ops that dominate transformer and CNN forwards (measured: GPT-2, Llama, ViT, ResNet scans),
+// their in-place forms, and the pointwise/reduction ops around them. Ops with a kernel in
+// metaload's own table (relu, where, index_select, layer/batch norm, convolution, ...) are not
+// here: that kernel is C++ already and serves Meta.
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> table = [] {
+    std::vector<Entry> all;
+    for (auto part : {&binary_pointwise, &unary_pointwise, &products_and_reductions,
+                      &joining_and_resampling, &initialisation}) {
+      const std::vector<Entry> entries = part();
+      all.insert(all.end(), entries.begin(), entries.end());
+    }
+    return all;
+  }();
   return table;
 }
 
+#undef COMPARISONS
 #undef AS_PYTHON
 #undef COMPOSITE
 #undef META
