@@ -218,9 +218,7 @@ TEST(PlanTest, MalformedJobsAreNamedErrors) {
     FAIL();
   } catch (const ReadError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("f.bin"), std::string::npos) << m;
-    EXPECT_NE(m.find("model.embed"), std::string::npos) << m;
-    EXPECT_NE(m.find("[900, 1100)"), std::string::npos) << m;
+    expect_contains(m, {"f.bin", "model.embed", "[900, 1100)"});
   }
   CopyJob no_dst = whole("t", 0, 0, 16);
   EXPECT_THROW(plan_pieces({no_dst}, one_file(1000), {1 << 20, 1 << 20, 0, 0}), PlanError);
@@ -349,9 +347,7 @@ TEST_P(EngineTest, ProgressBarOnStderrOnlyWhenAskedOrATerminal) {
   ::testing::internal::CaptureStderr();
   run_engine(GetParam(), s.files, s.jobs, opt);
   const std::string bar = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(bar.find("metaload ["), std::string::npos) << bar;
-  EXPECT_NE(bar.find("GB/s"), std::string::npos) << bar;
-  EXPECT_NE(bar.find("ETA"), std::string::npos) << bar;
+  expect_contains(bar, {"metaload [", "GB/s", "ETA"});
   EXPECT_EQ(bar.back(), '\n');
   opt.bar = ProgressBar::kAuto;  // stderr is a pipe here: silent
   ::testing::internal::CaptureStderr();
@@ -386,9 +382,7 @@ TEST_P(EngineTest, ProgressBarOnAnAutoDetectedTerminal) {
   ::fcntl(master, F_SETFL, O_NONBLOCK);
   for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) got.append(buf, n);
   ::close(master);
-  EXPECT_NE(got.find("metaload ["), std::string::npos) << got;
-  EXPECT_NE(got.find("GB/s"), std::string::npos) << got;
-  EXPECT_NE(got.find("ETA"), std::string::npos) << got;
+  expect_contains(got, {"metaload [", "GB/s", "ETA"});
 }
 
 // Several readers really run: each read waits (up to 2 s) until a second thread has read too, so
@@ -582,8 +576,7 @@ TEST_P(EngineFailureTest, FileShorterThanItsTensors) {
   build_mixed(s);
   ASSERT_EQ(::truncate(s.files[1].c_str(), 700000), 0);
   const std::string m = expect_failure<ReadError>(s, {});
-  EXPECT_NE(m.find("shard1.bin: file is 700000 bytes"), std::string::npos) << m;
-  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  expect_contains(m, {"shard1.bin: file is 700000 bytes", "truncated"});
 }
 
 TEST_P(EngineFailureTest, FileTruncatedWhileReading) {
@@ -599,9 +592,8 @@ TEST_P(EngineFailureTest, FileTruncatedWhileReading) {
   };
   const std::string m = expect_failure<ReadError>(s, opt);
   // Which reader hits the end first depends on timing; any of them names file, offset, tensor.
-  EXPECT_NE(m.find("shard0.bin: unexpected end of file at offset "), std::string::npos) << m;
-  EXPECT_NE(m.find("while reading tensor '"), std::string::npos) << m;
-  EXPECT_NE(m.find("the file was truncated"), std::string::npos) << m;
+  expect_contains(m, {"shard0.bin: unexpected end of file at offset ", "while reading tensor '",
+                      "the file was truncated"});
 }
 
 TEST_P(EngineFailureTest, ReadError) {
@@ -616,8 +608,7 @@ TEST_P(EngineFailureTest, ReadError) {
     return ::pread(fd, buf, n, static_cast<off_t>(off));
   };
   const std::string m = expect_failure<metaload::ReadError>(s, opt);
-  EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
-  EXPECT_NE(m.find("tensor '"), std::string::npos) << m;
+  expect_contains(m, {"Input/output error", "tensor '"});
 }
 
 TEST_P(EngineFailureTest, CancelledFromAnotherThread) {
@@ -838,8 +829,7 @@ TEST(TpTest, ImpossibleSlicesAreNamedErrors) {
     FAIL();
   } catch (const SliceError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("model.layers.0.mlp.down_proj.weight"), std::string::npos) << m;
-    EXPECT_NE(m.find("8 is not divisible by 3"), std::string::npos) << m;
+    expect_contains(m, {"model.layers.0.mlp.down_proj.weight", "8 is not divisible by 3"});
   }
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {2, 0, 2}, "w"), SliceError);  // no dim 2
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {0, 2, 2}, "w"), SliceError);  // rank 2 of 2

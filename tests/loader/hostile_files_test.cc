@@ -30,7 +30,7 @@ using testing::expect_error;
 using testing::ScopedEnv;
 using testing::TempDir;
 
-const std::string kHash = "0123456789abcdef0123456789abcdef01234567";
+const std::string& kHash = testing::kCommitHash;
 
 std::string nested_arrays(size_t depth, const std::string& inner = "") {
   return std::string(depth, '[') + inner + std::string(depth, ']');

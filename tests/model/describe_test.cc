@@ -21,6 +21,7 @@ namespace metaload {
 namespace {
 
 using testing::expect_error;
+using testing::ScopedCwd;
 using testing::ScopedEnv;
 using testing::TempDir;
 
@@ -51,20 +52,6 @@ void write_sparse(const std::string& dir, const std::string& config_name, DType 
   }
   w.write();
 }
-
-// Changes the working directory for a scope.
-class ScopedCwd {
- public:
-  explicit ScopedCwd(const std::string& dir) {
-    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
-  }
-  ~ScopedCwd() {
-    if (::chdir(old_) != 0) std::abort();
-  }
-
- private:
-  char old_[PATH_MAX];
-};
 
 std::string key_of(const std::string& repo_id) {
   return std::string(kTransformersModel) + ":" +

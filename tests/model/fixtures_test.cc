@@ -246,8 +246,7 @@ TEST(Fixtures, HubCacheNeverRepointsARepoItDidNotCreate) {
   FixtureOptions o = opts("gpt2-tiny");
   o.hf_cache = d / "hub";
   o.repo = "metaload-test/real";
-  const std::string m =
-      expect_error<FixtureError>([&] { make_checkpoint(o); }).what();
+  const std::string m = expect_error<FixtureError>([&] { make_checkpoint(o); }).what();
   EXPECT_NE(m.find("refusing to repoint refs/main of 'metaload-test/real'"), std::string::npos)
       << m;
   EXPECT_NE(m.find(repo_dir), std::string::npos) << m;
