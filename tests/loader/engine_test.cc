@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -55,13 +56,19 @@ std::vector<PlanFile> one_file(uint64_t size) {
   return {{"f.bin", size}};
 }
 
-TEST(PlanTest, CoalescesTensorsAdjacentInFileAndMemoryIntoOneRead) {
-  std::vector<unsigned char> mem(3000);
+// Tensors a, b and c back to back both in f.bin (from offset 100) and in `mem` (3000 bytes).
+std::vector<CopyJob> adjacent_abc(std::vector<unsigned char>& mem) {
   std::vector<CopyJob> jobs = {whole("a", 0, 100, 1000), whole("b", 0, 1100, 1000),
                                whole("c", 0, 2100, 800)};
   jobs[0].dst = mem.data();
   jobs[1].dst = mem.data() + 1000;
   jobs[2].dst = mem.data() + 2000;
+  return jobs;
+}
+
+TEST(PlanTest, CoalescesTensorsAdjacentInFileAndMemoryIntoOneRead) {
+  std::vector<unsigned char> mem(3000);
+  std::vector<CopyJob> jobs = adjacent_abc(mem);
   PlanLimits lim{1 << 20, 1 << 20, 0, 0};
   std::vector<Piece> p = plan_pieces(jobs, one_file(4000), lim);
   ASSERT_EQ(p.size(), 1u);
@@ -145,11 +152,8 @@ TEST(PlanTest, StagedPlanMergesNeighboursWithSmallHolesIntoOneBuffer) {
 TEST(PlanTest, JobsOutOfFileOrderAreReadInFileOffsetOrder) {
   std::vector<unsigned char> mem(3000);
   // Given last-to-first; the slots are in file order, so one read fills all three.
-  std::vector<CopyJob> jobs = {whole("c", 0, 2100, 800), whole("b", 0, 1100, 1000),
-                               whole("a", 0, 100, 1000)};
-  jobs[2].dst = mem.data();
-  jobs[1].dst = mem.data() + 1000;
-  jobs[0].dst = mem.data() + 2000;
+  std::vector<CopyJob> jobs = adjacent_abc(mem);
+  std::reverse(jobs.begin(), jobs.end());
   std::vector<Piece> p = plan_pieces(jobs, one_file(4000), {1 << 20, 1 << 20, 0, 0});
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].offset, 100u);

@@ -21,7 +21,6 @@ namespace metaload {
 namespace {
 
 using testing::expect_error;
-using testing::ScopedCwd;
 using testing::ScopedEnv;
 using testing::TempDir;
 
@@ -78,7 +77,7 @@ TEST(Describe, KeysAreLookedUpInTheHubCacheNeverInTheWorkingDirectory) {
   testing::make_dir(root / "tiny");
   write_sparse(root / "tiny", "gpt2", DType::F32, false, 0);
   ScopedEnv cache("HF_HUB_CACHE", (root / "hub").c_str());  // holds no "tiny"
-  ScopedCwd cwd(root.path());
+  testing::ScopedCwd cwd(root.path());
   // "tiny" is a valid Hub repo id; ./tiny is a checkpoint, but a key never names it ...
   const ResolveError e = expect_error<ResolveError>([&] { describe_checkpoint(key_of("tiny")); });
   EXPECT_NE(std::string(e.what()).find("hub"), std::string::npos) << e.what();
