@@ -220,7 +220,7 @@ LoadReport run_after_mapping(const std::vector<std::string>& files,
 }
 
 SlotLoad load_cpu_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
-                        const std::vector<SpecPlan>& plans, const EngineOptions& options) {
+                        std::vector<SpecPlan>& plans, const EngineOptions& options) {
   SlotLoad out;
   out.tensors.reserve(specs.size());
   // Zero-copy where asked and possible; those specs are then done.
@@ -248,7 +248,7 @@ SlotLoad load_cpu_slots(const std::vector<std::string>& files, const std::vector
 }
 
 SlotLoad load_staged_slots(const std::vector<std::string>& files,
-                           const std::vector<SlotSpec>& specs, const std::vector<SpecPlan>& plans,
+                           const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
                            at::Device device, const EngineOptions& options, DeviceOps* staged) {
   std::unique_ptr<DeviceOps> owned;
   DeviceOps* ops = staged;
