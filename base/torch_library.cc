@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -58,16 +59,22 @@ void load_warning(const std::string& message) {
     return;
   }
   std::lock_guard<std::mutex> lock(kept_mu());
+  if (kept_warnings().empty()) {
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] {
+      std::atexit([] {
+        for (const std::string& m : take_load_warnings()) TORCH_WARN(m);
+      });
+    });
+  }
   kept_warnings().push_back(message);
 }
 
-void raise_load_warnings() {
+std::vector<std::string> take_load_warnings() {
   std::vector<std::string> kept;
-  {
-    std::lock_guard<std::mutex> lock(kept_mu());
-    kept.swap(kept_warnings());
-  }
-  for (const auto& message : kept) TORCH_WARN(message);
+  std::lock_guard<std::mutex> lock(kept_mu());
+  kept.swap(kept_warnings());
+  return kept;
 }
 
 __attribute__((visibility("protected"))) bool owns_metaload_operators() {
@@ -85,8 +92,10 @@ __attribute__((visibility("protected"))) bool register_metaload_library(
     init(*lib);
     return true;
   } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its message, no backtrace
     load_warning(std::string("metaload: registering operators from ") + file + ":" +
-                 std::to_string(line) + " failed: " + e.what());
+                 std::to_string(line) +
+                 " failed: " + (c10_error ? c10_error->what_without_backtrace() : e.what()));
     return false;
   }
 }

@@ -12,19 +12,22 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace metaload {
 
-// A warning raised while the library loads, through torch's warning machinery (TORCH_WARN), so
-// that Python's `warnings` module sees it. Static initializers run inside dlopen, where no Python
-// caller can catch a warning; so inside a Python process (Py_IsInitialized is exported, whether the
-// interpreter has started or the library was preloaded) the warning is kept until
-// raise_load_warnings() -- which metaload::init, the first call `import metaload` makes, runs.
-// Elsewhere (a C++ program) it is raised at once and c10's handler prints it on stderr.
+// A warning raised while the library loads, through torch's warning machinery (TORCH_WARN) or,
+// in Python, Python's `warnings`. Static initializers run inside dlopen, where no Python caller
+// can catch a warning, and calls through torch.ops do not turn TORCH_WARN into Python warnings;
+// so in a Python process (Py_IsInitialized is exported, whether the interpreter has started or the
+// library was preloaded) the warning is kept, and the Python package raises each kept one as a
+// UserWarning right after loading the library (take_load_warnings, through the operator
+// metaload::load_warnings). Elsewhere (a C++ program) it is raised at once, and c10's handler
+// prints it on stderr; so are kept warnings nobody took, when the process exits.
 void load_warning(const std::string& message);
 
-// Raises every warning load_warning kept, once each (TORCH_WARN, on the calling thread).
-void raise_load_warnings();
+// The warnings load_warning kept, each once; the caller raises them.
+std::vector<std::string> take_load_warnings();
 
 // Runs `init` on a fresh library object of `kind` for namespace "metaload", unless another copy
 // of the library registered the namespace first; a failure is a warning, never an abort.

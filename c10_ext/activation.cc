@@ -108,7 +108,10 @@ bool key_registered() {
 
 void init() {
   run_deferred_registrations();
-  raise_load_warnings();  // those of the load, which no Python caller could catch then
+}
+
+std::vector<std::string> load_warnings() {
+  return take_load_warnings();
 }
 
 }  // namespace
@@ -138,6 +141,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("reset_forcing_stats() -> ()", &metaload::reset_stats);
   m.def("mode_key_registered() -> bool", &metaload::key_registered);
   m.def("init() -> ()", &metaload::init);
+  m.def("load_warnings() -> str[]", &metaload::load_warnings);
 }
 
 // With MetaMode or FakeMode on, their key is in the thread's key set, so even these operators
@@ -154,6 +158,7 @@ void control_kernels(torch::Library& m) {
   m.impl("reset_forcing_stats", &metaload::reset_stats);
   m.impl("mode_key_registered", &metaload::key_registered);
   m.impl("init", &metaload::init);
+  m.impl("load_warnings", &metaload::load_warnings);
 }
 }  // namespace
 

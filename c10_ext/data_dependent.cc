@@ -205,7 +205,9 @@ void register_data_dependent_kernels() {
       }
     } catch (const std::exception& e) {
       // Loading the library must never abort the process: these kernels only improve messages.
-      load_warning(std::string("metaload: data-dependent op kernels not registered: ") + e.what());
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its message, no backtrace
+      load_warning(std::string("metaload: data-dependent op kernels not registered: ") +
+                   (c10_error ? c10_error->what_without_backtrace() : e.what()));
     }
   }
 }
