@@ -337,8 +337,8 @@ def test_a_warning_of_the_load_reaches_pythons_warnings():
     # raised by the package right after loading it: `warnings` sees it, stderr does not.
     r = run_python(LOAD_WARNING)
     assert r.returncode == 0, r.stderr
-    count, category, message = r.stdout.splitlines()
-    assert (count, category) == ("1", "UserWarning"), r.stdout
+    first, message = r.stdout.split("\n", 1)  # torch's message may span lines
+    assert first == "1 UserWarning", r.stdout
     assert "swap.cc" in message and "failed" in message and "swap_tensors" in message, message
     assert "Exception raised from" not in message  # torch's message, without its backtrace
     assert "registering operators from" not in r.stderr
