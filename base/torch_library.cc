@@ -3,13 +3,32 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>
 
-#include <cstdio>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace metaload {
 namespace {
+
+std::mutex& kept_mu() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::string>& kept_warnings() {
+  static std::vector<std::string> v;
+  return v;
+}
+
+// A Python interpreter exports Py_IsInitialized from its executable (or libpython).
+bool in_python_process() {
+  static const bool python = dlsym(RTLD_DEFAULT, "Py_IsInitialized") != nullptr;
+  return python;
+}
 
 std::string this_copy_path() {
   Dl_info info{};
@@ -24,15 +43,39 @@ std::string this_copy_path() {
 bool decide_owner() {
   const bool taken = c10::Dispatcher::singleton().findSchema({"metaload::init", ""}).has_value();
   if (taken) {
-    std::fprintf(stderr,
-                 "metaload: warning: another copy of libmetaload is already loaded; this copy (%s) "
-                 "registers no metaload:: operators and cannot switch its modes on\n",
-                 this_copy_path().c_str());
+    // Raised now, not kept: this copy registers no init of its own to raise it later.
+    TORCH_WARN("metaload: another copy of libmetaload is already loaded; this copy (",
+               this_copy_path(),
+               ") registers no metaload:: operators and cannot switch its modes on");
   }
   return !taken;
 }
 
 }  // namespace
+
+void load_warning(const std::string& message) {
+  if (!in_python_process()) {
+    TORCH_WARN(message);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(kept_mu());
+  if (kept_warnings().empty()) {
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] {
+      std::atexit([] {
+        for (const std::string& m : take_load_warnings()) TORCH_WARN(m);
+      });
+    });
+  }
+  kept_warnings().push_back(message);
+}
+
+std::vector<std::string> take_load_warnings() {
+  std::vector<std::string> kept;
+  std::lock_guard<std::mutex> lock(kept_mu());
+  kept.swap(kept_warnings());
+  return kept;
+}
 
 __attribute__((visibility("protected"))) bool owns_metaload_operators() {
   static const bool owner = decide_owner();
@@ -49,8 +92,10 @@ __attribute__((visibility("protected"))) bool register_metaload_library(
     init(*lib);
     return true;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "metaload: warning: registering operators from %s:%u failed: %s\n", file,
-                 line, e.what());
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its message, no backtrace
+    load_warning(std::string("metaload: registering operators from ") + file + ":" +
+                 std::to_string(line) +
+                 " failed: " + (c10_error ? c10_error->what_without_backtrace() : e.what()));
     return false;
   }
 }

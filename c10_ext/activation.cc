@@ -73,8 +73,7 @@ struct EnvActivation {
 };
 EnvActivation g_env_activation;
 
-// ---- control operators
-// ---------------------------------------------------------------------------
+// ---- control operators ----------------------------------------------------------------------
 
 thread_local std::vector<std::unique_ptr<Scope>> t_scopes;
 
@@ -111,6 +110,10 @@ void init() {
   run_deferred_registrations();
 }
 
+std::vector<std::string> load_warnings() {
+  return take_load_warnings();
+}
+
 }  // namespace
 
 int64_t push_scope(std::unique_ptr<Scope> scope) {
@@ -138,6 +141,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("reset_forcing_stats() -> ()", &metaload::reset_stats);
   m.def("mode_key_registered() -> bool", &metaload::key_registered);
   m.def("init() -> ()", &metaload::init);
+  m.def("load_warnings() -> str[]", &metaload::load_warnings);
 }
 
 // With MetaMode or FakeMode on, their key is in the thread's key set, so even these operators
@@ -154,6 +158,7 @@ void control_kernels(torch::Library& m) {
   m.impl("reset_forcing_stats", &metaload::reset_stats);
   m.impl("mode_key_registered", &metaload::key_registered);
   m.impl("init", &metaload::init);
+  m.impl("load_warnings", &metaload::load_warnings);
 }
 }  // namespace
 

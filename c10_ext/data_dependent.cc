@@ -7,12 +7,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/registration.h"
+#include "base/torch_library.h"
 #include "c10_ext/data_dependent.h"
 #include "c10_ext/mode_key.h"
 
@@ -205,8 +205,9 @@ void register_data_dependent_kernels() {
       }
     } catch (const std::exception& e) {
       // Loading the library must never abort the process: these kernels only improve messages.
-      std::fprintf(stderr, "metaload: warning: data-dependent op kernels not registered: %s\n",
-                   e.what());
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its message, no backtrace
+      load_warning(std::string("metaload: data-dependent op kernels not registered: ") +
+                   (c10_error ? c10_error->what_without_backtrace() : e.what()));
     }
   }
 }

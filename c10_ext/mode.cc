@@ -27,6 +27,7 @@
 #include "base/torch_compat.h"
 #include "c10_ext/data_dependent.h"
 #include "c10_ext/meta_mode.h"
+#include "c10_ext/mode_fallback.h"
 #include "c10_ext/mode_key.h"
 #include "c10_ext/op_args.h"
 #include "c10_ext/values.h"
@@ -191,74 +192,85 @@ void note_device(const c10::IValue& v) {
   }
 }
 
+// kDeviceArg: the device argument becomes meta, pinning is dropped; empty() and empty_strided()
+// may get a host shadow buffer instead (shadow_empty).
+void force_device_arg(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                      size_t base, size_t n_args) {
+  auto& s = *stack;
+  auto& dev = s[base + info.device];
+  note_device(dev);
+  bool requested_meta = false;
+  if (dev.isDevice()) {
+    requested_meta = dev.toDevice().is_meta();
+  } else if (info.self >= 0 && s[base + info.self].isTensor()) {
+    requested_meta = s[base + info.self].toTensor().is_meta();  // *_like, new_*, to: self's device
+  }
+  const bool source_meta = info.is_to && info.self >= 0 && s[base + info.self].toTensor().is_meta();
+  if (info.direct_empty && !requested_meta) {
+    at::Tensor t = shadow_empty(info, s, base, op.schema().name() == "aten::empty_strided");
+    if (t.defined()) {
+      torch::jit::drop(*stack, n_args);
+      count_forced(t, /*saved_bytes=*/false);
+      stack->emplace_back(std::move(t));
+      return;
+    }
+  }
+  dev = c10::IValue(c10::Device(c10::kMeta));
+  if (info.pin_memory >= 0) s[base + info.pin_memory] = c10::IValue();
+  call_below(op, stack);
+  if (!requested_meta && !source_meta && !stack->empty() && stack->back().isTensor()) {
+    count_forced(stack->back().toTensor(), /*saved_bytes=*/true);
+  }
+}
+
+// kLift, kPin: a host tensor torch.tensor / numpy made becomes its meta twin (a lifted CPU one
+// keeps its values).
+void force_host_copy(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     size_t base, size_t n_args) {
+  const at::Tensor self = (*stack)[base].toTensor();
+  if (self.is_meta()) return call_below(op, stack);
+  at::Tensor out;
+  {
+    c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
+    out = meta_like(self);
+  }
+  torch::jit::drop(*stack, n_args);
+  // The host data already exists: nothing saved but the copy.
+  count_forced(out, /*saved_bytes=*/info.kind == OpKind::kPin);
+  if (info.kind == OpKind::kLift && self.device().is_cpu()) attach_values(out, self);
+  stack->emplace_back(std::move(out));
+}
+
+// kToOther: to(other) takes a meta stand-in for `other`.
+void force_to_other(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t base) {
+  auto& s = *stack;
+  auto& other = s[base + 1];
+  if (other.isTensor() && !other.toTensor().is_meta()) {
+    c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
+    other = c10::IValue(at::empty({0}, other.toTensor().options().device(c10::kMeta)));
+  }
+  const bool source_meta = s[base].toTensor().is_meta();
+  call_below(op, stack);
+  if (!source_meta) count_forced(stack->back().toTensor(), /*saved_bytes=*/true);
+}
+
 // Forces the op's results onto meta (values aside).
 void force(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (info.kind == OpKind::kPassthrough) return call_below(op, stack);
-
   const size_t n_args = op.schema().arguments().size();
   const size_t base = stack->size() - n_args;
-  auto& s = *stack;
-
   switch (info.kind) {
-    case OpKind::kDeviceArg: {
-      auto& dev = s[base + info.device];
-      note_device(dev);
-      bool requested_meta = false;
-      if (dev.isDevice()) {
-        requested_meta = dev.toDevice().is_meta();
-      } else if (info.self >= 0 && s[base + info.self].isTensor()) {
-        requested_meta =
-            s[base + info.self].toTensor().is_meta();  // *_like, new_*, to: self's device
-      }
-      const bool source_meta =
-          info.is_to && info.self >= 0 && s[base + info.self].toTensor().is_meta();
-      if (info.direct_empty && !requested_meta) {
-        at::Tensor t = shadow_empty(info, s, base, op.schema().name() == "aten::empty_strided");
-        if (t.defined()) {
-          torch::jit::drop(*stack, n_args);
-          count_forced(t, /*saved_bytes=*/false);
-          stack->emplace_back(std::move(t));
-          return;
-        }
-      }
-      dev = c10::IValue(c10::Device(c10::kMeta));
-      if (info.pin_memory >= 0) s[base + info.pin_memory] = c10::IValue();
-      call_below(op, stack);
-      if (!requested_meta && !source_meta && !stack->empty() && stack->back().isTensor()) {
-        count_forced(stack->back().toTensor(), /*saved_bytes=*/true);
-      }
-      return;
-    }
+    case OpKind::kDeviceArg:
+      return force_device_arg(info, op, stack, base, n_args);
     case OpKind::kLift:
-    case OpKind::kPin: {
-      const at::Tensor self = s[base].toTensor();
-      if (self.is_meta()) return call_below(op, stack);
-      at::Tensor out;
-      {
-        c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
-        out = meta_like(self);
-      }
-      torch::jit::drop(*stack, n_args);
-      // The host data already exists (torch.tensor / numpy made it): nothing saved but the copy.
-      count_forced(out, /*saved_bytes=*/info.kind == OpKind::kPin);
-      if (info.kind == OpKind::kLift && self.device().is_cpu()) attach_values(out, self);
-      stack->emplace_back(std::move(out));
-      return;
-    }
-    case OpKind::kToOther: {
-      auto& other = s[base + 1];
-      if (other.isTensor() && !other.toTensor().is_meta()) {
-        c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
-        other = c10::IValue(at::empty({0}, other.toTensor().options().device(c10::kMeta)));
-      }
-      const bool source_meta = s[base].toTensor().is_meta();
-      call_below(op, stack);
-      if (!source_meta) count_forced(stack->back().toTensor(), /*saved_bytes=*/true);
-      return;
-    }
+    case OpKind::kPin:
+      return force_host_copy(info, op, stack, base, n_args);
+    case OpKind::kToOther:
+      return force_to_other(op, stack, base);
     case OpKind::kReadsValues:
-      for (size_t i = base; i < s.size(); ++i) {
-        if (s[i].isTensor() && s[i].toTensor().is_meta()) raise_data_dependent(op, stack);
+      for (size_t i = base; i < stack->size(); ++i) {
+        const c10::IValue& v = (*stack)[i];
+        if (v.isTensor() && v.toTensor().is_meta()) raise_data_dependent(op, stack);
       }
       break;
     case OpKind::kPassthrough:
@@ -299,6 +311,17 @@ void forget_written(const OpInfo& info, const torch::jit::Stack& args) {
   }
 }
 
+// `v` with `f` applied to it, or, for a list, to each element (a new list of the same type).
+template <class F>
+c10::IValue map_elements(const c10::IValue& v, F f) {
+  if (!v.isList()) return f(v);
+  c10::impl::GenericList in = v.toList();
+  c10::impl::GenericList out(in.elementType());
+  out.reserve(in.size());
+  for (const auto& e : v.toListRef()) out.push_back(f(e));
+  return c10::IValue(std::move(out));
+}
+
 // Runs `op` on CPU for the values: meta tensors with values become CPU aliases of them (an in-place
 // op writes into them), devices become cpu, pinning (which needs a GPU) is dropped.
 torch::jit::Stack run_on_values(const OpInfo& info, const c10::OperatorHandle& op,
@@ -311,17 +334,7 @@ torch::jit::Stack run_on_values(const OpInfo& info, const c10::OperatorHandle& o
     return v;
   };
   c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);
-  for (auto& v : args) {
-    if (v.isList()) {
-      c10::impl::GenericList in = v.toList();
-      c10::impl::GenericList out(in.elementType());
-      out.reserve(in.size());
-      for (const auto& e : v.toListRef()) out.push_back(swap(e));
-      v = c10::IValue(std::move(out));
-    } else {
-      v = swap(v);
-    }
-  }
+  for (auto& v : args) v = map_elements(v, swap);
   if (info.pin_memory >= 0 && args[info.pin_memory].isBool()) {
     args[info.pin_memory] = c10::IValue(false);
   }
@@ -353,6 +366,7 @@ void attach(const c10::IValue& meta, const c10::IValue& values) {
 
 // A result computed on CPU, as the meta tensor forcing gives (with the values attached).
 c10::IValue meta_with_values(const c10::IValue& v) {
+  if (v.isList()) return map_elements(v, &meta_with_values);
   if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) {
     at::Tensor out;
     {
@@ -361,12 +375,6 @@ c10::IValue meta_with_values(const c10::IValue& v) {
     }
     attach_values(out, v.toTensor());
     return out;
-  }
-  if (v.isList()) {
-    c10::impl::GenericList in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const auto& e : v.toListRef()) out.push_back(meta_with_values(e));
-    return c10::IValue(std::move(out));
   }
   return v;
 }
@@ -425,6 +433,17 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
 // the boxed fallback: that keeps a build under MetaMode as cheap as one with device="meta".
 // Anything else (values, a tensor that is not meta, torch's FakeTensorMode) goes through the
 // fallback.
+// The boxed path of a direct kernel: op's arguments through meta_mode_fallback; its last result.
+template <class Op, class... Args>
+c10::IValue call_fallback(const Args&... args) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  torch::jit::Stack stack;
+  torch::jit::push(stack, args...);
+  meta_mode_fallback(op, &stack);
+  return std::move(stack.back());
+}
+
 template <class Op, class Schema = typename Op::schema>
 struct Direct;
 
@@ -435,15 +454,11 @@ struct Direct<Op, R(Self, Rest...)> {
       return Op::redispatch(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMetaModeKey),
                             self, rest...);
     }
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    torch::jit::Stack stack;
-    torch::jit::push(stack, self, rest...);
-    meta_mode_fallback(op, &stack);
+    c10::IValue result = call_fallback<Op>(self, rest...);
     if constexpr (std::is_reference<R>::value) {
       return const_cast<R>(self);  // in place: returns self
     } else {
-      return stack.back().toTensor();
+      return std::move(result).toTensor();
     }
   }
 };
@@ -485,12 +500,7 @@ struct DirectFactory<Op, kMayShadow, at::Tensor(Size, Rest...)> {
       if (!requested_meta) count_forced(t, /*saved_bytes=*/true);
       return t;
     }
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    torch::jit::Stack stack;
-    torch::jit::push(stack, size, rest...);
-    meta_mode_fallback(op, &stack);
-    return stack.back().toTensor();
+    return call_fallback<Op>(size, rest...).toTensor();
   }
 };
 
@@ -514,41 +524,25 @@ void register_direct_kernels() {
 
 // ---- registration ------------------------------------------------------------------------------
 
-std::once_flag g_register_once;
-std::atomic<bool> g_registered{false};
-std::string g_register_error;  // set once, under g_register_once
+c10::KernelFunction meta_mode_kernel() {
+  return c10::KernelFunction::makeFromBoxedFunction<&meta_mode_fallback>();
+}
 
-void register_fallback() {
-  auto& dispatcher = c10::Dispatcher::singleton();
-  if (dispatcher.hasBackendFallbackForDispatchKey(kMetaModeKey)) {
-    g_register_error = std::string("cannot switch MetaMode on: dispatch key ") +
-                       c10::toString(kMetaModeKey) +
-                       " already has a fallback registered by another library (or another copy of "
-                       "metaload loaded from a different path); metaload needs that key for itself";
-    return;
-  }
-  try {
-    // Never deregistered: the fallback must outlive every thread that may still dispatch.
-    new c10::RegistrationHandleRAII(dispatcher.registerFallback(
-        kMetaModeKey, c10::KernelFunction::makeFromBoxedFunction<&meta_mode_fallback>(),
-        "metaload MetaMode fallback (c10_ext/mode.cc)"));
-    register_direct_kernels();
-    g_registered.store(true);
-  } catch (const std::exception& e) {
-    g_register_error = std::string("cannot switch MetaMode on: registering the fallback for ") +
-                       c10::toString(kMetaModeKey) + " failed: " + e.what();
-  }
+ModeFallback& meta_mode_registration() {
+  static ModeFallback* r = new ModeFallback(  // never destroyed, like the fallback
+      kMetaModeKey, "MetaMode", "itself", &meta_mode_kernel,
+      "metaload MetaMode fallback (c10_ext/mode.cc)", &register_direct_kernels);
+  return *r;
 }
 
 }  // namespace
 
 void ensure_mode_key_registered() {
-  std::call_once(g_register_once, register_fallback);
-  if (!g_registered.load()) throw ModeError(g_register_error);
+  meta_mode_registration().ensure();
 }
 
 bool mode_key_registered() {
-  return g_registered.load();
+  return meta_mode_registration().registered();
 }
 
 bool is_forcing() {

@@ -20,6 +20,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_library.h"
 #include "c10_ext/data_dependent.h"
+#include "c10_ext/mode_fallback.h"
 #include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
 #include "fake_mode/fake_tensor.h"
@@ -39,8 +40,7 @@ c10::Device normalize(c10::Device d) {
   return c10::Device(c10::kCUDA, 0);
 }
 
-// ---- per-operator facts
-// ----------------------------------------------------------------------------
+// ---- per-operator facts ---------------------------------------------------------------------
 
 struct OpInfo {
   int8_t device = -1;         // index of a `device` argument (factories, _to_copy)
@@ -106,8 +106,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return cached_op_info<OpInfo, &classify>(op);
 }
 
-// ---- device rules
-// ---------------------------------------------------------------------------------
+// ---- device rules ---------------------------------------------------------------------------
 
 // Gathers the devices of an op's tensor arguments the way a real run checks them.
 struct DeviceRule {
@@ -234,32 +233,28 @@ struct KernelScope {
   c10::impl::ForceDispatchKeyGuard keys;
 };
 
-void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const OpInfo& info = op_info(op);
-  if (info.own) {
-    c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
-    return op.callBoxed(stack);
-  }
-  if (info.reads_values) raise_data_dependent(op, stack);
-  if (info.mask_index && indexes_with_a_mask(*stack, schema.arguments().size())) {
-    raise_data_dependent(op, stack);
-  }
-  const size_t n_args = schema.arguments().size();
-  const size_t base = stack->size() - n_args;
-  auto& s = *stack;
+// What step 1 of the fallback finds: the device of the results, whether they become fake
+// tensors, and the inputs (real ones need meta stand-ins).
+struct ResultPlan {
+  c10::Device target{c10::kCPU};
+  bool wrap = true;
+  c10::SmallVector<const c10::TensorImpl*, 8> inputs;  // no heap allocation per op
+  bool has_real = false;                               // a scan's ops mostly see none
+};
 
-  // 1. The device of the result.
+// Step 1: the device of the result -- a factory's device argument (then rewritten to meta), or
+// the rule over the tensor arguments.
+ResultPlan plan_results(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack& s,
+                        size_t base, size_t n_args) {
   // Thread-locals in a shared library cost a __tls_get_addr call per access: read it once.
   const c10::optional<c10::Device> mode_device = t_mode_device;
   DeviceRule rule{op, mode_device};
-  c10::SmallVector<const c10::TensorImpl*, 8> inputs;  // no heap allocation per op
-  bool has_real = false;                               // a scan's ops mostly see none
+  ResultPlan plan;
   for (size_t i = 0; i < n_args; ++i) {
     for_each_tensor(s[base + i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
-      inputs.push_back(t.unsafeGetTensorImpl());
-      has_real = has_real || needs_stand_in(t);
+      plan.inputs.push_back(t.unsafeGetTensorImpl());
+      plan.has_real = plan.has_real || needs_stand_in(t);
       if (info.device < 0 && static_cast<int>(i) != info.unchecked) rule.see(t);
     });
   }
@@ -271,7 +266,7 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
       // A cuda device came through torch's binding, which metaload's Python package told the
       // device was initialised (python/metaload/_device_init.py): undo that for real callers.
       if (target.is_cuda()) require_device_init_again(target.type());
-    } else if (!inputs.empty()) {
+    } else if (!plan.inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();
       if (target.is_meta() && mode_device && !(self.defined() && is_fake(self))) {
@@ -287,80 +282,83 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
   // Meta means "no device yet": inside FakeMode that is the mode's device (as for a meta-built
   // model's parameters); outside it, results stay plain meta tensors.
-  const bool wrap = !target.is_meta() || mode_device.has_value();
+  plan.wrap = !target.is_meta() || mode_device.has_value();
   if (target.is_meta() && mode_device) target = *mode_device;
+  plan.target = target;
+  return plan;
+}
 
-  // 2. Real tensors take meta stand-ins; run the Meta kernel.
+// Step 2: real tensors take meta stand-ins; the Meta kernel runs (libtorch's C++ one where
+// native_meta has it, else whatever the Meta key holds).
+void run_meta_kernel(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     size_t base, size_t n_args, bool has_real) {
   if (has_real) {
-    for (size_t i = 0; i < n_args; ++i) replace_real(s[base + i]);
+    for (size_t i = 0; i < n_args; ++i) replace_real((*stack)[base + i]);
   }
-  {
-    KernelScope scope;
-    const c10::DispatchKeySet meta_keys(c10::DispatchKey::Meta);
-    if (info.native != nullptr) {
-      info.native->callBoxed(op, meta_keys, stack);
-    } else {
-      op.redispatchBoxed(meta_keys, stack);
-    }
+  KernelScope scope;
+  const c10::DispatchKeySet meta_keys(c10::DispatchKey::Meta);
+  if (info.native != nullptr) {
+    info.native->callBoxed(op, meta_keys, stack);
+  } else {
+    op.redispatchBoxed(meta_keys, stack);
   }
+}
 
-  // 3. New results become fake tensors on the target device.
-  if (!wrap) return;
-  const size_t n_out = schema.returns().size();
-  for (size_t i = stack->size() - n_out; i < stack->size(); ++i) {
+// Step 3: new results become fake tensors on the target device.
+void wrap_results(const c10::OperatorHandle& op, torch::jit::Stack& s, const ResultPlan& plan) {
+  const size_t n_out = op.schema().returns().size();
+  for (size_t i = s.size() - n_out; i < s.size(); ++i) {
     c10::IValue& v = s[i];
     if (v.isTensor()) {
-      v = wrap_output(v.toTensor(), target, inputs);
+      v = wrap_output(v.toTensor(), plan.target, plan.inputs);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       for (size_t j = 0; j < list.size(); ++j)
-        list.set(j, wrap_output(list.get(j), target, inputs));
+        list.set(j, wrap_output(list.get(j), plan.target, plan.inputs));
     }
   }
 }
 
-// ---- registration
-// ---------------------------------------------------------------------------------
-
-std::once_flag g_register_once;
-std::atomic<bool> g_registered{false};
-std::string g_register_error;
-
-void register_fake_fallback() {
-  auto& dispatcher = c10::Dispatcher::singleton();
-  if (dispatcher.hasBackendFallbackForDispatchKey(kFakeKey)) {
-    g_register_error =
-        "cannot switch FakeMode on: dispatch key Fake already has a fallback "
-        "registered by another library; metaload needs that key for fake tensors";
-    return;
+void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const OpInfo& info = op_info(op);
+  if (info.own) {
+    c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+    return op.callBoxed(stack);
   }
-  try {
-    new c10::RegistrationHandleRAII(dispatcher.registerFallback(
-        kFakeKey, c10::KernelFunction::makeFromBoxedFunction<&fake_fallback>(),
-        "metaload fake tensor fallback (fake_mode/fake_mode.cc)"));
-    // Autograd and device guards look up a guard for the claimed device; a CPU-only libtorch has
-    // none for CUDA, and a CUDA libtorch on a machine without a GPU has one that fails on every
-    // call (no driver). Fake cuda tensors then get a no-op one; real CUDA could not run anyway.
-    // Where a GPU exists, libtorch's own guard stays.
-    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
-        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() == 0) {
-      static c10::impl::DeviceGuardImplRegistrar registrar(
-          c10::DeviceType::CUDA, new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>());
-    }
-    g_registered.store(true);
-  } catch (const std::exception& e) {
-    g_register_error = std::string(
-                           "cannot switch FakeMode on: registering the Fake fallback "
-                           "failed: ") +
-                       e.what();
+  const size_t n_args = op.schema().arguments().size();
+  if (info.reads_values) raise_data_dependent(op, stack);
+  if (info.mask_index && indexes_with_a_mask(*stack, n_args)) raise_data_dependent(op, stack);
+  const size_t base = stack->size() - n_args;
+  const ResultPlan plan = plan_results(info, op, *stack, base, n_args);
+  run_meta_kernel(info, op, stack, base, n_args, plan.has_real);
+  if (plan.wrap) wrap_results(op, *stack, plan);
+}
+
+// ---- registration ---------------------------------------------------------------------------
+
+// Autograd and device guards look up a guard for the claimed device; a CPU-only libtorch has none
+// for CUDA, and a CUDA libtorch on a machine without a GPU has one that fails on every call (no
+// driver). Fake cuda tensors then get a no-op one; real CUDA could not run anyway. Where a GPU
+// exists, libtorch's own guard stays.
+void register_cuda_guard_if_none() {
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() == 0) {
+    static c10::impl::DeviceGuardImplRegistrar registrar(
+        c10::DeviceType::CUDA, new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>());
   }
+}
+
+c10::KernelFunction fake_kernel() {
+  return c10::KernelFunction::makeFromBoxedFunction<&fake_fallback>();
 }
 
 }  // namespace
 
 void ensure_fake_key_registered() {
-  std::call_once(g_register_once, register_fake_fallback);
-  if (!g_registered.load()) throw ModeError(g_register_error);
+  static ModeFallback* r = new ModeFallback(  // never destroyed, like the fallback
+      kFakeKey, "FakeMode", "fake tensors", &fake_kernel,
+      "metaload fake tensor fallback (fake_mode/fake_mode.cc)", &register_cuda_guard_if_none);
+  r->ensure();
 }
 
 c10::optional<c10::Device> fake_mode_device() {
@@ -387,8 +385,7 @@ FakeMode::~FakeMode() {
 
 namespace {
 
-// ---- operators for Python
-// ---------------------------------------------------------------------------
+// ---- operators for Python -------------------------------------------------------------------
 
 int64_t enter_fake(c10::string_view device) {
   return push_scope(std::make_unique<ScopeOf<FakeMode>>(c10::Device(std::string(device))));

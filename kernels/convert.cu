@@ -14,40 +14,27 @@ namespace metaload {
 namespace cuda_detail {
 namespace {
 
-struct F32ToBF16 {
-  using In = uint32_t;
-  using Out = uint16_t;
-  static __device__ __forceinline__ Out apply(In x) { return bits::f32_to_bf16(x); }
+// One conversion as a type: `In` bits to `Out` bits through `F`.
+template <class InT, class OutT, OutT (*F)(InT)>
+struct Conversion {
+  using In = InT;
+  using Out = OutT;
+  static __device__ __forceinline__ Out apply(In x) { return F(x); }
 };
-struct F32ToF16 {
-  using In = uint32_t;
-  using Out = uint16_t;
-  static __device__ __forceinline__ Out apply(In x) { return bits::f32_to_f16(x); }
-};
-struct BF16ToF32 {
-  using In = uint16_t;
-  using Out = uint32_t;
-  static __device__ __forceinline__ Out apply(In x) { return bits::bf16_to_f32(x); }
-};
-struct F16ToF32 {
-  using In = uint16_t;
-  using Out = uint32_t;
-  static __device__ __forceinline__ Out apply(In x) { return bits::f16_to_f32(x); }
-};
-struct BF16ToF16 {
-  using In = uint16_t;
-  using Out = uint16_t;
-  static __device__ __forceinline__ Out apply(In x) {
-    return bits::f32_to_f16(bits::bf16_to_f32(x));
-  }
-};
-struct F16ToBF16 {
-  using In = uint16_t;
-  using Out = uint16_t;
-  static __device__ __forceinline__ Out apply(In x) {
-    return bits::f32_to_bf16_scalar(bits::f16_to_f32(x));
-  }
-};
+
+METALOAD_HD uint16_t bf16_to_f16(uint16_t x) {
+  return bits::f32_to_f16(bits::bf16_to_f32(x));
+}
+METALOAD_HD uint16_t f16_to_bf16(uint16_t x) {
+  return bits::f32_to_bf16_scalar(bits::f16_to_f32(x));
+}
+
+using F32ToBF16 = Conversion<uint32_t, uint16_t, &bits::f32_to_bf16>;
+using F32ToF16 = Conversion<uint32_t, uint16_t, &bits::f32_to_f16>;
+using BF16ToF32 = Conversion<uint16_t, uint32_t, &bits::bf16_to_f32>;
+using F16ToF32 = Conversion<uint16_t, uint32_t, &bits::f16_to_f32>;
+using BF16ToF16 = Conversion<uint16_t, uint16_t, &bf16_to_f16>;
+using F16ToBF16 = Conversion<uint16_t, uint16_t, &f16_to_bf16>;
 
 constexpr int kVec = 8;  // elements per thread in the vector path: 16 or 32 bytes
 

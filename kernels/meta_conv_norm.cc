@@ -93,32 +93,43 @@ MemoryFormat cpu_conv_format(const Tensor& input, const Tensor& weight, bool tra
              : MemoryFormat::Contiguous;
 }
 
-// at::_convolution's checks (check_shape_forward and friends) and its output size, in the CPU
-// backends' layout (cpu_conv_format).
-Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
-                 const c10::optional<Tensor>& bias_opt, IntArrayRef stride_in,
-                 IntArrayRef padding_in, IntArrayRef dilation_in, bool transposed,
-                 IntArrayRef output_padding_in, int64_t groups) {
+// A convolution's arguments, each list expanded to one value per spatial dimension.
+struct ConvParams {
+  const char* op;
+  int64_t dim;  // spatial dimensions
+  c10::SmallVector<int64_t, 4> stride, padding, dilation, output_padding;
+  int64_t groups;
+  const Tensor* bias;  // null: none
+};
+
+// Step 1: the parameters, the dtypes and the weight/input/group shapes at::_convolution checks.
+ConvParams conv_params(const char* op, const Tensor& input, const Tensor& weight,
+                       const c10::optional<Tensor>& bias_opt, IntArrayRef stride,
+                       IntArrayRef padding, IntArrayRef dilation, IntArrayRef output_padding,
+                       int64_t groups) {
   const int64_t k = weight.dim();
   META_CHECK(k >= 3, op, "weight should have at least three dimensions, but got weight of size ",
              weight.sizes());
   const int64_t dim = k - 2;
   META_CHECK(groups > 0, op, "non-positive groups is not supported");
-  auto stride = expand_param(op, "stride", stride_in, dim);
-  auto padding = expand_param(op, "padding", padding_in, dim);
-  auto dilation = expand_param(op, "dilation", dilation_in, dim);
-  auto output_padding = expand_param(op, "output_padding", output_padding_in, dim);
-  const Tensor* bias = bias_opt.has_value() && bias_opt->defined() ? &*bias_opt : nullptr;
-
+  ConvParams p{op,
+               dim,
+               expand_param(op, "stride", stride, dim),
+               expand_param(op, "padding", padding, dim),
+               expand_param(op, "dilation", dilation, dim),
+               expand_param(op, "output_padding", output_padding, dim),
+               groups,
+               bias_opt.has_value() && bias_opt->defined() ? &*bias_opt : nullptr};
+  const Tensor* bias = p.bias;
   META_CHECK(input.scalar_type() == weight.scalar_type(), op, "Input type (", input.scalar_type(),
              ") and weight type (", weight.scalar_type(), ") should be the same");
   META_CHECK(bias == nullptr || bias->scalar_type() == input.scalar_type(), op, "Input type (",
              input.scalar_type(), ") and bias type (", bias->scalar_type(), ") should be the same");
   for (auto i : c10::irange(dim)) {
-    META_CHECK(padding[i] >= 0, op, "negative padding is not supported");
-    META_CHECK(output_padding[i] >= 0, op, "negative output_padding is not supported");
-    META_CHECK(stride[i] > 0, op, "non-positive stride is not supported");
-    META_CHECK(dilation[i] > 0, op, "dilation should be greater than zero");
+    META_CHECK(p.padding[i] >= 0, op, "negative padding is not supported");
+    META_CHECK(p.output_padding[i] >= 0, op, "negative output_padding is not supported");
+    META_CHECK(p.stride[i] > 0, op, "non-positive stride is not supported");
+    META_CHECK(p.dilation[i] > 0, op, "dilation should be greater than zero");
   }
   auto w = weight.sizes();
   META_CHECK(input.dim() == k, op, "Expected ", k, "-dimensional input for ", k,
@@ -129,53 +140,76 @@ Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
   META_CHECK(w[0] % groups == 0, op, "Given groups=", groups,
              ", expected weight to be divisible by ", groups,
              " at dimension 0, but got weight of size [", w, "] instead");
+  return p;
+}
 
-  c10::SmallVector<int64_t, 5> out_sizes{input.size(0)};
-  if (!transposed) {
-    META_CHECK(input.size(1) == w[1] * groups, op, "Given groups=", groups, ", weight of size ", w,
-               ", expected input", input.sizes(), " to have ", w[1] * groups, " channels, but got ",
-               input.size(1), " channels instead");
-    META_CHECK(bias == nullptr || (bias->dim() == 1 && bias->size(0) == w[0]), op,
-               "Given weight of size ", w, ", expected bias to be 1-dimensional with ", w[0],
-               " elements, but got bias of size ", bias->sizes(), " instead");
-    out_sizes.push_back(w[0]);
-    bool fits = true;
-    std::string padded, kernel;
-    for (auto i : c10::irange(dim)) {
-      int64_t in = input.size(i + 2) + 2 * padding[i];
-      int64_t kk = dilation[i] * (w[i + 2] - 1) + 1;
-      fits = fits && in >= kk;
-      padded += (i ? " x " : "") + std::to_string(in);
-      kernel += (i ? " x " : "") + std::to_string(kk);
-      out_sizes.push_back((in - kk) / stride[i] + 1);
-    }
-    META_CHECK(fits, op, "Calculated padded input size per channel: (", padded, "). Kernel size: (",
-               kernel, "). Kernel size can't be greater than actual input size");
-  } else {
-    META_CHECK(input.size(1) == w[0], op, "Given transposed=1, weight of size ", w,
-               ", expected input", input.sizes(), " to have ", w[0], " channels, but got ",
-               input.size(1), " channels instead");
-    META_CHECK(bias == nullptr || (bias->dim() == 1 && bias->size(0) == w[1] * groups), op,
-               "Given transposed=1, weight of size ", w,
-               ", expected bias to be 1-dimensional with ", w[1] * groups,
-               " elements, but got bias of size ", bias->sizes(), " instead");
-    out_sizes.push_back(w[1] * groups);
-    for (auto i : c10::irange(dim)) {
-      META_CHECK(output_padding[i] < stride[i] || output_padding[i] < dilation[i], op,
-                 "output padding must be smaller than either stride or dilation, but got "
-                 "output_padding: ",
-                 output_padding[i], ", stride: ", stride[i], ", dilation: ", dilation[i]);
-      int64_t size = (input.size(i + 2) - 1) * stride[i] - 2 * padding[i] +
-                     dilation[i] * (w[i + 2] - 1) + output_padding[i] + 1;
-      META_CHECK(size > 0, op, "Given input size per channel: ", input.sizes().slice(2),
-                 ", calculated output size is non-positive: ", size);
-      out_sizes.push_back(size);
-    }
+// Step 2 (forward): channels and bias against the weight, and the output size.
+c10::SmallVector<int64_t, 5> conv_out_sizes(const ConvParams& p, const Tensor& input,
+                                            IntArrayRef w) {
+  const char* op = p.op;
+  const Tensor* bias = p.bias;
+  META_CHECK(input.size(1) == w[1] * p.groups, op, "Given groups=", p.groups, ", weight of size ",
+             w, ", expected input", input.sizes(), " to have ", w[1] * p.groups,
+             " channels, but got ", input.size(1), " channels instead");
+  META_CHECK(bias == nullptr || (bias->dim() == 1 && bias->size(0) == w[0]), op,
+             "Given weight of size ", w, ", expected bias to be 1-dimensional with ", w[0],
+             " elements, but got bias of size ", bias->sizes(), " instead");
+  c10::SmallVector<int64_t, 5> out_sizes{input.size(0), w[0]};
+  bool fits = true;
+  std::string padded, kernel;
+  for (auto i : c10::irange(p.dim)) {
+    int64_t in = input.size(i + 2) + 2 * p.padding[i];
+    int64_t kk = p.dilation[i] * (w[i + 2] - 1) + 1;
+    fits = fits && in >= kk;
+    padded += (i ? " x " : "") + std::to_string(in);
+    kernel += (i ? " x " : "") + std::to_string(kk);
+    out_sizes.push_back((in - kk) / p.stride[i] + 1);
   }
+  META_CHECK(fits, op, "Calculated padded input size per channel: (", padded, "). Kernel size: (",
+             kernel, "). Kernel size can't be greater than actual input size");
+  return out_sizes;
+}
 
+// Step 2 (transposed): the same for a transposed convolution.
+c10::SmallVector<int64_t, 5> conv_transpose_out_sizes(const ConvParams& p, const Tensor& input,
+                                                      IntArrayRef w) {
+  const char* op = p.op;
+  const Tensor* bias = p.bias;
+  META_CHECK(input.size(1) == w[0], op, "Given transposed=1, weight of size ", w,
+             ", expected input", input.sizes(), " to have ", w[0], " channels, but got ",
+             input.size(1), " channels instead");
+  META_CHECK(bias == nullptr || (bias->dim() == 1 && bias->size(0) == w[1] * p.groups), op,
+             "Given transposed=1, weight of size ", w, ", expected bias to be 1-dimensional with ",
+             w[1] * p.groups, " elements, but got bias of size ", bias->sizes(), " instead");
+  c10::SmallVector<int64_t, 5> out_sizes{input.size(0), w[1] * p.groups};
+  for (auto i : c10::irange(p.dim)) {
+    META_CHECK(p.output_padding[i] < p.stride[i] || p.output_padding[i] < p.dilation[i], op,
+               "output padding must be smaller than either stride or dilation, but got "
+               "output_padding: ",
+               p.output_padding[i], ", stride: ", p.stride[i], ", dilation: ", p.dilation[i]);
+    int64_t size = (input.size(i + 2) - 1) * p.stride[i] - 2 * p.padding[i] +
+                   p.dilation[i] * (w[i + 2] - 1) + p.output_padding[i] + 1;
+    META_CHECK(size > 0, op, "Given input size per channel: ", input.sizes().slice(2),
+               ", calculated output size is non-positive: ", size);
+    out_sizes.push_back(size);
+  }
+  return out_sizes;
+}
+
+// at::_convolution's checks (check_shape_forward and friends) and its output size, in the CPU
+// backends' layout (cpu_conv_format).
+Tensor conv_impl(const char* op, const Tensor& input, const Tensor& weight,
+                 const c10::optional<Tensor>& bias_opt, IntArrayRef stride_in,
+                 IntArrayRef padding_in, IntArrayRef dilation_in, bool transposed,
+                 IntArrayRef output_padding_in, int64_t groups) {
+  const ConvParams p = conv_params(op, input, weight, bias_opt, stride_in, padding_in, dilation_in,
+                                   output_padding_in, groups);
+  const c10::SmallVector<int64_t, 5> out_sizes =
+      transposed ? conv_transpose_out_sizes(p, input, weight.sizes())
+                 : conv_out_sizes(p, input, weight.sizes());
   const MemoryFormat format =
-      cpu_conv_format(input, weight, transposed, stride, dilation, output_padding, groups);
-  if (dim == 1 && format == MemoryFormat::ChannelsLast) {
+      cpu_conv_format(input, weight, transposed, p.stride, p.dilation, p.output_padding, groups);
+  if (p.dim == 1 && format == MemoryFormat::ChannelsLast) {
     // (N, C, 1, L) channels-last squeezed back: channels innermost.
     const int64_t c = out_sizes[1], l = out_sizes[2];
     return new_meta(out_sizes, {c * l, 1, c}, input.scalar_type());

@@ -15,6 +15,10 @@ namespace metaload::meta {
 
 class MetaIter final : public at::TensorIteratorBase {
  public:
+  // Up to two outputs, all allocated by the iterator.
+  MetaIter() : outs_(2) {}
+  // One output: `out` (an out= tensor, resized as needed) or, undefined, allocated.
+  explicit MetaIter(const Tensor& out) : outs_(2) { outs_[0] = out; }
   // `outs`: one entry per output, undefined where the iterator allocates it.
   explicit MetaIter(std::vector<Tensor> outs) : outs_(std::move(outs)) {}
 
@@ -34,7 +38,12 @@ class MetaIter final : public at::TensorIteratorBase {
     at::TensorIteratorBase::set_output_raw_strided(i, sizes, strides, options, names);
   }
 
-  const Tensor& out(size_t i) const { return outs_[i]; }
+  void set_output_strided(int64_t i, IntArrayRef sizes, IntArrayRef strides,
+                          at::TensorOptions options, at::DimnameList names) override {
+    set_output_raw_strided(i, sizes, strides, options, names);
+  }
+
+  const Tensor& out(size_t i = 0) const { return outs_[i]; }
 
   // Runs `build` (a call of one of the build_* methods, or build(config)), turning its errors
   // (shapes that do not broadcast, an out= tensor of the wrong dtype, ...) into ShapeError

@@ -264,18 +264,11 @@ Tensor matrix_exp(const Tensor& self) {
 
 // ---- least squares ----------------------------------------------------------------------------
 
-// linalg_lstsq.out, which the functional form (composite) calls with empty outputs.
-//
-// LAPACK solves in place in a (*, max(m, n), nrhs) column-major buffer holding B; the solution is
-// its first n rows, a view whose strides keep the buffer's. Which outputs are filled depends on
-// the driver: rank for all but gels, singular values for gelsd/gelss, residuals when m > n for
-// all but gelsy -- and for gelsd/gelss only when every matrix has full rank, which depends on the
-// values (DataDependentError). The default driver is the CPU kernel's, gelsy (CUDA's is gels).
-std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> linalg_lstsq_out(
-    const Tensor& input, const Tensor& other, c10::optional<double>,
-    c10::optional<c10::string_view> driver_arg, Tensor& solution, Tensor& residuals, Tensor& rank,
-    Tensor& singular_values) {
-  const char* op = "torch.linalg.lstsq";
+// Step 1: the argument checks of the CPU kernel, and the driver (lowercase; gelsy by default).
+std::string lstsq_checks(const char* op, const Tensor& input, const Tensor& other,
+                         c10::optional<c10::string_view> driver_arg, const Tensor& solution,
+                         const Tensor& residuals, const Tensor& rank,
+                         const Tensor& singular_values) {
   META_CHECK(input.dim() >= 2, op, "input must have at least 2 dimensions.");
   META_CHECK(other.dim() >= 1, op, "other must have at least 1 dimension.");
   META_CHECK(input.scalar_type() == other.scalar_type(), op,
@@ -296,7 +289,6 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> linalg_lstsq_out(
   check_castable(op, real, residuals, "residuals");
   check_castable(op, ScalarType::Long, rank, "rank");
   check_castable(op, real, singular_values, "singular_values");
-
   std::string driver = "gelsy";
   if (driver_arg.has_value()) {
     driver = std::string(driver_arg->data(), driver_arg->size());
@@ -305,77 +297,107 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> linalg_lstsq_out(
     META_CHECK(driver == "gels" || driver == "gelsy" || driver == "gelsd" || driver == "gelss", op,
                "parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
   }
+  return driver;
+}
 
+// The shapes of lstsq's results as computed into fresh tensors, and which the driver fills.
+struct LstsqShapes {
+  bool vector_case = false;
+  c10::SmallVector<int64_t, 5> buffer, solution, rank, sv, residual;
+  bool has_rank = false, has_sv = false, has_residuals = false;
+};
+
+// Step 2: the result shapes. LAPACK's buffer has max(m, n) rows; the solution is its first n.
+LstsqShapes lstsq_shapes(const char* op, const Tensor& input, const Tensor& other,
+                         const std::string& driver) {
+  LstsqShapes r;
   // A right-hand side of input.shape[:-1] (or 1-d) is a batch of vectors.
   const IntArrayRef input_rows = input.sizes().slice(0, input.dim() - 1);
-  const bool vector_case =
+  r.vector_case =
       other.dim() == 1 || (input.dim() - 1 == other.dim() && other.sizes() == input_rows);
   c10::SmallVector<int64_t, 5> other_2d(other.sizes().begin(), other.sizes().end());
-  if (vector_case) other_2d.push_back(1);
+  if (r.vector_case) other_2d.push_back(1);
   META_CHECK(input.size(-2) == other_2d.end()[-2], op,
              "input.size(-2) should match other.size(-2)");
   const int64_t m = input.size(-2), n = input.size(-1), nrhs = other_2d.back();
   const IntArrayRef input_batch = input.sizes().slice(0, input.dim() - 2);
   const auto batch =
       at::infer_size(input_batch, IntArrayRef(other_2d).slice(0, other_2d.size() - 2));
-
-  // The shapes of the results as computed into fresh tensors. LAPACK's buffer has max(m, n)
-  // rows; the solution is its first n.
-  c10::SmallVector<int64_t, 5> buffer_sizes(batch.begin(), batch.end());
-  buffer_sizes.push_back(std::max(m, n));
-  if (!vector_case) buffer_sizes.push_back(nrhs);
-  c10::SmallVector<int64_t, 5> solution_sizes = buffer_sizes;
-  solution_sizes[batch.size()] = n;
-  c10::SmallVector<int64_t, 5> rank_sizes(input_batch.begin(), input_batch.end());
-  c10::SmallVector<int64_t, 5> sv_sizes = rank_sizes;
-  sv_sizes.push_back(std::min(m, n));
-  const bool has_rank = driver != "gels";
-  const bool has_sv = driver == "gelsd" || driver == "gelss";
-  const bool has_residuals = m > n && driver != "gelsy";
-  if (has_residuals && (driver == "gelsd" || driver == "gelss")) {
-    // Residuals exist only when every matrix has rank n. An empty batch or n == 0 decides it
-    // without values.
-    if (c10::multiply_integers(input_batch) != 0 && n != 0) {
-      throw DataDependentError(
-          "aten::linalg_lstsq.out with driver " + driver +
-          " returns residuals only when every matrix has full rank, which depends on the values, "
-          "but its input has none: it is a meta or fake tensor, which holds shapes only (input: " +
-          std::string(c10::toString(dtype)) + " " + c10::str(input.sizes()) +
-          "). Use driver='gels' or 'gelsy' (whose outputs have known shapes), or create the "
-          "tensors under metaload::RealGuard (Python: `with metaload.real():`).");
-    }
+  r.buffer.assign(batch.begin(), batch.end());
+  r.buffer.push_back(std::max(m, n));
+  if (!r.vector_case) r.buffer.push_back(nrhs);
+  r.solution = r.buffer;
+  r.solution[batch.size()] = n;
+  r.rank.assign(input_batch.begin(), input_batch.end());
+  r.sv = r.rank;
+  r.sv.push_back(std::min(m, n));
+  r.has_rank = driver != "gels";
+  r.has_sv = driver == "gelsd" || driver == "gelss";
+  r.has_residuals = m > n && driver != "gelsy";
+  // Residuals exist for gelsd/gelss only when every matrix has rank n. An empty batch or n == 0
+  // decides it without values.
+  if (r.has_residuals && r.has_sv && c10::multiply_integers(input_batch) != 0 && n != 0) {
+    throw DataDependentError(
+        "aten::linalg_lstsq.out with driver " + driver +
+        " returns residuals only when every matrix has full rank, which depends on the values, "
+        "but its input has none: it is a meta or fake tensor, which holds shapes only (input: " +
+        std::string(c10::toString(input.scalar_type())) + " " + c10::str(input.sizes()) +
+        "). Use driver='gels' or 'gelsy' (whose outputs have known shapes), or create the "
+        "tensors under metaload::RealGuard (Python: `with metaload.real():`).");
   }
   // residuals = the squares of the buffer's rows n..m summed, a trailing column in the vector
   // case (the buffer is unsqueezed while LAPACK runs).
-  c10::SmallVector<int64_t, 5> residual_sizes(batch.begin(), batch.end());
-  residual_sizes.push_back(vector_case ? 1 : nrhs);
+  r.residual.assign(batch.begin(), batch.end());
+  r.residual.push_back(r.vector_case ? 1 : nrhs);
+  return r;
+}
 
-  // The provided outputs are used as they are when the solution is empty or has the solution's
-  // shape, dtype and (column-major, or contiguous for vectors) layout, and the rank and singular
-  // values the driver fills are empty or right; otherwise every result is computed into a
-  // temporary and copied into its output, resized as needed.
+// Step 3: whether the provided outputs cannot be used as they are. They can when the solution is
+// empty or has the solution's shape, dtype and (column-major, or contiguous for vectors) layout,
+// and the rank and singular values the driver fills are empty or right.
+bool lstsq_copy_needed(const LstsqShapes& r, ScalarType dtype, const Tensor& solution,
+                       const Tensor& rank, const Tensor& singular_values) {
+  const ScalarType real = c10::toRealValueType(dtype);
   const bool solution_layout_ok =
-      vector_case ? solution.is_contiguous() : is_column_major(solution);
+      r.vector_case ? solution.is_contiguous() : is_column_major(solution);
   bool copy_needed = solution.numel() != 0 && !solution_layout_ok;
   copy_needed |= solution.scalar_type() != dtype;
-  copy_needed |= solution.numel() != 0 && solution.sizes() != IntArrayRef(solution_sizes);
-  if (has_rank) {
+  copy_needed |= solution.numel() != 0 && solution.sizes() != IntArrayRef(r.solution);
+  if (r.has_rank) {
     copy_needed |= rank.scalar_type() != ScalarType::Long;
     copy_needed |=
-        rank.numel() != 0 && (rank.sizes() != IntArrayRef(rank_sizes) || !rank.is_contiguous());
+        rank.numel() != 0 && (rank.sizes() != IntArrayRef(r.rank) || !rank.is_contiguous());
   }
-  if (has_sv) {
+  if (r.has_sv) {
     copy_needed |= singular_values.scalar_type() != real;
-    copy_needed |=
-        singular_values.numel() != 0 &&
-        (singular_values.sizes() != IntArrayRef(sv_sizes) || !singular_values.is_contiguous());
+    copy_needed |= singular_values.numel() != 0 && (singular_values.sizes() != IntArrayRef(r.sv) ||
+                                                    !singular_values.is_contiguous());
   }
+  return copy_needed;
+}
 
-  if (copy_needed) {
-    resize_out(solution, solution_sizes);
-    resize_out(residuals, has_residuals ? IntArrayRef(residual_sizes) : IntArrayRef{0});
-    resize_out(rank, has_rank ? IntArrayRef(rank_sizes) : IntArrayRef{0});
-    resize_out(singular_values, has_sv ? IntArrayRef(sv_sizes) : IntArrayRef{0});
+// linalg_lstsq.out, which the functional form (composite) calls with empty outputs.
+//
+// LAPACK solves in place in a (*, max(m, n), nrhs) column-major buffer holding B; the solution is
+// its first n rows, a view whose strides keep the buffer's. Which outputs are filled depends on
+// the driver: rank for all but gels, singular values for gelsd/gelss, residuals when m > n for
+// all but gelsy -- and for gelsd/gelss only when every matrix has full rank, which depends on the
+// values (DataDependentError). The default driver is the CPU kernel's, gelsy (CUDA's is gels).
+std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> linalg_lstsq_out(
+    const Tensor& input, const Tensor& other, c10::optional<double>,
+    c10::optional<c10::string_view> driver_arg, Tensor& solution, Tensor& residuals, Tensor& rank,
+    Tensor& singular_values) {
+  const char* op = "torch.linalg.lstsq";
+  const std::string driver =
+      lstsq_checks(op, input, other, driver_arg, solution, residuals, rank, singular_values);
+  const LstsqShapes r = lstsq_shapes(op, input, other, driver);
+  const ScalarType real = c10::toRealValueType(input.scalar_type());
+  if (lstsq_copy_needed(r, input.scalar_type(), solution, rank, singular_values)) {
+    // Every result is computed into a temporary and copied into its output, resized as needed.
+    resize_out(solution, r.solution);
+    resize_out(residuals, r.has_residuals ? IntArrayRef(r.residual) : IntArrayRef{0});
+    resize_out(rank, r.has_rank ? IntArrayRef(r.rank) : IntArrayRef{0});
+    resize_out(singular_values, r.has_sv ? IntArrayRef(r.sv) : IntArrayRef{0});
     return {solution, residuals, rank, singular_values};
   }
   // Used in place, an output the driver does not fill must still have the dtype LAPACK's
@@ -386,21 +408,21 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> linalg_lstsq_out(
              ", but got ", singular_values.scalar_type());
   if (solution.numel() == 0) {
     // LAPACK's buffer, then a view of its first n rows.
-    restride(solution, buffer_sizes,
-             vector_case ? meta::contiguous_strides(IntArrayRef(buffer_sizes))
-                         : column_major_strides(buffer_sizes));
-    restride(solution, solution_sizes, solution.strides());
+    restride(solution, r.buffer,
+             r.vector_case ? meta::contiguous_strides(IntArrayRef(r.buffer))
+                           : column_major_strides(r.buffer));
+    restride(solution, r.solution, solution.strides());
   }
-  if (has_rank && rank.numel() == 0) {
-    restride(rank, rank_sizes, meta::contiguous_strides(IntArrayRef(rank_sizes)));
+  if (r.has_rank && rank.numel() == 0) {
+    restride(rank, r.rank, meta::contiguous_strides(IntArrayRef(r.rank)));
   }
-  if (has_sv && singular_values.numel() == 0) {
-    restride(singular_values, sv_sizes, meta::contiguous_strides(IntArrayRef(sv_sizes)));
+  if (r.has_sv && singular_values.numel() == 0) {
+    restride(singular_values, r.sv, meta::contiguous_strides(IntArrayRef(r.sv)));
   }
-  if (has_residuals) {
+  if (r.has_residuals) {
     META_CHECK(residuals.scalar_type() == real, op, "Expected out tensor to have dtype ", real,
                ", but got ", residuals.scalar_type(), " instead");
-    resize_out(residuals, residual_sizes);
+    resize_out(residuals, r.residual);
   }
   return {solution, residuals, rank, singular_values};
 }

@@ -16,57 +16,10 @@
 
 #include "c10_ext/mode_key.h"
 #include "kernels/meta_common.h"
+#include "kernels/meta_iter.h"
 
 namespace metaload::meta {
 namespace {
-
-// A TensorIterator whose outputs are created (or resized, for out= tensors) on meta without the
-// dispatcher.
-class MetaIter final : public at::TensorIteratorBase {
- public:
-  MetaIter() = default;
-  explicit MetaIter(const Tensor& out) { outs_[0] = out; }
-
-  const Tensor& maybe_get_output(int64_t i) override { return outs_[i]; }
-
-  // No strides means "this memory format" (contiguous when none is given), as for structured
-  // kernels' outputs.
-  void set_output_raw_strided(int64_t i, IntArrayRef sizes, IntArrayRef strides,
-                              at::TensorOptions options, at::DimnameList names) override {
-    auto& out = outs_[i];
-    auto format = options.memory_format_opt().value_or(MemoryFormat::Contiguous);
-    if (!out.defined()) {
-      out = strides.empty() ? new_meta(sizes, options.dtype().toScalarType(), format)
-                            : new_meta(sizes, strides, options.dtype().toScalarType());
-    } else if (strides.empty()) {
-      resize_out(out, sizes, format_strides(sizes, format));
-    } else {
-      resize_out(out, sizes, strides);
-    }
-    at::TensorIteratorBase::set_output_raw_strided(i, sizes, strides, options, names);
-  }
-
-  void set_output_strided(int64_t i, IntArrayRef sizes, IntArrayRef strides,
-                          at::TensorOptions options, at::DimnameList names) override {
-    set_output_raw_strided(i, sizes, strides, options, names);
-  }
-
-  const Tensor& out(int i = 0) const { return outs_[i]; }
-
- private:
-  std::array<Tensor, 2> outs_;
-};
-
-// Runs a TensorIterator build, turning its errors (shapes that do not broadcast, an out= tensor
-// of the wrong dtype, ...) into ShapeError naming the op.
-template <typename F>
-void build_checked(const char* op, F&& build) {
-  try {
-    build();
-  } catch (const c10::Error& e) {
-    fail(op, e.what_without_backtrace());
-  }
-}
 
 ScalarType result_type(const Tensor& a, const Tensor& b) {
   at::native::ResultTypeState state;
@@ -90,7 +43,7 @@ Tensor on_meta(const Tensor& t) {
 
 Tensor unary(const char* op, const Tensor& self) {
   MetaIter it;
-  build_checked(op, [&] { it.build_borrowing_unary_op(it.maybe_get_output(0), self); });
+  it.build_checked(op, [&] { it.build_borrowing_unary_op(it.maybe_get_output(0), self); });
   return it.out();
 }
 
@@ -98,7 +51,7 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b) {
   const ScalarType common = result_type(a, b);
   Tensor pa = cpu_promoted(a, common), pb = cpu_promoted(b, common);
   MetaIter it;
-  build_checked(op, [&] { it.build_borrowing_binary_op(it.maybe_get_output(0), pa, pb); });
+  it.build_checked(op, [&] { it.build_borrowing_binary_op(it.maybe_get_output(0), pa, pb); });
   return it.out();
 }
 
@@ -168,7 +121,7 @@ Tensor where_impl(const Tensor& condition, const Tensor& self, const Tensor& oth
   }
   config.add_input(cond).add_input(a).add_input(b);
   MetaIter it(out != nullptr ? *out : Tensor());
-  build_checked(op, [&] { it.build(config); });
+  it.build_checked(op, [&] { it.build(config); });
   return it.out();
 }
 
@@ -187,7 +140,7 @@ Tensor& logical_not_out(const Tensor& self, Tensor& out) {
   at::TensorIteratorConfig config;
   config.check_all_same_dtype(false).add_output(out).add_input(self);
   MetaIter it(out);
-  build_checked(op, [&] { it.build(config); });
+  it.build_checked(op, [&] { it.build(config); });
   return out;
 }
 
@@ -199,7 +152,7 @@ Tensor logical_not(const Tensor& self) {
       .add_owned_output(Tensor())
       .add_input(self);
   MetaIter it;
-  build_checked(op, [&] { it.build(config); });
+  it.build_checked(op, [&] { it.build(config); });
   return it.out();
 }
 
@@ -211,7 +164,7 @@ Tensor& logical_binary_out(const char* op, const Tensor& self, const Tensor& oth
   const ScalarType common = result_type(self, other);
   Tensor a = cpu_promoted(self, common), b = cpu_promoted(other, common);
   MetaIter it(out);
-  build_checked(op, [&] { it.build_comparison_op(out, a, b); });
+  it.build_checked(op, [&] { it.build_comparison_op(out, a, b); });
   return out;
 }
 
@@ -228,7 +181,8 @@ Tensor& logical_xor_out(const Tensor& self, const Tensor& other, Tensor& out) {
 Tensor isnan(const Tensor& self) {
   const char* op = "isnan";
   MetaIter it;
-  build_checked(op, [&] { it.build_borrowing_comparison_op(it.maybe_get_output(0), self, self); });
+  it.build_checked(op,
+                   [&] { it.build_borrowing_comparison_op(it.maybe_get_output(0), self, self); });
   return it.out();
 }
 
@@ -247,7 +201,7 @@ Tensor& abs_out(const Tensor& self, Tensor& out) {
   META_CHECK(out.scalar_type() == self.scalar_type(), op, "Found dtype ", out.scalar_type(),
              " but expected ", self.scalar_type());
   MetaIter it(out);
-  build_checked(op, [&] { it.build_unary_op(out, self); });
+  it.build_checked(op, [&] { it.build_unary_op(out, self); });
   return out;
 }
 
@@ -261,7 +215,7 @@ Tensor& nan_to_num_out(const Tensor& self, c10::optional<double>, c10::optional<
     return out;
   }
   MetaIter it(out);
-  build_checked(op, [&] { it.build_unary_op(out, self); });
+  it.build_checked(op, [&] { it.build_unary_op(out, self); });
   return out;
 }
 
@@ -568,7 +522,7 @@ Tensor prelu_kernel(const Tensor& self, const Tensor& weight) {
   at::TensorIteratorConfig config;
   config.add_output(out).add_input(self).add_input(weight);
   MetaIter it(out);
-  build_checked(op, [&] { it.build(config); });
+  it.build_checked(op, [&] { it.build(config); });
   return out;
 }
 

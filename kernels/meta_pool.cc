@@ -379,6 +379,18 @@ Tensor reflection_pad2d(const Tensor& input, IntArrayRef padding) {
   return new_meta(sizes, input.scalar_type());
 }
 
+// max_unpool2d/3d's shared checks: indices shaped as the input, no empty non-batch dimension.
+void check_unpool_input(const char* op, const Tensor& input, const Tensor& indices) {
+  META_CHECK(input.sizes() == indices.sizes(), op,
+             "Expected shape of indices to be same as that of the input tensor (", input.sizes(),
+             ") but got indices tensor with shape: ", indices.sizes());
+  for (int64_t i = 1; i < input.dim(); ++i) {
+    META_CHECK(input.size(i) > 0, op,
+               "Expected input to have non-zero size for non-batch dimensions, but got ",
+               input.sizes(), " with dimension ", i, " being empty.");
+  }
+}
+
 Tensor max_unpool2d(const Tensor& input, const Tensor& indices, IntArrayRef output_size) {
   const char* op = "max_unpool2d";
   META_CHECK(indices.scalar_type() == ScalarType::Long, op,
@@ -389,14 +401,7 @@ Tensor max_unpool2d(const Tensor& input, const Tensor& indices, IntArrayRef outp
   META_CHECK(input.dim() == 3 || input.dim() == 4, op,
              "Input to max_unpooling2d should be a 3d or 4d Tensor, but got a tensor with ",
              input.dim(), " dimensions.");
-  META_CHECK(input.sizes() == indices.sizes(), op,
-             "Expected shape of indices to be same as that of the input tensor (", input.sizes(),
-             ") but got indices tensor with shape: ", indices.sizes());
-  for (int64_t i = 1; i < input.dim(); ++i) {
-    META_CHECK(input.size(i) > 0, op,
-               "Expected input to have non-zero size for non-batch dimensions, but got ",
-               input.sizes(), " with dimension ", i, " being empty.");
-  }
+  check_unpool_input(op, input, indices);
   c10::SmallVector<int64_t, 4> sizes(input.sizes().begin(), input.sizes().end() - 2);
   sizes.append(output_size.begin(), output_size.end());
   if (input.dim() == 4) return new_meta(sizes, input.scalar_type(), input.suggest_memory_format());
@@ -421,14 +426,7 @@ Tensor max_unpool3d(const Tensor& input, const Tensor& indices, IntArrayRef outp
   META_CHECK(padding.size() == 3, op,
              "There should be exactly three elements (depth, height, width) in padding, but got: ",
              padding.size(), " elements.");
-  META_CHECK(input.sizes() == indices.sizes(), op,
-             "Expected shape of indices to be same as that of the input tensor (", input.sizes(),
-             ") but got indices tensor with shape: ", indices.sizes());
-  for (int64_t i = 1; i < input.dim(); ++i) {
-    META_CHECK(input.size(i) > 0, op,
-               "Expected input to have non-zero size for non-batch dimensions, but got ",
-               input.sizes(), " with dimension ", i, " being empty.");
-  }
+  check_unpool_input(op, input, indices);
   META_CHECK(stride[0] > 0 && stride[1] > 0 && stride[2] > 0, op,
              "strides should be greater than zero, but got stride: ", stride);
   c10::SmallVector<int64_t, 5> sizes(input.sizes().begin(), input.sizes().end() - 3);

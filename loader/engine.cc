@@ -123,9 +123,11 @@ uint64_t round_down(uint64_t v, uint64_t unit) {
 
 }  // namespace
 
-std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vector<PlanFile>& files,
-                               const PlanLimits& limits) {
-  const uint64_t cap = limits.staged_bytes;
+namespace {
+
+// Step 1 of plan_pieces: every job valid, and the staging piece holds one element of each.
+void check_jobs(const std::vector<CopyJob>& jobs, const std::vector<PlanFile>& files,
+                uint64_t cap) {
   uint32_t max_unit = 1;
   for (size_t i = 0; i < jobs.size(); ++i) {
     validate_job(jobs[i], i, files);
@@ -135,139 +137,184 @@ std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vect
     throw PlanError("staging piece of " + std::to_string(cap) + " bytes cannot hold one " +
                     std::to_string(max_unit) + "-byte element: raise staging_bytes");
   }
+}
 
+// Step 2: one job's segments -- one run when its rows are back to back on both sides, gathers of
+// k rows when the holes between rows are small enough to read through, else one row each.
+void split_job(const CopyJob& j, size_t i, const PlanLimits& limits, std::vector<Segment>& segs) {
+  const uint64_t cap = limits.staged_bytes;
+  const uint64_t dst_row = j.dst_pitch();
+  const bool identity = !j.convert;
+  const bool contiguous =
+      j.rows == 1 || (j.stride() == j.row_bytes && j.dst_pitch() == j.dst_row_bytes());
+  if (contiguous) {
+    segs.push_back({i, j.file, j.offset, 1, j.rows * j.row_bytes, j.row_bytes, 0,
+                    identity && limits.direct_bytes > 0});
+    return;
+  }
+  const uint64_t gap = j.stride() - j.row_bytes;
+  const bool row_direct = identity && limits.direct_bytes > 0 && limits.direct_row_min > 0 &&
+                          j.row_bytes >= limits.direct_row_min;
+  if (!row_direct && gap <= limits.merge_gap && j.row_bytes <= cap) {
+    // Gather: read k rows (holes included) at once and pick the rows out of staging.
+    const uint64_t k = std::max<uint64_t>(1, (cap - j.row_bytes) / j.stride() + 1);
+    for (uint64_t r = 0; r < j.rows; r += k) {
+      const uint64_t n = std::min(k, j.rows - r);
+      segs.push_back(
+          {i, j.file, j.offset + r * j.stride(), n, j.row_bytes, j.stride(), r * dst_row, false});
+    }
+    return;
+  }
+  for (uint64_t r = 0; r < j.rows; ++r) {
+    segs.push_back({i, j.file, j.offset + r * j.stride(), 1, j.row_bytes, j.row_bytes, r * dst_row,
+                    row_direct});
+  }
+}
+
+// The segments of every job in (file, offset) order.
+std::vector<Segment> sorted_segments(const std::vector<CopyJob>& jobs, const PlanLimits& limits) {
   std::vector<Segment> segs;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const CopyJob& j = jobs[i];
-    if (j.rows == 0 || j.row_bytes == 0) continue;
-    const uint64_t dst_row = j.dst_pitch();
-    const bool identity = !j.convert;
-    // Rows back to back on both sides: one run.
-    const bool contiguous =
-        j.rows == 1 || (j.stride() == j.row_bytes && j.dst_pitch() == j.dst_row_bytes());
-    if (contiguous) {
-      segs.push_back({i, j.file, j.offset, 1, j.rows * j.row_bytes, j.row_bytes, 0,
-                      identity && limits.direct_bytes > 0});
-      continue;
-    }
-    const uint64_t gap = j.stride() - j.row_bytes;
-    const bool row_direct = identity && limits.direct_bytes > 0 && limits.direct_row_min > 0 &&
-                            j.row_bytes >= limits.direct_row_min;
-    if (!row_direct && gap <= limits.merge_gap && j.row_bytes <= cap) {
-      // Gather: read k rows (holes included) at once and pick the rows out of staging.
-      const uint64_t k = std::max<uint64_t>(1, (cap - j.row_bytes) / j.stride() + 1);
-      for (uint64_t r = 0; r < j.rows; r += k) {
-        const uint64_t n = std::min(k, j.rows - r);
-        segs.push_back(
-            {i, j.file, j.offset + r * j.stride(), n, j.row_bytes, j.stride(), r * dst_row, false});
-      }
-    } else {
-      for (uint64_t r = 0; r < j.rows; ++r) {
-        segs.push_back({i, j.file, j.offset + r * j.stride(), 1, j.row_bytes, j.row_bytes,
-                        r * dst_row, row_direct});
-      }
-    }
+    if (jobs[i].rows == 0 || jobs[i].row_bytes == 0) continue;
+    split_job(jobs[i], i, limits, segs);
   }
   std::stable_sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) {
     return a.file != b.file ? a.file < b.file : a.offset < b.offset;
   });
+  return segs;
+}
 
-  std::vector<Piece> pieces;
-  Piece cur;
-  bool open = false;
-  bool tail_exact = false;  // the bytes at the open piece's end belong to an exact job
-  // Whether a staged read may run on from the open piece's end to `at`: a hole next to an exact
-  // job is never read through (it holds other ranks' rows).
-  auto may_reach = [&](uint64_t at, bool exact) {
-    const uint64_t end = cur.offset + cur.length;
-    return at <= end || (at <= end + limits.merge_gap && !exact && !tail_exact);
-  };
-  auto extend = [&](uint64_t end, bool exact) {
-    if (end - cur.offset >= cur.length) tail_exact = exact;
-    cur.length = std::max(cur.length, end - cur.offset);
-  };
-  auto flush = [&] {
-    if (open) pieces.push_back(std::move(cur));
-    cur = Piece();
-    open = false;
-  };
-  auto start = [&](size_t file, uint64_t offset, bool direct, unsigned char* dst) {
+// Step 3: segments into pieces. Keeps the piece being filled open while the next segment may
+// join it: same file, a hole of at most merge_gap (never next to an exact job), within the
+// staging size; direct pieces join only when both the file and the slot bytes continue.
+class PieceBuilder {
+ public:
+  PieceBuilder(const std::vector<CopyJob>& jobs, const PlanLimits& limits)
+      : jobs_(jobs), limits_(limits), cap_(limits.staged_bytes) {}
+
+  void add(const Segment& s) { s.rows > 1 ? add_gather(s) : add_run(s); }
+
+  std::vector<Piece> finish() {
     flush();
-    cur.file = file;
-    cur.offset = offset;
-    cur.length = 0;
-    cur.direct = direct;
-    cur.direct_dst = direct ? dst : nullptr;
-    open = true;
-    tail_exact = false;
-  };
+    return std::move(pieces_);
+  }
 
-  for (const Segment& s : segs) {
-    const CopyJob& j = jobs[s.job];
+ private:
+  // A gather segment stays whole; it joins an open staged piece if the hole is small and the
+  // piece stays within the staging size.
+  void add_gather(const Segment& s) {
+    const CopyJob& j = jobs_[s.job];
+    const uint64_t fp = s.footprint();
+    const bool joins = open_ && !cur_.direct && cur_.file == s.file && s.offset >= cur_.offset &&
+                       may_reach(s.offset, j.exact) &&
+                       std::max(cur_.offset + cur_.length, s.offset + fp) - cur_.offset <= cap_;
+    if (!joins) start(s.file, s.offset, false, nullptr);
+    PiecePart part;
+    part.job = s.job;
+    part.src = s.offset - cur_.offset;
+    part.rows = s.rows;
+    part.row_bytes = s.row_bytes;
+    part.src_pitch = s.stride;
+    part.dst = static_cast<unsigned char*>(j.dst) + s.dst_off;
+    part.dst_pitch = j.dst_pitch();
+    part.dst_bytes = s.rows * j.dst_row_bytes();
+    cur_.parts.push_back(part);
+    extend(s.offset + fp, j.exact);
+  }
+
+  // One contiguous run, split into reads of at most the piece size.
+  void add_run(const Segment& s) {
+    const CopyJob& j = jobs_[s.job];
     auto* slot = static_cast<unsigned char*>(j.dst);
-    if (s.rows > 1) {
-      // A gather segment stays whole; it joins an open staged piece if the hole is small and the
-      // piece stays within the staging size.
-      const uint64_t fp = s.footprint();
-      const bool joins = open && !cur.direct && cur.file == s.file && s.offset >= cur.offset &&
-                         may_reach(s.offset, j.exact) &&
-                         std::max(cur.offset + cur.length, s.offset + fp) - cur.offset <= cap;
-      if (!joins) start(s.file, s.offset, false, nullptr);
-      PiecePart part;
-      part.job = s.job;
-      part.src = s.offset - cur.offset;
-      part.rows = s.rows;
-      part.row_bytes = s.row_bytes;
-      part.src_pitch = s.stride;
-      part.dst = slot + s.dst_off;
-      part.dst_pitch = j.dst_pitch();
-      part.dst_bytes = s.rows * j.dst_row_bytes();
-      cur.parts.push_back(part);
-      extend(s.offset + fp, j.exact);
-      continue;
-    }
-    // One contiguous run, split into reads of at most the piece size.
     uint64_t pos = 0;
     while (pos < s.row_bytes) {
       const uint64_t at = s.offset + pos;
       unsigned char* dst =
           slot + s.dst_off + (j.convert ? pos / j.unit * float_format_size(j.to) : pos);
-      uint64_t take = 0;
-      if (s.direct) {
-        const bool joins = open && cur.direct && cur.file == s.file &&
-                           at == cur.offset + cur.length && dst == cur.direct_dst + cur.length &&
-                           cur.length < limits.direct_bytes;
-        if (!joins) start(s.file, at, true, dst);
-        take = std::min(s.row_bytes - pos, limits.direct_bytes - cur.length);
-      } else {
-        bool joins =
-            open && !cur.direct && cur.file == s.file && at >= cur.offset && may_reach(at, j.exact);
-        if (joins) {
-          const uint64_t room = cap > at - cur.offset ? cap - (at - cur.offset) : 0;
-          take = round_down(std::min(s.row_bytes - pos, room), j.unit);
-          joins = take > 0;
-        }
-        if (!joins) {
-          start(s.file, at, false, nullptr);
-          take = round_down(std::min(s.row_bytes - pos, cap), j.unit);
-        }
-      }
+      const uint64_t take = s.direct ? place_direct(s, at, dst, pos) : place_staged(s, j, at, pos);
       PiecePart part;
       part.job = s.job;
-      part.src = at - cur.offset;
+      part.src = at - cur_.offset;
       part.rows = 1;
       part.row_bytes = take;
       part.src_pitch = take;
       part.dst = dst;
       part.dst_bytes = j.convert ? take / j.unit * float_format_size(j.to) : take;
       part.dst_pitch = part.dst_bytes;
-      cur.parts.push_back(part);
+      cur_.parts.push_back(part);
       extend(at + take, j.exact);
       pos += take;
     }
   }
-  flush();
-  return pieces;
+
+  // The bytes of a direct run that go into the open (or a new) direct piece from `at`.
+  uint64_t place_direct(const Segment& s, uint64_t at, unsigned char* dst, uint64_t pos) {
+    const bool joins = open_ && cur_.direct && cur_.file == s.file &&
+                       at == cur_.offset + cur_.length && dst == cur_.direct_dst + cur_.length &&
+                       cur_.length < limits_.direct_bytes;
+    if (!joins) start(s.file, at, true, dst);
+    return std::min(s.row_bytes - pos, limits_.direct_bytes - cur_.length);
+  }
+
+  // The bytes of a staged run that go into the open (or a new) staged piece from `at`: whole
+  // elements, within the staging size.
+  uint64_t place_staged(const Segment& s, const CopyJob& j, uint64_t at, uint64_t pos) {
+    if (open_ && !cur_.direct && cur_.file == s.file && at >= cur_.offset &&
+        may_reach(at, j.exact)) {
+      const uint64_t room = cap_ > at - cur_.offset ? cap_ - (at - cur_.offset) : 0;
+      const uint64_t take = round_down(std::min(s.row_bytes - pos, room), j.unit);
+      if (take > 0) return take;
+    }
+    start(s.file, at, false, nullptr);
+    return round_down(std::min(s.row_bytes - pos, cap_), j.unit);
+  }
+
+  // Whether a staged read may run on from the open piece's end to `at`: a hole next to an exact
+  // job is never read through (it holds other ranks' rows).
+  bool may_reach(uint64_t at, bool exact) const {
+    const uint64_t end = cur_.offset + cur_.length;
+    return at <= end || (at <= end + limits_.merge_gap && !exact && !tail_exact_);
+  }
+
+  void extend(uint64_t end, bool exact) {
+    if (end - cur_.offset >= cur_.length) tail_exact_ = exact;
+    cur_.length = std::max(cur_.length, end - cur_.offset);
+  }
+
+  void flush() {
+    if (open_) pieces_.push_back(std::move(cur_));
+    cur_ = Piece();
+    open_ = false;
+  }
+
+  void start(size_t file, uint64_t offset, bool direct, unsigned char* dst) {
+    flush();
+    cur_.file = file;
+    cur_.offset = offset;
+    cur_.length = 0;
+    cur_.direct = direct;
+    cur_.direct_dst = direct ? dst : nullptr;
+    open_ = true;
+    tail_exact_ = false;
+  }
+
+  const std::vector<CopyJob>& jobs_;
+  const PlanLimits& limits_;
+  const uint64_t cap_;
+  std::vector<Piece> pieces_;
+  Piece cur_;
+  bool open_ = false;
+  bool tail_exact_ = false;  // the bytes at the open piece's end belong to an exact job
+};
+
+}  // namespace
+
+std::vector<Piece> plan_pieces(const std::vector<CopyJob>& jobs, const std::vector<PlanFile>& files,
+                               const PlanLimits& limits) {
+  check_jobs(jobs, files, limits.staged_bytes);
+  PieceBuilder builder(jobs, limits);
+  for (const Segment& s : sorted_segments(jobs, limits)) builder.add(s);
+  return builder.finish();
 }
 
 namespace {

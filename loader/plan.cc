@@ -131,8 +131,28 @@ std::optional<std::string> mismatch_names_json(const std::string& message) {
   return std::nullopt;
 }
 
-LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
-                   const LoadOptions& opt) {
+namespace {
+
+std::string q(const std::string& name) {
+  return quote_text(name, '\'');
+}
+
+// What does not fit, gathered over every target before plan_load throws one MismatchError.
+struct Mismatches {
+  std::vector<MismatchItem> missing, unexpected, mismatched;
+  bool empty() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+};
+
+// The checkpoint tensor each target takes, by the family's renames (null: none of its own).
+struct Sources {
+  std::vector<const TensorInfo*> info;
+  std::vector<size_t> file;
+  std::vector<std::string> name;
+};
+
+// Step 1: the options make sense, and no two targets share a name.
+std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarget>& targets,
+                                                      const LoadOptions& opt) {
   if (opt.tp_size < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size) {
     throw PlanError("tensor-parallel rank " + std::to_string(opt.tp_rank) + " of " +
                     std::to_string(opt.tp_size) + " does not exist");
@@ -144,16 +164,18 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
   std::unordered_map<std::string, size_t> by_name;
   for (size_t i = 0; i < targets.size(); ++i) {
     if (!by_name.emplace(targets[i].name, i).second) {
-      throw PlanError("two targets are named " + quote_text(targets[i].name, '\''));
+      throw PlanError("two targets are named " + q(targets[i].name));
     }
   }
+  return by_name;
+}
 
-  // Checkpoint tensor for each target, by the family's renames.
-  std::vector<const TensorInfo*> source(targets.size(), nullptr);
-  std::vector<size_t> source_file(targets.size(), 0);
-  std::vector<std::string> source_name(targets.size());
-  std::vector<MismatchItem> missing, unexpected, mismatched;
-  const auto q = [](const std::string& name) { return quote_text(name, '\''); };
+// Step 2: each checkpoint tensor to the target its (renamed) name is; unexpected ones under
+// strict, two tensors for one target a mismatch.
+Sources match_sources(size_t n_targets, const std::unordered_map<std::string, size_t>& by_name,
+                      const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+  Sources src{std::vector<const TensorInfo*>(n_targets, nullptr), std::vector<size_t>(n_targets, 0),
+              std::vector<std::string>(n_targets)};
   for (const std::string& cname : ckpt.tensor_names()) {
     std::optional<std::string> mname = cname;
     if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
@@ -162,25 +184,31 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     const TensorRef& ref = ckpt.lookup.at(cname);
     if (it == by_name.end()) {
       if (opt.strict) {
-        unexpected.push_back({cname, (*mname != cname ? " (as " + escape_text(*mname) + ")" : "") +
-                                         " in " +
-                                         escape_text(base_name(ckpt.files[ref.file].path))});
+        bad.unexpected.push_back(
+            {cname, (*mname != cname ? " (as " + escape_text(*mname) + ")" : "") + " in " +
+                        escape_text(base_name(ckpt.files[ref.file].path))});
       }
       continue;
     }
-    if (source[it->second] != nullptr) {
-      mismatched.push_back({*mname, ": both " + q(source_name[it->second]) + " and " + q(cname) +
-                                        " in the checkpoint map to it"});
+    if (src.info[it->second] != nullptr) {
+      bad.mismatched.push_back({*mname, ": both " + q(src.name[it->second]) + " and " + q(cname) +
+                                            " in the checkpoint map to it"});
       continue;
     }
-    source[it->second] = &ckpt.tensor(ref);
-    source_file[it->second] = ref.file;
-    source_name[it->second] = cname;
+    src.info[it->second] = &ckpt.tensor(ref);
+    src.file[it->second] = ref.file;
+    src.name[it->second] = cname;
   }
+  return src;
+}
 
-  // Ties: targets that are one tensor object, and the family's tied groups. A target without its
-  // own checkpoint tensor takes its group's.
-  std::vector<int> group(targets.size(), -1);
+// Step 3: ties -- targets that are one tensor object, and the family's tied groups. Returns each
+// target's group (-1: undefined tensor) and, per group, a target with a checkpoint tensor.
+std::map<int, size_t> tie_groups(const std::vector<LoadTarget>& targets,
+                                 const std::unordered_map<std::string, size_t>& by_name,
+                                 const Sources& src, const LoadOptions& opt,
+                                 std::vector<int>& group) {
+  group.assign(targets.size(), -1);
   std::unordered_map<const c10::TensorImpl*, int> impl_group;
   int groups = 0;
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -202,10 +230,106 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
       for (int& x : group) x = x == old ? g : x;
     }
   }
-  std::map<int, size_t> group_source;  // group -> a target with a checkpoint tensor
+  std::map<int, size_t> group_source;
   for (size_t i = 0; i < targets.size(); ++i) {
-    if (source[i] != nullptr && group[i] >= 0) group_source.emplace(group[i], i);
+    if (src.info[i] != nullptr && group[i] >= 0) group_source.emplace(group[i], i);
   }
+  return group_source;
+}
+
+// The dtype the slot gets: the module's, or opt.dtype among the convertible float types; nullopt
+// (and a mismatch) when the stored dtype cannot become it.
+std::optional<at::ScalarType> slot_dtype(const LoadTarget& t, at::ScalarType stored,
+                                         const std::string& where, const LoadOptions& opt,
+                                         Mismatches& bad) {
+  at::ScalarType want = t.tensor.scalar_type();
+  if (opt.dtype && convertible(stored)) want = *opt.dtype;
+  if (opt.dtype && !convertible(stored)) want = stored;
+  if (want != stored && !(convertible(want) && convertible(stored))) {
+    bad.mismatched.push_back({t.name, std::string(": dtype ") + c10::toString(want) +
+                                          " in the module but " + where + " is " +
+                                          c10::toString(stored) +
+                                          " (conversions exist among Float, Half and BFloat16)"});
+    return std::nullopt;
+  }
+  return want;
+}
+
+// Under tensor parallelism, this rank's slice of the spec's tensor (spec.shard) and its shape;
+// nullopt (and a mismatch) when the family has none for it.
+std::optional<std::vector<int64_t>> slot_shape(const LoadTarget& t, SlotSpec& spec,
+                                               const LoadOptions& opt, Mismatches& bad) {
+  if (opt.tp_size <= 1) return spec.stored_shape;
+  try {
+    TpShard shard = opt.names.tp_shard(t.name, spec.stored_shape, opt.tp_rank, opt.tp_size);
+    if (shard.dim < 0) return spec.stored_shape;
+    shard_copies(spec.stored_shape, 1, 0, shard, spec.name);  // validates
+    spec.shard = shard;
+    return shard.shape;
+  } catch (const std::exception& e) {
+    bad.mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
+                                          " of " + std::to_string(opt.tp_size) + ": " +
+                                          escape_text(e.what())});
+    return std::nullopt;
+  }
+}
+
+// Step 4: the slot of target t, read from its owner's checkpoint tensor; nullopt (and a
+// mismatch) when dtype, TP shard or shape do not fit.
+std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sources& src,
+                                  const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+  const TensorInfo& info = *src.info[owner];
+  const std::string where =
+      q(src.name[owner]) + " in " + escape_text(base_name(ckpt.files[src.file[owner]].path));
+  const std::optional<at::ScalarType> stored = torch_dtype_of(info.dtype);
+  if (!stored) {
+    bad.mismatched.push_back({t.name, ": " + where + " is " + dtype_name(info.dtype) +
+                                          ", which this libtorch has no dtype for"});
+    return std::nullopt;
+  }
+  const std::optional<at::ScalarType> want = slot_dtype(t, *stored, where, opt, bad);
+  if (!want) return std::nullopt;
+  SlotSpec spec;
+  spec.name = src.name[owner];
+  spec.file = src.file[owner];
+  spec.data_offset = ckpt.files[src.file[owner]].data_start + info.begin;
+  spec.stored_shape = info.shape;
+  spec.stored_dtype = *stored;
+  spec.dtype = *want;
+  const std::optional<std::vector<int64_t>> shape = slot_shape(t, spec, opt, bad);
+  if (!shape) return std::nullopt;
+  if (t.tensor.sizes().vec() != *shape) {
+    bad.mismatched.push_back(
+        {t.name, ": shape " + shape_str(t.tensor.sizes().vec()) + " in the module but " + where +
+                     " gives " + shape_str(*shape) +
+                     (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
+                                            std::to_string(opt.tp_size) + ")"
+                                      : "")});
+    return std::nullopt;
+  }
+  return spec;
+}
+
+// A target tied to one whose slot is planned already shares it; its shape must be the slot's.
+void check_tied_shape(const LoadTarget& t, const LoadTarget& owner, const SlotSpec& s,
+                      Mismatches& bad) {
+  const std::vector<int64_t>& shape = s.shard ? s.shard->shape : s.stored_shape;
+  if (t.tensor.sizes().vec() != shape) {
+    bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                          " but it is tied to " + q(owner.name) + " " +
+                                          shape_str(shape)});
+  }
+}
+
+}  // namespace
+
+LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
+                   const LoadOptions& opt) {
+  const std::unordered_map<std::string, size_t> by_name = index_targets(targets, opt);
+  Mismatches bad;
+  const Sources src = match_sources(targets.size(), by_name, ckpt, opt, bad);
+  std::vector<int> group;
+  const std::map<int, size_t> group_source = tie_groups(targets, by_name, src, opt, group);
 
   LoadPlan plan;
   for (const SafetensorsHeader& f : ckpt.files) plan.files.push_back(f.path);
@@ -215,14 +339,14 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     const LoadTarget& t = targets[i];
     if (opt.names.skip && opt.names.skip(t.name)) continue;
     if (!t.tensor.defined()) {
-      mismatched.push_back({t.name, ": undefined tensor in the module"});
+      bad.mismatched.push_back({t.name, ": undefined tensor in the module"});
       continue;
     }
     size_t owner = i;
-    if (source[i] == nullptr) {
+    if (src.info[i] == nullptr) {  // a target without its own tensor takes its group's
       auto g = group[i] >= 0 ? group_source.find(group[i]) : group_source.end();
       if (g == group_source.end()) {
-        missing.push_back({t.name, " " + shape_str(t.tensor.sizes().vec())});
+        bad.missing.push_back({t.name, " " + shape_str(t.tensor.sizes().vec())});
         continue;
       }
       owner = g->second;
@@ -230,75 +354,22 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     auto known = spec_of_source.find(owner);
     if (known != spec_of_source.end()) {
       plan.spec_of_target[i] = known->second;
-      const SlotSpec& s = plan.specs[known->second];
-      if (t.tensor.sizes().vec() != (s.shard ? s.shard->shape : s.stored_shape)) {
-        mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
-                                          " but it is tied to " + q(targets[owner].name) + " " +
-                                          shape_str(s.shard ? s.shard->shape : s.stored_shape)});
-      }
+      check_tied_shape(t, targets[owner], plan.specs[known->second], bad);
       continue;
     }
-    const TensorInfo& info = *source[owner];
-    const std::string where = q(source_name[owner]) + " in " +
-                              escape_text(base_name(ckpt.files[source_file[owner]].path));
-    const std::optional<at::ScalarType> stored = torch_dtype_of(info.dtype);
-    if (!stored) {
-      mismatched.push_back({t.name, ": " + where + " is " + dtype_name(info.dtype) +
-                                        ", which this libtorch has no dtype for"});
-      continue;
-    }
-    at::ScalarType want = t.tensor.scalar_type();
-    if (opt.dtype && convertible(*stored)) want = *opt.dtype;
-    if (opt.dtype && !convertible(*stored)) want = *stored;
-    if (want != *stored && !(convertible(want) && convertible(*stored))) {
-      mismatched.push_back({t.name, std::string(": dtype ") + c10::toString(want) +
-                                        " in the module but " + where + " is " +
-                                        c10::toString(*stored) +
-                                        " (conversions exist among Float, Half and BFloat16)"});
-      continue;
-    }
-    SlotSpec spec;
-    spec.name = source_name[owner];
-    spec.file = source_file[owner];
-    spec.data_offset = ckpt.files[source_file[owner]].data_start + info.begin;
-    spec.stored_shape = info.shape;
-    spec.stored_dtype = *stored;
-    spec.dtype = want;
-    std::vector<int64_t> shape = info.shape;
-    if (opt.tp_size > 1) {
-      try {
-        TpShard shard = opt.names.tp_shard(t.name, info.shape, opt.tp_rank, opt.tp_size);
-        if (shard.dim >= 0) {
-          shard_copies(info.shape, 1, 0, shard, spec.name);  // validates
-          shape = shard.shape;
-          spec.shard = shard;
-        }
-      } catch (const std::exception& e) {
-        mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
-                                          " of " + std::to_string(opt.tp_size) + ": " +
-                                          escape_text(e.what())});
-        continue;
-      }
-    }
-    if (t.tensor.sizes().vec() != shape) {
-      mismatched.push_back(
-          {t.name, ": shape " + shape_str(t.tensor.sizes().vec()) + " in the module but " + where +
-                       " gives " + shape_str(shape) +
-                       (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
-                                              std::to_string(opt.tp_size) + ")"
-                                        : "")});
-      continue;
-    }
+    std::optional<SlotSpec> spec = make_spec(t, owner, src, ckpt, opt, bad);
+    if (!spec) continue;
     spec_of_source[owner] = static_cast<int>(plan.specs.size());
     plan.spec_of_target[i] = static_cast<int>(plan.specs.size());
-    plan.specs.push_back(std::move(spec));
+    plan.specs.push_back(std::move(*spec));
   }
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-    const std::string summary = "checkpoint " + q(ckpt.ref) +
-                                " does not fit: " + std::to_string(missing.size()) + " missing, " +
-                                std::to_string(unexpected.size()) + " unexpected, " +
-                                std::to_string(mismatched.size()) + " mismatched";
-    throw MismatchError(summary, std::move(missing), std::move(unexpected), std::move(mismatched));
+  if (!bad.empty()) {
+    const std::string summary =
+        "checkpoint " + q(ckpt.ref) + " does not fit: " + std::to_string(bad.missing.size()) +
+        " missing, " + std::to_string(bad.unexpected.size()) + " unexpected, " +
+        std::to_string(bad.mismatched.size()) + " mismatched";
+    throw MismatchError(summary, std::move(bad.missing), std::move(bad.unexpected),
+                        std::move(bad.mismatched));
   }
   return plan;
 }

@@ -3,18 +3,15 @@
 // Whoever allocates the slots decides the speed of a fresh load: every page must be faulted in
 // and zeroed before the bytes land. One anonymous mapping holds all slots of a load (HostArena),
 // laid out in file order so that tensors adjacent in a file are adjacent in memory and share one
-// pread. How its pages come in is EngineOptions::slot_pages; measured on this project's machine
-// (2 cores, a Firecracker VM with virtio-balloon free page reporting, 2.3 GB, warm page cache,
-// fresh processes; bench/RESULTS.md):
-//   - memory touched for the first time after ~2 s idle is "cold": the guest reported it free and
-//     the host took it back, so every touch faults in the host too. Cold huge pages touch at
-//     ~0.3 GB/s, cold 4 KiB pages at ~0.9 GB/s; a load into 4 KiB pages pre-faulted per read with
-//     MADV_POPULATE_WRITE ran at 1.1-1.3 GB/s, into huge pages at 0.3-0.9 GB/s;
-//   - memory another process freed moments before is "hot": huge pages faulted by the reads ran at
-//     2.9-6.8 GB/s, 4 KiB pages at 1.2-2.3 GB/s.
-// Where the kernel does not report free pages (bare metal, most clouds), memory is always "hot",
-// and transparent huge pages (THP is in "madvise" mode here; torch 1.13's allocator never asks for
-// them) are the clear choice; kAuto picks by that.
+// pread. How its pages come in is EngineOptions::slot_pages:
+//   - where the kernel reports free pages to a hypervisor (virtio-balloon free page reporting),
+//     memory untouched for a couple of seconds is "cold": the host took it back, so every touch
+//     faults in the host too, and huge pages are then slower than 4 KiB pages pre-faulted per
+//     read with MADV_POPULATE_WRITE;
+//   - elsewhere (bare metal, most clouds) memory is always "hot" and transparent huge pages
+//     faulted by the reads are the clear choice (torch 1.13's allocator never asks for them).
+// kAuto picks by that. The measurements behind this choice are in bench/RESULTS.md ("What bounds
+// a fresh load here").
 #pragma once
 
 #include <cstddef>

@@ -173,69 +173,83 @@ std::vector<std::shared_ptr<FileMapping>> check_mapped(const std::vector<at::Ten
   return maps;
 }
 
-SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
-                    at::Device device, const EngineOptions& options, DeviceOps* staged) {
-  std::vector<SpecPlan> plans;
-  plans.reserve(specs.size());
-  for (const SlotSpec& s : specs) plans.push_back(plan_spec(s));
+namespace {
 
+// Where each CPU slot goes in the arena: its size, alignment and file position, and whether it
+// may share a read with its file neighbours.
+std::vector<SlotRequest> slot_requests(const std::vector<SlotSpec>& specs,
+                                       const std::vector<SpecPlan>& plans) {
+  std::vector<SlotRequest> req;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const SpecPlan& p = plans[i];
+    SlotRequest r;
+    r.bytes = checked_product<uint64_t>(p.shape, c10::elementSize(specs[i].dtype),
+                                        "slot bytes of tensor " + quote_text(specs[i].name));
+    r.align = c10::elementSize(specs[i].dtype);
+    r.file = specs[i].file;
+    r.file_offset = p.jobs.empty() ? 0 : p.jobs[0].offset;
+    // One contiguous run copied as it is can share a read with its file neighbours.
+    r.read_direct = p.jobs.size() == 1 && !p.jobs[0].convert &&
+                    (p.jobs[0].rows == 1 || p.jobs[0].stride() == p.jobs[0].row_bytes);
+    req.push_back(r);
+  }
+  return req;
+}
+
+// The CPU engine's run after a zero-copy mapping: progress continues from the mapped bytes
+// (engine.h, Progress), and the report adds them.
+LoadReport run_after_mapping(const std::vector<std::string>& files,
+                             const std::vector<CopyJob>& jobs, const EngineOptions& options,
+                             const LoadReport& mapping) {
+  EngineOptions engine = options;
+  if (options.progress && mapping.mapped_bytes > 0) {
+    engine.progress = [&options, mapped = mapping.mapped_bytes](const Progress& p) {
+      Progress q = p;
+      q.bytes_done += mapped;
+      q.bytes_total += mapped;
+      options.progress(q);
+    };
+  }
+  LoadReport report = run_cpu_engine(files, jobs, engine);
+  report.mapped_bytes = mapping.mapped_bytes;
+  report.bytes += mapping.bytes;
+  report.slot_bytes += mapping.slot_bytes;
+  report.seconds += mapping.seconds;
+  if (mapping.mapped_bytes > 0) report.engine += "+mapped";
+  return report;
+}
+
+SlotLoad load_cpu_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
+                        std::vector<SpecPlan>& plans, const EngineOptions& options) {
   SlotLoad out;
   out.tensors.reserve(specs.size());
+  // Zero-copy where asked and possible; those specs are then done.
+  std::vector<at::Tensor> mapped = options.map_files
+                                       ? map_slots(files, specs, plans, options, &out.report)
+                                       : std::vector<at::Tensor>(specs.size());
+  uint64_t total = 0;
+  const std::vector<uint64_t> offsets = layout_slots(slot_requests(specs, plans), &total);
+  // Fresh anonymous memory is zero, so shard padding needs no fill. The tensors hold the arena;
+  // if anything throws, `out` dies and with it the last reference.
+  std::shared_ptr<HostArena> arena =
+      HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
   std::vector<CopyJob> jobs;
-  if (staged == nullptr && device.is_cpu()) {
-    // Zero-copy where asked and possible; those specs are then done.
-    std::vector<at::Tensor> mapped = options.map_files
-                                         ? map_slots(files, specs, plans, options, &out.report)
-                                         : std::vector<at::Tensor>(specs.size());
-    std::vector<SlotRequest> req;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const SpecPlan& p = plans[i];
-      SlotRequest r;
-      r.bytes = checked_product<uint64_t>(p.shape, c10::elementSize(specs[i].dtype),
-                                          "slot bytes of tensor " + quote_text(specs[i].name));
-      r.align = c10::elementSize(specs[i].dtype);
-      r.file = specs[i].file;
-      r.file_offset = p.jobs.empty() ? 0 : p.jobs[0].offset;
-      // One contiguous run copied as it is can share a read with its file neighbours.
-      r.read_direct = p.jobs.size() == 1 && !p.jobs[0].convert &&
-                      (p.jobs[0].rows == 1 || p.jobs[0].stride() == p.jobs[0].row_bytes);
-      req.push_back(r);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (mapped[i].defined()) {
+      out.tensors.push_back(std::move(mapped[i]));
+      continue;
     }
-    uint64_t total = 0;
-    const std::vector<uint64_t> offsets = layout_slots(req, &total);
-    // Fresh anonymous memory is zero, so shard padding needs no fill. The tensors hold the arena;
-    // if anything throws, `out` dies and with it the last reference.
-    std::shared_ptr<HostArena> arena =
-        HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (mapped[i].defined()) {
-        out.tensors.push_back(std::move(mapped[i]));
-        continue;
-      }
-      out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
-      place(plans[i], arena->data() + offsets[i], jobs);
-    }
-    arena.reset();
-    const LoadReport mapping = out.report;
-    EngineOptions engine = options;
-    if (options.progress && mapping.mapped_bytes > 0) {
-      // Progress continues from the mapped bytes (engine.h, Progress).
-      engine.progress = [&options, mapped = mapping.mapped_bytes](const Progress& p) {
-        Progress q = p;
-        q.bytes_done += mapped;
-        q.bytes_total += mapped;
-        options.progress(q);
-      };
-    }
-    out.report = run_cpu_engine(files, jobs, engine);
-    out.report.mapped_bytes = mapping.mapped_bytes;
-    out.report.bytes += mapping.bytes;
-    out.report.slot_bytes += mapping.slot_bytes;
-    out.report.seconds += mapping.seconds;
-    if (mapping.mapped_bytes > 0) out.report.engine += "+mapped";
-    return out;
+    out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
+    place(plans[i], arena->data() + offsets[i], jobs);
   }
+  arena.reset();
+  out.report = run_after_mapping(files, jobs, options, out.report);
+  return out;
+}
 
+SlotLoad load_staged_slots(const std::vector<std::string>& files,
+                           const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
+                           at::Device device, const EngineOptions& options, DeviceOps* staged) {
   std::unique_ptr<DeviceOps> owned;
   DeviceOps* ops = staged;
   if (ops == nullptr) {
@@ -246,6 +260,9 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
     owned = make_cuda_device_ops(device.has_index() ? device.index() : 0);
     ops = owned.get();
   }
+  SlotLoad out;
+  out.tensors.reserve(specs.size());
+  std::vector<CopyJob> jobs;
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto opts = at::TensorOptions().dtype(specs[i].dtype).device(device);
     // Padding rows (a vocabulary padded for TP) are zero, as the families' shards say.
@@ -255,6 +272,17 @@ SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<Slo
   }
   out.report = run_staged_engine(files, jobs, *ops, options);
   return out;
+}
+
+}  // namespace
+
+SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
+                    at::Device device, const EngineOptions& options, DeviceOps* staged) {
+  std::vector<SpecPlan> plans;
+  plans.reserve(specs.size());
+  for (const SlotSpec& s : specs) plans.push_back(plan_spec(s));
+  if (staged == nullptr && device.is_cpu()) return load_cpu_slots(files, specs, plans, options);
+  return load_staged_slots(files, specs, plans, device, options, staged);
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include "model/checkpoint_shapes.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
+#include "model/sha256.h"
 
 namespace metaload {
 namespace {
@@ -258,19 +259,45 @@ bool plain_ref_name(const std::string& s) {
   return true;
 }
 
-// Moves the files of `staging` into the hub layout of `repo_dir`: blobs named by content digest,
+// Written into a hub repo folder that make_checkpoint created, so that it may repoint that repo's
+// refs later; a repo without it (downloaded, or made by anything else) keeps its refs.
+constexpr const char* kOwnerMarker = ".metaload-fixture";
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+// Checks, before anything is written, that make_checkpoint may write `branch` of `repo` into
+// `repo_dir`; marks the folder as metaload's when this call creates it.
+void claim_repo(const std::string& repo_dir, const std::string& repo, const std::string& branch) {
+  const std::string marker = repo_dir + "/" + kOwnerMarker;
+  const std::string ref = repo_dir + "/refs/" + branch;
+  if (exists(repo_dir)) {
+    if (exists(ref) && !exists(marker))
+      throw FixtureError(fmt::format(
+          "refusing to repoint refs/{} of {} ({}): metaload did not create this repo (no {}), so "
+          "it may be a real model; use another cache directory or repo id",
+          branch, quote_text(repo, '\''), quote_text(repo_dir), kOwnerMarker));
+    return;
+  }
+  make_dirs(repo_dir);
+  write_text(marker, "written by metaload make-checkpoint: this repo holds generated fixtures\n");
+}
+
+// Moves the files of `staging` into the hub layout of `repo_dir`: blobs named by their SHA-256,
 // snapshots/<commit>/<name> -> ../../blobs/<digest>, refs/<branch> = commit.
 std::string publish_to_cache(const std::string& staging, const std::string& repo_dir,
                              const std::string& branch, FixtureResult& result) {
   make_dirs(repo_dir + "/blobs");
   make_dirs(repo_dir + "/refs");
   std::vector<std::pair<std::string, std::string>> entries;  // name, digest
-  for (const std::string& f : result.files) entries.emplace_back(base_name(f), file_digest(f));
+  for (const std::string& f : result.files) entries.emplace_back(base_name(f), file_sha256(f));
   std::string listing;
   for (const auto& [name, digest] : entries) listing += name + " " + digest + "\n";
   const std::string listing_path = staging + "/.listing";
   write_text(listing_path, listing);
-  const std::string commit = file_digest(listing_path).substr(0, 40);
+  const std::string commit = file_sha256(listing_path).substr(0, 40);
   ::unlink(listing_path.c_str());
 
   const std::string snapshot = repo_dir + "/snapshots/" + commit;
@@ -306,48 +333,24 @@ float fixture_value(const std::string& name, const std::vector<int64_t>& shape,
   return v;
 }
 
-std::string file_digest(const std::string& path) {
+std::string file_sha256(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw FixtureError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full;
-  uint64_t lane[4] = {P1 + P2, P2, 0, 0 - P1};
-  auto round = [](uint64_t acc, uint64_t w) {
-    acc += w * 0xC2B2AE3D27D4EB4Full;
-    acc = (acc << 31) | (acc >> 33);
-    return acc * 0x9E3779B185EBCA87ull;
-  };
+  Sha256 sha;
   std::vector<unsigned char> buf(8u << 20);
-  uint64_t total = 0;
-  size_t have = 0;  // bytes in buf not yet consumed (a partial stripe carried over)
   for (;;) {
-    const ssize_t r = ::read(fd, buf.data() + have, buf.size() - have);
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      if (errno == EINTR) continue;
+      const int err = errno;
       ::close(fd);
-      throw FixtureError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
-    }
-    total += static_cast<uint64_t>(r);
-    have += static_cast<size_t>(r);
-    const size_t stripes = r == 0 ? (have + 31) / 32 : have / 32;
-    if (r == 0) std::memset(buf.data() + have, 0, stripes * 32 - have);  // zero-pad the tail
-    for (size_t s = 0; s < stripes; ++s) {
-      uint64_t w[4];
-      std::memcpy(w, buf.data() + s * 32, 32);
-      for (int k = 0; k < 4; ++k) lane[k] = round(lane[k], w[k]);
+      throw FixtureError(fmt::format("cannot read {}: {}", path, std::strerror(err)));
     }
     if (r == 0) break;
-    const size_t used = stripes * 32;
-    std::memmove(buf.data(), buf.data() + used, have - used);
-    have -= used;
+    sha.update(buf.data(), static_cast<size_t>(r));
   }
   ::close(fd);
-  std::string hex;
-  for (int k = 0; k < 4; ++k) {
-    uint64_t h = lane[k] ^ mix64(total + static_cast<uint64_t>(k) * kGolden);
-    for (int j = 0; j < 4; ++j) h = mix64(h ^ lane[j] ^ static_cast<uint64_t>(j + 1));
-    hex += fmt::format("{:016x}", h);
-  }
-  return hex;
+  return sha.hex_digest();
 }
 
 FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_dir) {
@@ -399,6 +402,7 @@ FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_di
   std::string repo_dir;
   if (to_cache) {
     repo_dir = o.hf_cache + "/" + hf_repo_folder_name(o.repo);
+    claim_repo(repo_dir, o.repo, o.branch);
     dir = repo_dir + "/.staging-" + std::to_string(::getpid());
   }
   make_dirs(dir);

@@ -42,8 +42,10 @@ struct FixtureOptions {
   // Also store the buffers older checkpoints carry (GPT-2's h.N.attn.bias causal masks, Llama's
   // rotary_emb.inv_freq), with their true values; loaders must ignore them.
   bool buffers = false;
-  // When set, write into the hub cache `hf_cache` as repo `repo` (models--ORG--NAME/blobs,
-  // snapshots/<commit>/ as symlinks into blobs, refs/<branch>) instead of a plain directory.
+  // When set, write into the hub cache `hf_cache` as repo `repo` (models--ORG--NAME/blobs named by
+  // SHA-256, snapshots/<commit>/ as symlinks into blobs, refs/<branch>) instead of a plain
+  // directory. A repo folder make_checkpoint creates gets a `.metaload-fixture` marker; an existing
+  // refs/<branch> of a repo without one (a real download) is never repointed: FixtureError.
   std::string hf_cache;
   std::string repo;
   std::string branch = "main";
@@ -78,8 +80,8 @@ float fixture_value(const std::string& name, const std::vector<int64_t>& shape,
                     const std::string& model_type, double rope_theta, uint64_t seed,
                     uint64_t index);
 
-// A 64-hex content digest of a file (4 x 64-bit lanes; fast, not SHA-256). The hub cache names
-// blobs by SHA-256; nothing in metaload checks blob names, and this one costs ~0.1 s per GB.
-std::string file_digest(const std::string& path);
+// The SHA-256 of a file's bytes, 64 lowercase hex digits: the name the hub gives a blob of an LFS
+// file (its `blobs/` entry), so a fixture's cache tree reads like a downloaded one.
+std::string file_sha256(const std::string& path);
 
 }  // namespace metaload

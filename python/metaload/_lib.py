@@ -4,6 +4,7 @@ import json
 import mmap
 import os
 import re
+import warnings
 
 import torch
 
@@ -79,6 +80,10 @@ def load():
         # Kernels held back while the library was preloaded into this interpreter (LD_PRELOAD)
         # are registered now that torch's own Python kernels are in place.
         torch.ops.metaload.init()
+        # Warnings of the library's load (a registration that failed, ...): calls through
+        # torch.ops do not turn TORCH_WARN into Python warnings, so they come back as strings.
+        for message in torch.ops.metaload.load_warnings():
+            warnings.warn(message, UserWarning, stacklevel=2)
         _loaded = path
     return torch.ops.metaload
 

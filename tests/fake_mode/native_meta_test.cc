@@ -154,8 +154,7 @@ TEST(NativeMeta, AnotherLibrarysCppMetaKernelKeepsServingFakeMode) {
   EXPECT_NE(native_meta::kernel_for(op_named("aten::ge.Tensor")), nullptr);
 }
 
-// ---- the kernels against the CPU kernels
-// ---------------------------------------------------------
+// ---- the kernels against the CPU kernels ----------------------------------------------------
 
 // A fake tensor with `real`'s sizes, strides, storage offset and dtype, claiming cpu.
 Tensor fake_like(const Tensor& real) {

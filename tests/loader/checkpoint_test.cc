@@ -16,7 +16,7 @@ using testing::expect_error;
 using testing::ScopedEnv;
 using testing::TempDir;
 
-const std::string kHash = "0123456789abcdef0123456789abcdef01234567";
+const std::string& kHash = testing::kCommitHash;
 const std::string kHash2 = "fedcba9876543210fedcba9876543210fedcba98";
 
 void write_single(const std::string& path, const std::vector<std::string>& names) {

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -55,13 +56,19 @@ std::vector<PlanFile> one_file(uint64_t size) {
   return {{"f.bin", size}};
 }
 
-TEST(PlanTest, CoalescesTensorsAdjacentInFileAndMemoryIntoOneRead) {
-  std::vector<unsigned char> mem(3000);
+// Tensors a, b and c back to back both in f.bin (from offset 100) and in `mem` (3000 bytes).
+std::vector<CopyJob> adjacent_abc(std::vector<unsigned char>& mem) {
   std::vector<CopyJob> jobs = {whole("a", 0, 100, 1000), whole("b", 0, 1100, 1000),
                                whole("c", 0, 2100, 800)};
   jobs[0].dst = mem.data();
   jobs[1].dst = mem.data() + 1000;
   jobs[2].dst = mem.data() + 2000;
+  return jobs;
+}
+
+TEST(PlanTest, CoalescesTensorsAdjacentInFileAndMemoryIntoOneRead) {
+  std::vector<unsigned char> mem(3000);
+  std::vector<CopyJob> jobs = adjacent_abc(mem);
   PlanLimits lim{1 << 20, 1 << 20, 0, 0};
   std::vector<Piece> p = plan_pieces(jobs, one_file(4000), lim);
   ASSERT_EQ(p.size(), 1u);
@@ -145,11 +152,8 @@ TEST(PlanTest, StagedPlanMergesNeighboursWithSmallHolesIntoOneBuffer) {
 TEST(PlanTest, JobsOutOfFileOrderAreReadInFileOffsetOrder) {
   std::vector<unsigned char> mem(3000);
   // Given last-to-first; the slots are in file order, so one read fills all three.
-  std::vector<CopyJob> jobs = {whole("c", 0, 2100, 800), whole("b", 0, 1100, 1000),
-                               whole("a", 0, 100, 1000)};
-  jobs[2].dst = mem.data();
-  jobs[1].dst = mem.data() + 1000;
-  jobs[0].dst = mem.data() + 2000;
+  std::vector<CopyJob> jobs = adjacent_abc(mem);
+  std::reverse(jobs.begin(), jobs.end());
   std::vector<Piece> p = plan_pieces(jobs, one_file(4000), {1 << 20, 1 << 20, 0, 0});
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].offset, 100u);
@@ -218,9 +222,7 @@ TEST(PlanTest, MalformedJobsAreNamedErrors) {
     FAIL();
   } catch (const ReadError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("f.bin"), std::string::npos) << m;
-    EXPECT_NE(m.find("model.embed"), std::string::npos) << m;
-    EXPECT_NE(m.find("[900, 1100)"), std::string::npos) << m;
+    expect_contains(m, {"f.bin", "model.embed", "[900, 1100)"});
   }
   CopyJob no_dst = whole("t", 0, 0, 16);
   EXPECT_THROW(plan_pieces({no_dst}, one_file(1000), {1 << 20, 1 << 20, 0, 0}), PlanError);
@@ -349,9 +351,7 @@ TEST_P(EngineTest, ProgressBarOnStderrOnlyWhenAskedOrATerminal) {
   ::testing::internal::CaptureStderr();
   run_engine(GetParam(), s.files, s.jobs, opt);
   const std::string bar = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(bar.find("metaload ["), std::string::npos) << bar;
-  EXPECT_NE(bar.find("GB/s"), std::string::npos) << bar;
-  EXPECT_NE(bar.find("ETA"), std::string::npos) << bar;
+  expect_contains(bar, {"metaload [", "GB/s", "ETA"});
   EXPECT_EQ(bar.back(), '\n');
   opt.bar = ProgressBar::kAuto;  // stderr is a pipe here: silent
   ::testing::internal::CaptureStderr();
@@ -386,9 +386,7 @@ TEST_P(EngineTest, ProgressBarOnAnAutoDetectedTerminal) {
   ::fcntl(master, F_SETFL, O_NONBLOCK);
   for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) got.append(buf, n);
   ::close(master);
-  EXPECT_NE(got.find("metaload ["), std::string::npos) << got;
-  EXPECT_NE(got.find("GB/s"), std::string::npos) << got;
-  EXPECT_NE(got.find("ETA"), std::string::npos) << got;
+  expect_contains(got, {"metaload [", "GB/s", "ETA"});
 }
 
 // Several readers really run: each read waits (up to 2 s) until a second thread has read too, so
@@ -582,8 +580,7 @@ TEST_P(EngineFailureTest, FileShorterThanItsTensors) {
   build_mixed(s);
   ASSERT_EQ(::truncate(s.files[1].c_str(), 700000), 0);
   const std::string m = expect_failure<ReadError>(s, {});
-  EXPECT_NE(m.find("shard1.bin: file is 700000 bytes"), std::string::npos) << m;
-  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  expect_contains(m, {"shard1.bin: file is 700000 bytes", "truncated"});
 }
 
 TEST_P(EngineFailureTest, FileTruncatedWhileReading) {
@@ -599,9 +596,8 @@ TEST_P(EngineFailureTest, FileTruncatedWhileReading) {
   };
   const std::string m = expect_failure<ReadError>(s, opt);
   // Which reader hits the end first depends on timing; any of them names file, offset, tensor.
-  EXPECT_NE(m.find("shard0.bin: unexpected end of file at offset "), std::string::npos) << m;
-  EXPECT_NE(m.find("while reading tensor '"), std::string::npos) << m;
-  EXPECT_NE(m.find("the file was truncated"), std::string::npos) << m;
+  expect_contains(m, {"shard0.bin: unexpected end of file at offset ", "while reading tensor '",
+                      "the file was truncated"});
 }
 
 TEST_P(EngineFailureTest, ReadError) {
@@ -616,8 +612,7 @@ TEST_P(EngineFailureTest, ReadError) {
     return ::pread(fd, buf, n, static_cast<off_t>(off));
   };
   const std::string m = expect_failure<metaload::ReadError>(s, opt);
-  EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
-  EXPECT_NE(m.find("tensor '"), std::string::npos) << m;
+  expect_contains(m, {"Input/output error", "tensor '"});
 }
 
 TEST_P(EngineFailureTest, CancelledFromAnotherThread) {
@@ -838,8 +833,7 @@ TEST(TpTest, ImpossibleSlicesAreNamedErrors) {
     FAIL();
   } catch (const SliceError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("model.layers.0.mlp.down_proj.weight"), std::string::npos) << m;
-    EXPECT_NE(m.find("8 is not divisible by 3"), std::string::npos) << m;
+    expect_contains(m, {"model.layers.0.mlp.down_proj.weight", "8 is not divisible by 3"});
   }
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {2, 0, 2}, "w"), SliceError);  // no dim 2
   EXPECT_THROW(slice_region({6, 8}, 4, 0, {0, 2, 2}, "w"), SliceError);  // rank 2 of 2

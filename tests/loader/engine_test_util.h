@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,13 @@ namespace metaload {
 namespace testing_util {
 
 namespace fs = std::filesystem;
+
+// Each of `parts` occurs in `text`; a missing one fails the test, showing the text.
+inline void expect_contains(const std::string& text, std::initializer_list<const char*> parts) {
+  for (const char* part : parts) {
+    EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+  }
+}
 
 class TempDir {
  public:

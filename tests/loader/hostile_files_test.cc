@@ -30,8 +30,6 @@ using testing::expect_error;
 using testing::ScopedEnv;
 using testing::TempDir;
 
-const std::string kHash = "0123456789abcdef0123456789abcdef01234567";
-
 std::string nested_arrays(size_t depth, const std::string& inner = "") {
   return std::string(depth, '[') + inner + std::string(depth, ']');
 }
@@ -292,7 +290,7 @@ TEST(NonRegularFiles, ReferenceThatIsALinkLoopOrAFifoSaysSo) {
 struct FakeHub {
   TempDir root;
   std::string repo = root / "models--org--tiny";
-  std::string snap = repo + "/snapshots/" + kHash;
+  std::string snap = repo + "/snapshots/" + testing::kCommitHash;
 
   FakeHub() {
     for (const std::string& d : {repo, repo + "/blobs", repo + "/refs", repo + "/snapshots", snap})
@@ -339,7 +337,7 @@ TEST(SnapshotLinks, FilesMustLeadIntoTheRepoBlobStore) {
                         Swap{"model.safetensors.index.json", elsewhere / "index.json"}}) {
     SCOPED_TRACE(s.name);
     FakeHub hub;
-    hub.set_main(kHash);
+    hub.set_main(testing::kCommitHash);
     if (std::string(s.name) == "model.safetensors.index.json") {
       // A sharded snapshot: a.safetensors leads into the blobs, the index out of the repo.
       ASSERT_EQ(::unlink((hub.snap + "/model.safetensors").c_str()), 0);
@@ -376,7 +374,7 @@ TEST(SnapshotLinks, FilesMustLeadIntoTheRepoBlobStore) {
 
 TEST(SnapshotLinks, SnapshotFilesStoredWithoutLinksAreFine) {
   FakeHub hub;
-  hub.set_main(kHash);
+  hub.set_main(testing::kCommitHash);
   ::unlink((hub.snap + "/model.safetensors").c_str());
   write_single(hub.snap + "/model.safetensors", {"x", "y"});  // a cache written without symlinks
   ScopedEnv cache("HF_HUB_CACHE", hub.root.path().c_str());
@@ -385,11 +383,11 @@ TEST(SnapshotLinks, SnapshotFilesStoredWithoutLinksAreFine) {
 
 TEST(SnapshotLinks, SnapshotDirectoryMustStayInTheRepo) {
   FakeHub hub;
-  hub.set_main(kHash);
+  hub.set_main(testing::kCommitHash);
   ScopedEnv cache("HF_HUB_CACHE", hub.root.path().c_str());
   // A snapshot linked to a sibling snapshot of the same repo resolves.
   const std::string other = "fedcba9876543210fedcba9876543210fedcba98";
-  ASSERT_EQ(::symlink(kHash.c_str(), (hub.repo + "/snapshots/" + other).c_str()), 0);
+  ASSERT_EQ(::symlink(testing::kCommitHash.c_str(), (hub.repo + "/snapshots/" + other).c_str()), 0);
   EXPECT_EQ(open_checkpoint("org/tiny", other).num_tensors(), 1u);
   // One linked anywhere else on the disk is refused, naming the link and its target.
   TempDir elsewhere;

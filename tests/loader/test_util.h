@@ -7,6 +7,7 @@
 #include <fcntl.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -22,6 +23,9 @@
 
 namespace metaload {
 namespace testing {
+
+// A 40-hex commit id for hub cache trees made by hand (refs/main, snapshots/<commit>).
+inline const std::string kCommitHash = "0123456789abcdef0123456789abcdef01234567";
 
 // A fresh directory under TEST_TMPDIR (Bazel) or /tmp, removed with its contents on destruction.
 class TempDir {
@@ -134,6 +138,20 @@ class ScopedEnv {
  private:
   std::string name_, old_;
   bool had_ = false;
+};
+
+// Changes the working directory for a scope.
+class ScopedCwd {
+ public:
+  explicit ScopedCwd(const std::string& dir) {
+    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
+  }
+  ~ScopedCwd() {
+    if (::chdir(old_) != 0) std::abort();
+  }
+
+ private:
+  char old_[PATH_MAX];
 };
 
 }  // namespace testing

@@ -53,20 +53,6 @@ void write_sparse(const std::string& dir, const std::string& config_name, DType 
   w.write();
 }
 
-// Changes the working directory for a scope.
-class ScopedCwd {
- public:
-  explicit ScopedCwd(const std::string& dir) {
-    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
-  }
-  ~ScopedCwd() {
-    if (::chdir(old_) != 0) std::abort();
-  }
-
- private:
-  char old_[PATH_MAX];
-};
-
 std::string key_of(const std::string& repo_id) {
   return std::string(kTransformersModel) + ":" +
          python_json_dumps(nlohmann::ordered_json{{"repo_id", repo_id}, {"revision", nullptr}});
@@ -92,7 +78,7 @@ TEST(Describe, KeysAreLookedUpInTheHubCacheNeverInTheWorkingDirectory) {
   testing::make_dir(root / "tiny");
   write_sparse(root / "tiny", "gpt2", DType::F32, false, 0);
   ScopedEnv cache("HF_HUB_CACHE", (root / "hub").c_str());  // holds no "tiny"
-  ScopedCwd cwd(root.path());
+  testing::ScopedCwd cwd(root.path());
   // "tiny" is a valid Hub repo id; ./tiny is a checkpoint, but a key never names it ...
   const ResolveError e = expect_error<ResolveError>([&] { describe_checkpoint(key_of("tiny")); });
   EXPECT_NE(std::string(e.what()).find("hub"), std::string::npos) << e.what();

@@ -54,7 +54,7 @@ std::vector<float> stored_floats(const Checkpoint& c, const std::string& name) {
 
 std::vector<std::string> file_digests(const FixtureResult& r) {
   std::vector<std::string> out;
-  for (const auto& f : r.files) out.push_back(file_digest(f));
+  for (const auto& f : r.files) out.push_back(file_sha256(f));
   return out;
 }
 
@@ -71,7 +71,7 @@ TEST(Fixtures, SameOptionsSameBytesOtherSeedOtherBytes) {
   const FixtureResult rc = make_checkpoint(o, c / "ckpt");
   EXPECT_EQ(read_file(ra.files[0]), read_file(rc.files[0]));  // same config
   EXPECT_NE(read_file(ra.files[1]), read_file(rc.files[1]));
-  EXPECT_NE(file_digest(ra.files[1]), file_digest(rc.files[1]));
+  EXPECT_NE(file_sha256(ra.files[1]), file_sha256(rc.files[1]));
   // The parameter count is the family's.
   EXPECT_EQ(ra.n_params, static_cast<uint64_t>(parameter_count(builtin_config("llama-tiny"))));
   EXPECT_EQ(ra.data_bytes, 4 * ra.n_params);
@@ -210,6 +210,60 @@ TEST(Fixtures, HubCacheTreeResolvesAndIsStable) {
   // Writing again gives the same commit (the content is the same).
   const FixtureResult again = make_checkpoint(o);
   EXPECT_EQ(again.commit, r.commit);
+}
+
+TEST(Fixtures, HubCacheBlobsAreNamedBySha256) {
+  TempDir d;
+  // The digest itself, against FIPS 180-4's examples.
+  testing::write_file(d / "abc", "abc");
+  EXPECT_EQ(file_sha256(d / "abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  testing::write_file(d / "empty", "");
+  EXPECT_EQ(file_sha256(d / "empty"),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  FixtureOptions o = opts("gpt2-tiny");
+  o.hf_cache = d / "hub";
+  o.repo = "metaload-test/gpt2-tiny";
+  const FixtureResult r = make_checkpoint(o);
+  ASSERT_FALSE(r.files.empty());
+  for (const std::string& f : r.files) {
+    char target[512];
+    const ssize_t n = ::readlink(f.c_str(), target, sizeof target);
+    ASSERT_GT(n, 0) << f;
+    EXPECT_EQ(std::string(target, n), "../../blobs/" + file_sha256(f)) << f;
+  }
+}
+
+TEST(Fixtures, HubCacheNeverRepointsARepoItDidNotCreate) {
+  TempDir d;
+  // A repo as a download leaves it: refs/main names a snapshot; no marker.
+  const std::string repo_dir = d / "hub/models--metaload-test--real";
+  const std::string commit(40, 'a');
+  ASSERT_EQ(::mkdir((d / "hub").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(repo_dir.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((repo_dir + "/refs").c_str(), 0755), 0);
+  testing::write_file(repo_dir + "/refs/main", commit);
+  FixtureOptions o = opts("gpt2-tiny");
+  o.hf_cache = d / "hub";
+  o.repo = "metaload-test/real";
+  const std::string m = expect_error<FixtureError>([&] { make_checkpoint(o); }).what();
+  EXPECT_NE(m.find("refusing to repoint refs/main of 'metaload-test/real'"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find(repo_dir), std::string::npos) << m;
+  // Nothing written: the ref, no staging, no blobs, no marker.
+  EXPECT_EQ(read_file(repo_dir + "/refs/main"), commit);
+  struct stat st;
+  EXPECT_NE(::stat((repo_dir + "/blobs").c_str(), &st), 0);
+  EXPECT_NE(::stat((repo_dir + "/.metaload-fixture").c_str(), &st), 0);
+  EXPECT_NE(::stat((repo_dir + "/.staging-" + std::to_string(::getpid())).c_str(), &st), 0);
+  // A repo make_checkpoint created carries the marker, so it may be written again.
+  o.repo = "metaload-test/made";
+  const FixtureResult first = make_checkpoint(o);
+  EXPECT_EQ(::stat((d / "hub/models--metaload-test--made/.metaload-fixture").c_str(), &st), 0);
+  o.seed = 7;  // other bytes: refs/main moves to the new snapshot
+  const FixtureResult second = make_checkpoint(o);
+  EXPECT_NE(second.commit, first.commit);
+  EXPECT_EQ(read_file(d / "hub/models--metaload-test--made/refs/main"), *second.commit);
 }
 
 TEST(Fixtures, Gpt2SizedCheckpointIsQuick) {

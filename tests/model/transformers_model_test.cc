@@ -35,6 +35,7 @@ namespace metaload {
 namespace {
 
 using testing::expect_error;
+using testing::ScopedCwd;
 using testing::ScopedEnv;
 using testing::TempDir;
 
@@ -87,6 +88,15 @@ bool all_meta(const TransformersModel& m) {
   for (const auto& p : m.module().parameters())
     if (!p.is_meta()) return false;
   return true;
+}
+
+// Built-in config `config` as the hub cache repo metaload-test/<config> under d/hub.
+FixtureResult hub_checkpoint(const TempDir& d, const std::string& config) {
+  FixtureOptions f;
+  f.config = config;
+  f.hf_cache = d / "hub";
+  f.repo = "metaload-test/" + config;
+  return make_checkpoint(f);
 }
 
 TEST(TransformersModel, ConstructionReadsConfigJsonOnly) {
@@ -405,11 +415,7 @@ TEST(TransformersModel, CapturesDuringScanAndRealForwards) {
 // pages are populated, and the bar (forced on) ends at the full byte count.
 TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
   TempDir d;
-  FixtureOptions f;
-  f.config = "llama-tiny";
-  f.hf_cache = d / "hub";
-  f.repo = "metaload-test/llama-tiny";
-  const FixtureResult made = make_checkpoint(f);
+  const FixtureResult made = hub_checkpoint(d, "llama-tiny");
   ModelOptions o;
   std::vector<Progress> seen;
   o.engine.progress = [&](const Progress& p) { seen.push_back(p); };
@@ -444,11 +450,7 @@ TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
 // that someone truncates or overwrites in place after the dispatch.
 struct MappedGpt2 {
   MappedGpt2() {
-    FixtureOptions f;
-    f.config = "gpt2-tiny";
-    f.hf_cache = d / "hub";
-    f.repo = "metaload-test/gpt2-tiny";
-    made = make_checkpoint(f);
+    made = hub_checkpoint(d, "gpt2-tiny");
     file = made.dir + "/model.safetensors";  // a snapshot link into blobs/
     // A day old, so that a write in place changes the mtime on any filesystem.
     struct timespec times[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 86400, 0}};
@@ -534,11 +536,7 @@ TEST(TransformersModel, ZeroCopyFilesReplacedByRenameAreFine) {
 
 TEST(TransformersModel, HubCacheAndModelKeys) {
   TempDir d;
-  FixtureOptions f;
-  f.config = "gpt2-tiny";
-  f.hf_cache = d / "hub";
-  f.repo = "metaload-test/gpt2-tiny";
-  const FixtureResult made = make_checkpoint(f);
+  const FixtureResult made = hub_checkpoint(d, "gpt2-tiny");
   ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
   reset_io_bytes_read();
   TransformersModel m("metaload-test/gpt2-tiny");
@@ -607,20 +605,6 @@ TEST(TransformersModel, HubCacheAndModelKeys) {
   EXPECT_EQ(TransformersModel::from_model_key(local_key, trusting)->checkpoint(), made.dir);
   EXPECT_EQ(TransformersModel(local_key, trusting).checkpoint(), made.dir);
 }
-
-// Changes the working directory for a scope.
-class ScopedCwd {
- public:
-  explicit ScopedCwd(const std::string& dir) {
-    if (!::getcwd(old_, sizeof old_) || ::chdir(dir.c_str()) != 0) throw std::runtime_error("cwd");
-  }
-  ~ScopedCwd() {
-    if (::chdir(old_) != 0) std::abort();
-  }
-
- private:
-  char old_[PATH_MAX];
-};
 
 TEST(TransformersModel, KeysNameHubReposNeverPaths) {
   TempDir d;
@@ -721,11 +705,7 @@ TEST(TransformersModel, HostileConfigJsonIsATypedError) {
 
 TEST(TransformersModel, SnapshotConfigLinkedOutOfTheRepoIsRefused) {
   TempDir d;
-  FixtureOptions f;
-  f.config = "gpt2-tiny";
-  f.hf_cache = d / "hub";
-  f.repo = "metaload-test/gpt2-tiny";
-  const FixtureResult made = make_checkpoint(f);
+  const FixtureResult made = hub_checkpoint(d, "gpt2-tiny");
   ScopedEnv env("HF_HUB_CACHE", (d / "hub").c_str());
   const std::string link = made.dir + "/config.json";
   testing::write_file(d / "elsewhere.json", testing::read_file(link));

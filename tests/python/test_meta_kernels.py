@@ -317,6 +317,7 @@ def blocks_worker():
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+    from nn_blocks import RmsNorm
     torch.ops.load_library(os.environ["METALOAD_LIB"])
     torch.manual_seed(0)
 
@@ -368,15 +369,6 @@ def blocks_worker():
                 x = blk(x)
             return F.linear(self.ln_f(x), self.wte.weight)
 
-    class RMSNorm(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(d))
-
-        def forward(self, x):
-            v = x.float().pow(2).mean(-1, keepdim=True)
-            return self.weight * (x.float() * torch.rsqrt(v + 1e-6)).to(x.dtype)
-
     class LlamaBlock(nn.Module):
         """Llama: RMSNorm, rotary embedding (cat, sin/cos), GQA, causal mask (triu/full), SiLU."""
 
@@ -390,7 +382,7 @@ def blocks_worker():
             self.gate = nn.Linear(d, inter, bias=False)
             self.up = nn.Linear(d, inter, bias=False)
             self.down = nn.Linear(inter, d, bias=False)
-            self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+            self.n1, self.n2 = RmsNorm(d), RmsNorm(d)
             self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float()
                                                                / self.hd)), persistent=False)
 
@@ -425,7 +417,7 @@ def blocks_worker():
             super().__init__()
             self.embed = nn.Embedding(vocab, d)
             self.layers = nn.ModuleList([LlamaBlock(d, sdpa=sdpa) for _ in range(2)])
-            self.norm, self.lm_head = RMSNorm(d), nn.Linear(d, vocab, bias=False)
+            self.norm, self.lm_head = RmsNorm(d), nn.Linear(d, vocab, bias=False)
 
         def forward(self, ids, attention_mask):
             b, t = ids.shape

@@ -317,6 +317,33 @@ def test_loading_a_second_copy_never_aborts_the_process(tmp_path):
     assert "another copy of libmetaload is already loaded" in r.stderr
 
 
+LOAD_WARNING = """
+import warnings, torch
+# Another library defined one of metaload's operators first: registering that file's operators
+# fails while the library loads, which is a warning, never an abort.
+lib = torch._C._dispatch_library("FRAGMENT", "metaload", "")
+lib.define("swap_tensors(Tensor x) -> Tensor")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import metaload
+ours = [w for w in caught if "registering operators from" in str(w.message)]
+print(len(ours), ours[0].category.__name__ if ours else "-")
+print(str(ours[0].message) if ours else "-")
+"""
+
+
+def test_a_warning_of_the_load_reaches_pythons_warnings():
+    # Kept by the library (it happened inside dlopen, where no Python caller could catch it) and
+    # raised by the package right after loading it: `warnings` sees it, stderr does not.
+    r = run_python(LOAD_WARNING)
+    assert r.returncode == 0, r.stderr
+    first, message = r.stdout.split("\n", 1)  # torch's message may span lines
+    assert first == "1 UserWarning", r.stdout
+    assert "swap.cc" in message and "failed" in message and "swap_tensors" in message, message
+    assert "Exception raised from" not in message  # torch's message, without its backtrace
+    assert "registering operators from" not in r.stderr
+
+
 def test_key_taken_before_the_library_loads_is_a_mode_error_not_an_abort():
     code = """
 import torch

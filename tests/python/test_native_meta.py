@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import torchvision
 
 import metaload
+from nn_blocks import RmsNorm
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -66,16 +67,6 @@ class Gpt2Block(nn.Module):
         y = F.softmax(att, dim=-1) @ v
         x = x + self.c_proj(y.transpose(1, 2).reshape(b, s, d))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class RmsNorm(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        v = x.float().pow(2).mean(-1, keepdim=True)
-        return self.weight * (x.float() * torch.rsqrt(v + 1e-6)).to(x.dtype)
 
 
 class LlamaBlock(nn.Module):

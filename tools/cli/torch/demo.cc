@@ -51,16 +51,20 @@ std::string ms(double s) {
   return s < 1.0 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
 }
 
-int run(const Options& o) {
-  const auto t_all = std::chrono::steady_clock::now();
-  std::vector<std::vector<int64_t>> prompt_rows;  // checked before any work (the default too)
+using Summary = std::vector<std::pair<std::string, std::string>>;  // step -> what was measured
+
+// The prompt's token ids, checked before any work (the default too).
+std::vector<int64_t> checked_prompt(const Options& o) {
+  std::vector<std::vector<int64_t>> prompt_rows;
   if (const std::string bad = parse_token_ids(o.prompt, /*several=*/false, &prompt_rows);
       !bad.empty())
     throw UsageError("--prompt: " + bad);
-  const std::vector<int64_t> prompt = std::move(prompt_rows.front());
-  std::vector<std::pair<std::string, std::string>> summary;  // step -> what was measured
+  return std::move(prompt_rows.front());
+}
 
-  // The demo's own hub cache: repo ids resolve there (and nowhere else) in this process.
+// The demo's own hub cache: repo ids resolve there (and nowhere else) in this process. The
+// checkpoint is made there on the first run.
+void prepare_checkpoint(const Options& o, Summary& summary) {
   if (::mkdir(o.data.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError(fmt::format("--data {}: cannot create it: {}", o.data, std::strerror(errno)));
   char abs[PATH_MAX];
@@ -71,21 +75,21 @@ int run(const Options& o) {
   f.hf_cache = std::string(abs) + "/hf-cache";
   f.repo = o.repo;
   ::setenv("HF_HUB_CACHE", f.hf_cache.c_str(), 1);
-
   std::vector<std::string> looked;
-  if (!try_resolve_hf_snapshot(o.repo, std::nullopt, looked)) {
-    heading(fmt::format("Creating the embedded default once: {} ({} config, deterministic weights)",
-                        o.repo, o.config));
-    const FixtureResult r = make_checkpoint(f);
-    std::cout << fmt::format("wrote {} ({} parameters) in {:.2f} s ({:.2f} GB/s) to {}\n",
-                             human_bytes(r.data_bytes), with_commas(r.n_params), r.seconds,
-                             r.data_bytes / r.seconds / 1e9, r.dir);
-    summary.emplace_back("create checkpoint", fmt::format("{}, {:.2f} s (first run only)",
-                                                          human_bytes(r.data_bytes), r.seconds));
-  }
+  if (try_resolve_hf_snapshot(o.repo, std::nullopt, looked)) return;
+  heading(fmt::format("Creating the embedded default once: {} ({} config, deterministic weights)",
+                      o.repo, o.config));
+  const FixtureResult r = make_checkpoint(f);
+  std::cout << fmt::format("wrote {} ({} parameters) in {:.2f} s ({:.2f} GB/s) to {}\n",
+                           human_bytes(r.data_bytes), with_commas(r.n_params), r.seconds,
+                           r.data_bytes / r.seconds / 1e9, r.dir);
+  summary.emplace_back("create checkpoint", fmt::format("{}, {:.2f} s (first run only)",
+                                                        human_bytes(r.data_bytes), r.seconds));
+}
 
+CheckpointInfo describe_step(const Options& o, Summary& summary) {
   heading(fmt::format("describe {} (headers and config.json only)", o.repo));
-  auto t = std::chrono::steady_clock::now();
+  const auto t = std::chrono::steady_clock::now();
   const CheckpointInfo info = describe_checkpoint(o.repo);
   const double describe_s = since(t);
   std::vector<std::pair<std::string, std::string>> rows;
@@ -102,9 +106,12 @@ int run(const Options& o) {
   summary.emplace_back(
       "describe", fmt::format("{} parameters, {}",
                               info.n_params ? with_commas(*info.n_params) : "?", ms(describe_s)));
+  return info;
+}
 
+std::string model_key_step(const Options& o, Summary& summary) {
   heading("model key");
-  t = std::chrono::steady_clock::now();
+  const auto t = std::chrono::steady_clock::now();
   const std::string key = to_model_key(ModelKey{kTransformersModel, o.repo, std::nullopt, {}});
   const ModelKey back = from_model_key(key);
   const double key_s = since(t);
@@ -113,7 +120,10 @@ int run(const Options& o) {
                            canonical_model_class(back.class_path), back.repo_id,
                            back.revision ? *back.revision : "null", ms(key_s));
   summary.emplace_back("model key", key);
+  return key;
+}
 
+void tp_step(const CheckpointInfo& info, Summary& summary) {
   heading("tensor parallelism");
   std::string tp_line = "no config.json";
   if (info.config) {
@@ -127,14 +137,13 @@ int run(const Options& o) {
   }
   std::cout << tp_line << "\n";
   summary.emplace_back("TP degree", tp_line);
+}
 
+std::shared_ptr<TransformersModel> build_step(const std::string& key, const ModelOptions& mo,
+                                              Summary& summary) {
   heading("meta build from the model key (config.json only)");
-  ModelOptions mo;
-  mo.device = parse_device(o.device, "--device");
-  mo.threads = o.threads;
-  mo.engine.bar = o.progress ? ProgressBar::kOn : ProgressBar::kAuto;
   const uint64_t rss0 = rss_bytes();
-  t = std::chrono::steady_clock::now();
+  const auto t = std::chrono::steady_clock::now();
   std::shared_ptr<TransformersModel> model = TransformersModel::from_model_key(key, mo);
   const double build_s = since(t);
   const uint64_t rss1 = rss_bytes();
@@ -158,23 +167,29 @@ int run(const Options& o) {
       human_bytes(would_be));
   summary.emplace_back("meta build", fmt::format("{}, RSS +{}", ms(build_s),
                                                  human_bytes(rss1 > rss0 ? rss1 - rss0 : 0)));
+  return model;
+}
 
+void scan_step(TransformersModel& model, const Options& o, const c10::Device& device,
+               Summary& summary) {
   heading(fmt::format("scan of a [{}, {}] batch on fake {} tensors (no weight read)", o.batch,
-                      o.seq, mo.device.str()));
-  const ModelScan scan = model->scan(o.batch, o.seq);
+                      o.seq, device.str()));
+  const ModelScan scan = model.scan(o.batch, o.seq);
   print_scan_table(scan, /*depth=*/3, /*collapse=*/true, std::cout);
   std::cout << fmt::format(
       "scan took {}; parameters still on meta: {}\n", ms(scan.seconds),
-      model->parameter(model->module().named_parameters().begin()->key()).is_meta() ? "yes" : "no");
+      model.parameter(model.module().named_parameters().begin()->key()).is_meta() ? "yes" : "no");
   summary.emplace_back(
       "scan", fmt::format("[{}, {}]: {} modules, {} of activations, {}", o.batch, o.seq,
                           scan.modules.size(), human_bytes(scan.total_bytes()), ms(scan.seconds)));
+}
 
-  heading(fmt::format("dispatch to {} (the same Parameter objects receive the weights)",
-                      mo.device.str()));
-  const std::string probe = model->module().named_parameters().begin()->key();
-  const at::Tensor held = model->parameter(probe);  // a reference taken before dispatch
-  const LoadReport report = model->dispatch();
+void dispatch_step(TransformersModel& model, const c10::Device& device, Summary& summary) {
+  heading(
+      fmt::format("dispatch to {} (the same Parameter objects receive the weights)", device.str()));
+  const std::string probe = model.module().named_parameters().begin()->key();
+  const at::Tensor held = model.parameter(probe);  // a reference taken before dispatch
+  const LoadReport report = model.dispatch();
   const double gbps = report.seconds > 0 ? report.bytes / report.seconds / 1e9 : 0.0;
   // Zero-copy bytes are mapped from the page cache and only their pages populated, so their rate
   // is no streaming rate: say which it is.
@@ -197,12 +212,15 @@ int run(const Options& o) {
                                                : copied == 0            ? "zero-copy"
                                                                         : "partly zero-copy",
                                                human_bytes(rss_bytes())));
+}
 
+void generate_step(TransformersModel& model, const Options& o, const std::vector<int64_t>& prompt,
+                   Summary& summary) {
   heading(fmt::format("greedy generation of {} tokens", o.new_tokens));
   const at::Tensor ids = at::tensor(prompt, at::kLong).unsqueeze(0);
-  auto capture = model->capture("");  // the logits of every step
-  t = std::chrono::steady_clock::now();
-  const at::Tensor out = model->generate(ids, o.new_tokens).cpu();
+  auto capture = model.capture("");  // the logits of every step
+  const auto t = std::chrono::steady_clock::now();
+  const at::Tensor out = model.generate(ids, o.new_tokens).cpu();
   const double gen_s = since(t);
   std::string toks;
   for (int64_t i = ids.size(1); i < out.size(1); ++i)
@@ -212,7 +230,24 @@ int run(const Options& o) {
                            o.new_tokens, gen_s, o.new_tokens / gen_s, capture.count());
   summary.emplace_back("generate", fmt::format("{} tokens in {:.2f} s ({:.1f} tokens/s)",
                                                o.new_tokens, gen_s, o.new_tokens / gen_s));
+}
 
+int run(const Options& o) {
+  const auto t_all = std::chrono::steady_clock::now();
+  const std::vector<int64_t> prompt = checked_prompt(o);
+  Summary summary;
+  prepare_checkpoint(o, summary);
+  const CheckpointInfo info = describe_step(o, summary);
+  const std::string key = model_key_step(o, summary);
+  tp_step(info, summary);
+  ModelOptions mo;
+  mo.device = parse_device(o.device, "--device");
+  mo.threads = o.threads;
+  mo.engine.bar = o.progress ? ProgressBar::kOn : ProgressBar::kAuto;
+  std::shared_ptr<TransformersModel> model = build_step(key, mo, summary);
+  scan_step(*model, o, mo.device, summary);
+  dispatch_step(*model, mo.device, summary);
+  generate_step(*model, o, prompt, summary);
   heading("summary");
   summary.emplace_back("total", fmt::format("{:.2f} s in this process, peak RSS {}", since(t_all),
                                             human_bytes(rss_bytes())));
