@@ -19,9 +19,7 @@
 
 namespace metaload {
 
-// A size computed from inputs (a checkpoint, a config, a batch) does not fit in 64 bits (63 for
-// signed sizes). The message names the quantity and the operands.
-METALOAD_DEFINE_ERROR(SizeOverflowError, Error);
+// SizeOverflowError: base/error.h.
 
 // The largest value of T in words a user reads: "2^63-1", "2^64-1", "2^31-1".
 template <typename T>

@@ -38,3 +38,19 @@ class Error : public std::runtime_error {
    protected:                                                                   \
     Name(const char* kind, const std::string& message) : Base(kind, message) {} \
   }
+
+namespace metaload {
+
+// The kinds of the base layer and of the dispatch-key mode, in one place: the kernels raise the
+// mode's DataDependentError too, and kernels/ must not depend on c10_ext/ (CONTRIBUTING.md).
+
+// A size computed from inputs (a checkpoint, a config, a batch) does not fit in 64 bits (63 for
+// signed sizes). The message names the quantity and the operands (base/checked.h).
+METALOAD_DEFINE_ERROR(SizeOverflowError, Error);
+// A mode entered or left in the wrong order or on the wrong thread, or its dispatch key taken
+// (c10_ext/mode_key.h).
+METALOAD_DEFINE_ERROR(ModeError, Error);
+// A tensor's values were needed (item(), nonzero(), printing, ...) but it lives on meta.
+METALOAD_DEFINE_ERROR(DataDependentError, Error);
+
+}  // namespace metaload

@@ -13,9 +13,7 @@
 
 namespace metaload {
 
-METALOAD_DEFINE_ERROR(ModeError, Error);
-// A tensor's values were needed (item(), nonzero(), printing, ...) but it lives on meta.
-METALOAD_DEFINE_ERROR(DataDependentError, Error);
+// ModeError and DataDependentError, the mode's error kinds, are in base/error.h.
 
 constexpr c10::DispatchKey kMetaModeKey = c10::DispatchKey::DeferredInit;
 

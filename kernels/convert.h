@@ -8,12 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "base/error.h"
+#include "kernels/errors.h"
 
 namespace metaload {
-
-// An unsupported conversion, or a CUDA launch that failed.
-METALOAD_DEFINE_ERROR(ConversionError, Error);
 
 enum class FloatFormat : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 

@@ -14,7 +14,7 @@
 #include <cmath>
 #include <limits>
 
-#include "c10_ext/mode_key.h"
+#include "base/error.h"
 #include "kernels/meta_common.h"
 #include "kernels/meta_iter.h"
 

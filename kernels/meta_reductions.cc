@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "c10_ext/mode_key.h"
+#include "base/error.h"
 #include "kernels/meta_common.h"
 #include "kernels/meta_iter.h"
 

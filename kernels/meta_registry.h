@@ -14,15 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "base/error.h"
+#include "kernels/errors.h"
 
 namespace metaload {
-
-// A shape kernel rejected its arguments (wrong rank, mismatched channels, ...). The message names
-// the op and what is wrong, like the real kernel's error does.
-METALOAD_DEFINE_ERROR(ShapeError, Error);
-// An operator name that the dispatcher does not know.
-METALOAD_DEFINE_ERROR(UnknownOpError, Error);
 
 // Who serves an op's Meta dispatch key right now.
 enum class MetaKernelOwner {

@@ -1,5 +1,6 @@
 #include "loader/json_util.h"
 
+#include <cstdio>
 #include <set>
 #include <vector>
 
@@ -147,6 +148,83 @@ bool valid_utf8(std::string_view s, size_t* bad_offset) {
     i += len;
   }
   return true;
+}
+
+namespace {
+
+void append_u16(std::string& out, unsigned v) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\u%04x", v);
+  out += buf;
+}
+
+}  // namespace
+
+void append_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  out += '"';
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c >= 0x80 && !ensure_ascii) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      switch (c) {
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        default:
+          // Python's ensure_ascii escapes everything outside ' '..'~', DEL included.
+          if (c < 0x20 || (c == 0x7F && ensure_ascii)) {
+            append_u16(out, c);
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // Decode one UTF-8 sequence (validated by the caller).
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+    unsigned cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (size_t k = 1; k < len && i + k < n; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
+    i += len;
+    if (cp >= 0x10000) {  // astral: a UTF-16 surrogate pair, as Python writes it
+      cp -= 0x10000;
+      append_u16(out, 0xD800 + (cp >> 10));
+      append_u16(out, 0xDC00 + (cp & 0x3FF));
+    } else {
+      append_u16(out, cp);
+    }
+  }
+  out += '"';
+}
+
+std::string json_string(std::string_view s, bool ensure_ascii) {
+  std::string out;
+  append_json_string(out, s, ensure_ascii);
+  return out;
 }
 
 }  // namespace metaload

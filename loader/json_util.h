@@ -41,6 +41,13 @@ nlohmann::json parse_json(std::string_view text, const std::string& file);
 // receives the offset of the first invalid byte.
 bool valid_utf8(std::string_view s, size_t* bad_offset = nullptr);
 
+// Appends `s` (valid UTF-8) as a JSON string literal: the one JSON string escaper. '"', '\\' and
+// control characters are escaped as nlohmann's dump() does (safetensors headers); ensure_ascii
+// also escapes DEL and every non-ASCII character as \uXXXX (astral ones as a surrogate pair), as
+// Python's json.dumps does by default (model keys).
+void append_json_string(std::string& out, std::string_view s, bool ensure_ascii);
+std::string json_string(std::string_view s, bool ensure_ascii = false);
+
 // `s` quoted for an error message: quote_text (base/text.h), the one rule for every message.
 inline std::string quote_str(std::string_view s, size_t max_len = kQuoteMaxChars) {
   return quote_text(s, '"', max_len);

@@ -20,11 +20,6 @@
 namespace metaload {
 namespace {
 
-std::string json_string(const std::string& s) {
-  // Names are validated as UTF-8 before this point, so dump() cannot throw.
-  return nlohmann::json(s).dump();
-}
-
 // Collects bytes and writes them in large pwrite calls; holes (zero tensors without a source) are
 // skipped so the file system allocates nothing for them.
 class BlockWriter {

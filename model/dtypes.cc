@@ -127,4 +127,15 @@ std::vector<std::string> accepted_dtype_names() {
   return v;
 }
 
+const DTypeEntry& resolve_model_dtype(std::string_view name) {
+  const DTypeEntry& e = resolve_dtype_name(name);
+  if (std::find(MODEL_DTYPES.begin(), MODEL_DTYPES.end(), e.torch_name) != MODEL_DTYPES.end())
+    return e;
+  std::string runnable;
+  for (std::string_view n : MODEL_DTYPES)
+    runnable += (runnable.empty() ? "" : ", ") + std::string(n);
+  throw DTypeError(quote_text(name, '\'') + " is not a dtype a model can run in (" + runnable +
+                   ")");
+}
+
 }  // namespace metaload

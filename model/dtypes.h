@@ -58,4 +58,17 @@ double bytes_per_element(std::string_view name);
 // The accepted names in table order.
 std::vector<std::string> accepted_dtype_names();
 
+// The dtypes a model runs in (TransformersModel's dtype, the CLI's --dtype), by torch name.
+inline constexpr std::array<std::string_view, 4> MODEL_DTYPES = {{
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+}};
+
+// Any accepted spelling of one of MODEL_DTYPES ("half", "torch.bfloat16", "bf16", "double") -> its
+// table entry. DTypeError naming MODEL_DTYPES for other names of the table; resolve_dtype_name's
+// error for unknown ones. model/model_dtype.h maps the entry to a torch ScalarType.
+const DTypeEntry& resolve_model_dtype(std::string_view name);
+
 }  // namespace metaload

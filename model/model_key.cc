@@ -1,7 +1,6 @@
 #include "model/model_key.h"
 
 #include <cctype>
-#include <cstdio>
 
 #include "base/text.h"
 #include "loader/errors.h"
@@ -28,68 +27,6 @@ bool is_dotted_name(std::string_view s) {
   return !start;
 }
 
-void append_u16(std::string& out, unsigned v) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "\\u%04x", v);
-  out += buf;
-}
-
-// json.dumps' py_encode_basestring_ascii: everything outside ' '..'~' is escaped.
-void append_py_string(std::string& out, std::string_view s) {
-  out += '"';
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    unsigned c = p[i];
-    if (c < 0x80) {
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        default:
-          if (c < 0x20 || c == 0x7F) {
-            append_u16(out, c);
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-      ++i;
-      continue;
-    }
-    // Decode one UTF-8 sequence (validated by the caller).
-    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-    unsigned cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
-    i += len;
-    if (cp >= 0x10000) {  // astral: a UTF-16 surrogate pair, as Python writes it
-      cp -= 0x10000;
-      append_u16(out, 0xD800 + (cp >> 10));
-      append_u16(out, 0xDC00 + (cp & 0x3FF));
-    } else {
-      append_u16(out, cp);
-    }
-  }
-  out += '"';
-}
-
 // `depth`: the nesting level v's container would open. Deeper than any key can be read back
 // (kMaxJsonDepth) is refused, which also bounds this recursion.
 void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
@@ -103,7 +40,7 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
       for (auto it = v.begin(); it != v.end(); ++it) {
         if (!first) out += ", ";
         first = false;
-        append_py_string(out, it.key());
+        append_json_string(out, it.key(), true);
         out += ": ";
         dump_py(out, it.value(), depth + 1);
       }
@@ -120,7 +57,7 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
       break;
     }
     case nlohmann::ordered_json::value_t::string:
-      append_py_string(out, v.get_ref<const std::string&>());
+      append_json_string(out, v.get_ref<const std::string&>(), true);
       break;
     default:
       // null, booleans and integers print identically; floats use the shortest round-trip form,
@@ -227,10 +164,10 @@ std::string to_model_key(const ModelKey& key, const KeyOptions& options) {
   if (key.revision && !valid_utf8(*key.revision))
     throw ModelKeyError("revision is not valid UTF-8");
   std::string out = key.class_path + ":{\"repo_id\": ";
-  append_py_string(out, key.repo_id);
+  append_json_string(out, key.repo_id, true);
   out += ", \"revision\": ";
   if (key.revision) {
-    append_py_string(out, *key.revision);
+    append_json_string(out, *key.revision, true);
   } else {
     out += "null";
   }
@@ -239,7 +176,7 @@ std::string to_model_key(const ModelKey& key, const KeyOptions& options) {
       throw ModelKeyError("extra field " + quote_text(k) + " duplicates a key field");
     if (!valid_utf8(k)) throw ModelKeyError("extra field name is not valid UTF-8");
     out += ", ";
-    append_py_string(out, k);
+    append_json_string(out, k, true);
     out += ": ";
     try {
       dump_py(out, v, 2);  // the key's object is the first level

@@ -12,21 +12,11 @@
 #include "loader/progress_board.h"
 #include "model/dtypes.h"
 #include "model/fixtures.h"
+#include "model/model_dtype.h"
 #include "model/transformers_model.h"
 
 namespace metaload {
 namespace {
-
-at::ScalarType scalar_type_named(const std::string& name) {
-  const DTypeEntry& e = resolve_dtype_name(name);  // DTypeError lists the accepted names
-  if (e.torch_name == "float32") return at::kFloat;
-  if (e.torch_name == "float16") return at::kHalf;
-  if (e.torch_name == "bfloat16") return at::kBFloat16;
-  if (e.torch_name == "float64") return at::kDouble;
-  throw DTypeError(
-      fmt::format("{} is not a dtype a model can run in (float32, float16, bfloat16, float64)",
-                  quote_text(name, '\'')));
-}
 
 nlohmann::json opt_json(const std::optional<std::string>& s) {
   return s ? nlohmann::json(*s) : nlohmann::json();
@@ -63,7 +53,7 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
   ModelOptions o;
   o.keys.allow_local_paths = allow_local_paths;
   o.device = at::Device(device);
-  if (dtype) o.dtype = scalar_type_named(*dtype);
+  if (dtype) o.dtype = model_scalar_type(*dtype);
   if (revision) o.revision = *revision;
   // Python ints arrive as int64: out of int range is an error naming the argument, not a wrap.
   if (tp_size < 1 || tp_size > INT_MAX)

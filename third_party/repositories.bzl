@@ -5,6 +5,8 @@ repository and writes its BUILD file. The stand-ins at the end replace repositor
 would otherwise fetch from the network.
 """
 
+load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
+
 def _link_all(ctx, src, dst):
     ctx.symlink(src, dst)
 
@@ -171,8 +173,13 @@ def cc_toolchain_suite(**attrs):
 """
 
 def metaload_dependencies():
-    """Declares every repository metaload's BUILD files use; call it from your WORKSPACE."""
-    stub_repository(
+    """Declares every repository metaload's BUILD files use; call it from your WORKSPACE.
+
+    maybe(): a repository the WORKSPACE declared before this call (a consumer's own rules_cc,
+    rules_java or remote_coverage_tools) wins over the offline stand-ins below.
+    """
+    maybe(
+        stub_repository,
         name = "rules_cc",
         files = {
             "WORKSPACE": "workspace(name = \"rules_cc\")\n",
@@ -181,7 +188,8 @@ def metaload_dependencies():
             "cc/defs.bzl": _RULES_CC_DEFS,
         },
     )
-    stub_repository(
+    maybe(
+        stub_repository,
         name = "rules_java",
         files = {
             "WORKSPACE": "workspace(name = \"rules_java\")\n",
@@ -190,7 +198,8 @@ def metaload_dependencies():
             "java/defs.bzl": _RULES_JAVA_DEFS,
         },
     )
-    stub_repository(
+    maybe(
+        stub_repository,
         name = "remote_coverage_tools",
         files = {
             "WORKSPACE": "",
@@ -198,5 +207,5 @@ def metaload_dependencies():
             "noop.sh": "#!/bin/sh\nexit 0\n",
         },
     )
-    libtorch_repository(name = "libtorch")
-    cuda_repository(name = "cuda")
+    maybe(libtorch_repository, name = "libtorch")
+    maybe(cuda_repository, name = "cuda")

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "bench/describe: describe_checkpoint on a sparse Llama-2-70B-shaped sharded checkpoint"};
   int iterations = 50, shards = 15;
-  std::string config_path = source_dir() + "/tests/data/configs/llama-2-70b.json", keep;
+  std::string config_path = source_dir() + "/model/families/configs/llama-2-70b.json", keep;
   app.add_option("-n,--iterations", iterations, "timed repetitions (median reported)")
       ->capture_default_str();
   app.add_option("--shards", shards, "number of shard files")->capture_default_str();

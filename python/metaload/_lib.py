@@ -113,28 +113,28 @@ _classes["Error"] = Error
 # `except metaload.LoadError` catches what `catch (const metaload::LoadError&)` catches.
 # tests/python/test_api.py checks this table against the headers.
 class ModeError(Error):
-    """A mode entered or left in the wrong order, or on the wrong thread (c10_ext/mode_key.h)."""
+    """A mode entered or left in the wrong order, or on the wrong thread (base/error.h)."""
 
 
 class DataDependentError(Error):
-    """A read of values that a meta or fake tensor does not have (c10_ext/mode_key.h)."""
+    """A read of values that a meta or fake tensor does not have (base/error.h)."""
 
 
 class SizeOverflowError(Error):
     """A size computed from inputs (a checkpoint, a config, a batch) that does not fit in 64 bits;
-    the message names the quantity (base/checked.h)."""
+    the message names the quantity (base/error.h)."""
 
 
 class ShapeError(Error):
-    """A shape kernel rejected its inputs (kernels/meta_registry.h)."""
+    """A shape kernel rejected its inputs (kernels/errors.h)."""
 
 
 class UnknownOpError(Error):
-    """An operator with no shape kernel reached a meta or fake tensor (kernels/meta_registry.h)."""
+    """An operator with no shape kernel reached a meta or fake tensor (kernels/errors.h)."""
 
 
 class ConversionError(Error):
-    """A dtype conversion metaload cannot do (kernels/convert.h)."""
+    """A dtype conversion metaload cannot do (kernels/errors.h)."""
 
 
 class ScanError(Error):

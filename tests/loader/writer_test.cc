@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "loader/checkpoint.h"
+#include "loader/json_util.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {
@@ -21,6 +22,27 @@ std::vector<char> iota_bytes(size_t n, int seed) {
   std::vector<char> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + seed) & 0xFF);
   return v;
+}
+
+// The one JSON string escaper: as nlohmann's dump() for headers, as Python's json.dumps
+// (ensure_ascii) for model keys.
+TEST(JsonString, PlainMatchesNlohmannAndAsciiMatchesPython) {
+  const std::string samples[] = {
+      "",        "w",           "a\"b\\c",      "\b\f\n\r\t",      "\x01\x1f",
+      "del\x7f", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
+  for (const std::string& s : samples)
+    EXPECT_EQ(json_string(s), nlohmann::json(s).dump()) << ::testing::PrintToString(s);
+  // Outputs of Python's json.dumps(s) (ensure_ascii=True, its default).
+  EXPECT_EQ(json_string("a\"b\\c", true), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(json_string("\x01"
+                        "del\x7f",
+                        true),
+            "\"\\u0001del\\u007f\"");
+  EXPECT_EQ(json_string("caf\xc3\xa9 \xe2\x82\xac", true), "\"caf\\u00e9 \\u20ac\"");
+  EXPECT_EQ(json_string("\xf0\x9f\x98\x80", true), "\"\\ud83d\\ude00\"");
+  std::string out = "x";
+  append_json_string(out, "\n", true);
+  EXPECT_EQ(out, "x\"\\n\"");
 }
 
 // Reads a tensor's bytes straight from the file (an independent check of the offsets).

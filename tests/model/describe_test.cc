@@ -26,7 +26,7 @@ using testing::ScopedEnv;
 using testing::TempDir;
 
 std::string config_text(const std::string& name) {
-  return testing::read_file(testing::source_dir() + "/tests/data/configs/" + name + ".json");
+  return testing::read_file(testing::source_dir() + "/model/families/configs/" + name + ".json");
 }
 
 uint64_t numel_sum(const std::vector<TensorSpec>& specs) {

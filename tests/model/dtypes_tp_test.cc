@@ -12,7 +12,7 @@ namespace {
 using testing::expect_error;
 
 nlohmann::json real_config(const std::string& name) {
-  return read_config_json(testing::source_dir() + "/tests/data/configs/" + name + ".json");
+  return read_config_json(testing::source_dir() + "/model/families/configs/" + name + ".json");
 }
 
 TEST(DTypes, QuantizationTableIsNnsights) {

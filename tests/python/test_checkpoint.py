@@ -16,7 +16,7 @@ from metaload import _lib
 from metaload import checkpoint as ck
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIGS = os.path.join(HERE, "..", "data", "configs")
+CONFIGS = os.path.join(HERE, "..", "..", "model", "families", "configs")
 
 
 def err(kind):

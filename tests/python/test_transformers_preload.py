@@ -36,7 +36,7 @@ def _run(config_dir, route, preload):
 
 
 def test_an_unmodified_program_builds_llama_2_70b_on_meta_under_ld_preload(tmp_path):
-    shutil.copy(os.path.join(ROOT, "tests", "data", "configs", "llama-2-70b.json"),
+    shutil.copy(os.path.join(ROOT, "model", "families", "configs", "llama-2-70b.json"),
                 tmp_path / "config.json")
     runs = {"LD_PRELOAD + METALOAD=meta": [], 'torch.device("meta")': []}
     for _ in range(ROUNDS):  # interleaved

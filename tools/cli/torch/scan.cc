@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/text.h"
-#include "model/dtypes.h"
+#include "model/model_dtype.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
 
@@ -37,12 +37,11 @@ c10::Device parse_device(const std::string& text, const char* option) {
 }
 
 c10::ScalarType parse_model_dtype(const std::string& text, const char* option) {
-  const DTypeEntry& e = resolve_dtype_name(text);  // DTypeError lists the accepted names
-  if (e.torch_name == "float32") return at::kFloat;
-  if (e.torch_name == "float16") return at::kHalf;
-  if (e.torch_name == "bfloat16") return at::kBFloat16;
-  throw UsageError(fmt::format("{} {}: a model runs in float32, float16 or bfloat16", option,
-                               quote_text(text, '\'')));
+  try {
+    return model_scalar_type(text);  // the one table's names and mapping, as TransformersModel's
+  } catch (const DTypeError& e) {
+    throw UsageError(fmt::format("{} {}", option, e.message()));
+  }
 }
 
 std::string human_bytes(uint64_t b) {
