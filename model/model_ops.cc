@@ -147,9 +147,8 @@ std::string make_checkpoint_op(std::string arch, std::string config, std::string
       .dump();
 }
 
-}  // namespace
-
-METALOAD_LIBRARY_FRAGMENT(m) {
+// make_checkpoint and the Capture class: the small registrations beside TransformersModel.
+void register_fixture_and_capture(torch::Library& m) {
   m.def(
       "make_checkpoint(str arch, str config, str dtype='float32', int shards=1, int seed=0, "
       "str layout='published', bool buffers=False, str hf_cache='', str repo='', str out='') -> "
@@ -166,7 +165,12 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       .def("count",
            [](const c10::intrusive_ptr<CaptureHolder>& self) { return self->capture.count(); })
       .def("reset", [](const c10::intrusive_ptr<CaptureHolder>& self) { self->capture.reset(); });
+}
 
+}  // namespace
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  register_fixture_and_capture(m);
   m.class_<ModelHolder>("TransformersModel")
       .def(torch::init(&make_model))
       .def("info", &info)

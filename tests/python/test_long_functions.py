@@ -1,8 +1,6 @@
 """No function over 80 lines in the library (issue 13), and tools/long_functions itself.
 
-Tests and benchmarks are exempt. Excluded for now, because another change is splitting them:
-model/transformers_model*.cc, model/model_ops.cc, tools/cli/{key,tp,describe}.cc and
-tools/cli/torch/{run,scan}.cc.
+Tests and benchmarks are exempt.
 """
 import os
 import subprocess
@@ -13,9 +11,7 @@ from conftest import ROOT
 
 TOOL = os.path.join(ROOT, "tools", "long_functions")
 CHECKED = ["base", "c10_ext", "fake_mode", "kernels", "loader", "model", "python", "tools/cli"]
-EXCLUDED = ["model/transformers_model*.cc", "model/model_ops.cc", "tools/cli/key.cc",
-            "tools/cli/tp.cc", "tools/cli/describe.cc", "tools/cli/torch/run.cc",
-            "tools/cli/torch/scan.cc"]
+EXCLUDED = []
 
 
 def long_functions(*args, cwd=ROOT):
