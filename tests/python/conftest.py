@@ -39,3 +39,26 @@ def run_python(code, env=None, preload=False, timeout=300):
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# The start of a probe program (run with run_python) that counts torch's CUDA initialisations:
+# torch.cuda._lazy_init is replaced, before metaload wraps it, by a stand-in that records the
+# calling thread and raises Sentinel (no GPU is needed to see the calls); attempt(fn) calls fn and
+# swallows Sentinel.
+CUDA_INIT_COUNTER = r'''
+import threading, torch
+calls = []
+class Sentinel(Exception):
+    pass
+def counting_lazy_init():
+    calls.append(threading.current_thread().name)
+    raise Sentinel()
+torch.cuda._lazy_init = counting_lazy_init
+import metaload
+
+def attempt(fn):
+    try:
+        fn()
+    except Sentinel:
+        pass
+'''

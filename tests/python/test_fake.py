@@ -4,7 +4,7 @@ import torch
 import torchvision
 
 import metaload
-from conftest import run_python
+from conftest import CUDA_INIT_COUNTER, run_python
 
 
 def test_factories_claim_the_mode_device_without_a_gpu():
@@ -265,23 +265,8 @@ def test_boolean_mask_indexing_is_a_typed_data_dependent_error():
     assert picked.shape == (2, 3) and picked.device == torch.device("cuda", 0)
 
 
-_FAKE_CUDA_INIT_PROBE = r'''
-import threading, torch
+_FAKE_CUDA_INIT_PROBE = CUDA_INIT_COUNTER + r'''
 import torch.nn.functional as F
-calls = []
-class Sentinel(Exception):
-    pass
-def counting_lazy_init():  # stands for torch's initialisation (no GPU is needed to see the calls)
-    calls.append(threading.current_thread().name)
-    raise Sentinel()
-torch.cuda._lazy_init = counting_lazy_init
-import metaload
-
-def attempt(fn):
-    try:
-        fn()
-    except Sentinel:
-        pass
 
 with metaload.fake("cuda"):
     x = torch.randn(1, 3, 8, 8).cuda()

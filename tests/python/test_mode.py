@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metaload
-from conftest import ROOT, lib_path, run_python
+from conftest import CUDA_INIT_COUNTER, ROOT, lib_path, run_python
 
 
 def test_every_factory_lands_on_meta():
@@ -480,22 +480,7 @@ def test_a_scope_object_cannot_be_entered_twice_but_works_as_a_decorator():
     assert calls == [True, True, True] and not metaload.is_forcing()
 
 
-_CUDA_INIT_PROBE = r'''
-import threading, torch
-calls = []
-class Sentinel(Exception):
-    pass
-def counting_lazy_init():  # stands for torch's initialisation (no GPU is needed to see the calls)
-    calls.append(threading.current_thread().name)
-    raise Sentinel()
-torch.cuda._lazy_init = counting_lazy_init  # before metaload wraps it
-import metaload
-
-def attempt(fn):
-    try:
-        fn()
-    except Sentinel:
-        pass
+_CUDA_INIT_PROBE = CUDA_INIT_COUNTER + r'''
 
 with metaload.meta():
     made = [torch.empty(2, device="cuda"), torch.ones(2).cuda(), torch.zeros(2).to("cuda:1"),
