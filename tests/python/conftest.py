@@ -44,7 +44,9 @@ def run_python(code, env=None, preload=False, timeout=300):
 # The start of a probe program (run with run_python) that counts torch's CUDA initialisations:
 # torch.cuda._lazy_init is replaced, before metaload wraps it, by a stand-in that records the
 # calling thread and raises Sentinel (no GPU is needed to see the calls); attempt(fn) calls fn and
-# swallows Sentinel.
+# swallows Sentinel. Inside the scope under test, a probe records `inside = list(calls)`, then
+# `during = real_requests_still_initialise()`, and after the scope calls report(inside, during),
+# whose first line is CUDA_INIT_EXPECTED when nothing initialised CUDA but the real requests.
 CUDA_INIT_COUNTER = r'''
 import threading, torch
 calls = []
@@ -61,4 +63,26 @@ def attempt(fn):
         fn()
     except Sentinel:
         pass
+
+def real_requests_still_initialise():
+    # a thread doing real work meanwhile gets torch's initialisation on its first use, and
+    # torch.cuda's own functions are real requests
+    worker = threading.Thread(target=attempt, args=(lambda: torch.empty(1, device="cuda"),),
+                              name="worker")
+    worker.start()
+    worker.join()
+    attempt(torch.cuda.current_device)
+    return list(calls)
+
+def report(inside, during):
+    attempt(lambda: torch.empty(1, device="cuda"))  # after the scope, this thread's first use
+    print(inside, during, calls)
 '''
+CUDA_INIT_EXPECTED = "[] ['worker', 'MainThread'] ['worker', 'MainThread', 'MainThread']"
+
+
+def assert_cuda_initialised_by_real_requests_only(probe):
+    """Runs a probe built on CUDA_INIT_COUNTER; asserts its report."""
+    r = run_python(probe)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == CUDA_INIT_EXPECTED, r.stdout

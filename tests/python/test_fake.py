@@ -4,7 +4,8 @@ import torch
 import torchvision
 
 import metaload
-from conftest import CUDA_INIT_COUNTER, run_python
+from conftest import (CUDA_INIT_COUNTER, assert_cuda_initialised_by_real_requests_only,
+                      run_python)
 
 
 def test_factories_claim_the_mode_device_without_a_gpu():
@@ -279,19 +280,10 @@ with metaload.fake("cuda"):
         (1, 3, 4, 4), "cuda:0", (2, 3), "cuda:0"), (y.shape, y.device, z.shape, z.device)
     assert metaload.is_fake(y) and metaload.is_fake(z)
     inside = list(calls)
-    worker = threading.Thread(target=attempt, args=(lambda: torch.empty(1, device="cuda"),),
-                              name="worker")
-    worker.start()
-    worker.join()
-    attempt(torch.cuda.current_device)  # torch.cuda's own functions are real requests
-    during = list(calls)
-attempt(lambda: torch.empty(1, device="cuda"))
-print(inside, during, calls)
+    during = real_requests_still_initialise()
+report(inside, during)
 '''
 
 
 def test_fake_cuda_factories_inside_python_functions_stay_fake_without_cuda_init():
-    r = run_python(_FAKE_CUDA_INIT_PROBE)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[0] == (
-        "[] ['worker', 'MainThread'] ['worker', 'MainThread', 'MainThread']"), r.stdout
+    assert_cuda_initialised_by_real_requests_only(_FAKE_CUDA_INIT_PROBE)

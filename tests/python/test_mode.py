@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import metaload
-from conftest import CUDA_INIT_COUNTER, ROOT, lib_path, run_python
+from conftest import (CUDA_INIT_COUNTER, ROOT, assert_cuda_initialised_by_real_requests_only,
+                      lib_path, run_python)
 
 
 def test_every_factory_lands_on_meta():
@@ -489,20 +490,10 @@ with metaload.meta():
     assert all(t.is_meta for t in made), [t.device for t in made]
     assert made[3].tolist() == [[1, 2]] and made[5].tolist() == [0, 1, 2]
     inside = list(calls)
-    # a thread doing real work meanwhile still gets torch's initialisation on its first use
-    worker = threading.Thread(target=attempt, args=(lambda: torch.empty(1, device="cuda"),),
-                              name="worker")
-    worker.start()
-    worker.join()
-    attempt(torch.cuda.current_device)  # torch.cuda's own functions are real requests
-    during = list(calls)
-attempt(lambda: torch.empty(1, device="cuda"))  # and after the scope, this thread's first use
-print(inside, during, calls)
+    during = real_requests_still_initialise()
+report(inside, during)
 '''
 
 
 def test_cuda_is_never_initialised_by_meta_and_real_use_still_initialises_it():
-    r = run_python(_CUDA_INIT_PROBE)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[0] == (
-        "[] ['worker', 'MainThread'] ['worker', 'MainThread', 'MainThread']"), r.stdout
+    assert_cuda_initialised_by_real_requests_only(_CUDA_INIT_PROBE)
