@@ -116,21 +116,25 @@ inline std::string escape_text(std::string_view s, size_t max_chars = kQuoteMaxC
 // A file path for a message, escaped as escape_text does; one longer than
 // kPathHeadChars + kPathTailChars loses its middle, never its file name:
 // "/root/.cache/...x/model.safetensors (5000 bytes)".
-inline std::string escape_path(std::string_view s) {
+inline std::string escape_path(std::string_view s, char quote = 0) {
   if (s.size() <= kPathHeadChars + kPathTailChars) {
     std::string whole;
-    if (!text_detail::escape_into(whole, s, kPathHeadChars + kPathTailChars, /*quote=*/0)) {
-      return whole;
-    }
+    if (!text_detail::escape_into(whole, s, kPathHeadChars + kPathTailChars, quote)) return whole;
   }
   std::string out;
-  text_detail::escape_into(out, s.substr(0, kPathHeadChars), kPathHeadChars, 0);
+  text_detail::escape_into(out, s.substr(0, kPathHeadChars), kPathHeadChars, quote);
   size_t tail = s.size() - kPathTailChars;  // bytes, then moved to a UTF-8 boundary
   while (tail < s.size() && (static_cast<unsigned char>(s[tail]) & 0xC0) == 0x80) ++tail;
   out += "...";
-  text_detail::escape_into(out, s.substr(tail), kPathTailChars, 0);
+  text_detail::escape_into(out, s.substr(tail), kPathTailChars, quote);
   out += " (" + std::to_string(s.size()) + " bytes)";
   return out;
+}
+
+// escape_path(s) in quotes, that quote inside escaped: "\"/a/b\"", "\"/root/...x/model.json (5000
+// bytes)\"" for a path cut in its middle.
+inline std::string quote_path(std::string_view s, char quote = '"') {
+  return std::string(1, quote) + escape_path(s, quote) + quote;
 }
 
 // escape_text(s) in quotes (double by default, JSON-like; '\'' where a message uses those), with

@@ -278,7 +278,7 @@ void claim_repo(const std::string& repo_dir, const std::string& repo, const std:
       throw FixtureError(fmt::format(
           "refusing to repoint refs/{} of {} ({}): metaload did not create this repo (no {}), so "
           "it may be a real model; use another cache directory or repo id",
-          branch, quote_text(repo, '\''), quote_text(repo_dir), kOwnerMarker));
+          branch, quote_text(repo, '\''), quote_path(repo_dir), kOwnerMarker));
     return;
   }
   make_dirs(repo_dir);
@@ -368,7 +368,7 @@ FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_di
   if (to_cache && !out_dir.empty())
     throw FixtureError(
         fmt::format("give either an output directory or a hub cache, not both (got {} and {})",
-                    quote_text(out_dir), quote_text(o.hf_cache)));
+                    quote_path(out_dir), quote_path(o.hf_cache)));
   if (!to_cache && out_dir.empty()) throw FixtureError("no output directory given");
   if (to_cache && !looks_like_repo_id(o.repo))
     throw FixtureError(

@@ -345,7 +345,7 @@ FamilyConfig resolve_family_config(const std::string& name_or_path) {
   if (std::filesystem::exists(name_or_path, ec)) return load_family_config(name_or_path);
   throw ConfigError(fmt::format(
       "{} is neither a built-in config ({}) nor a config.json file or a directory holding one",
-      quote_text(name_or_path, '\''), join(builtin_config_names())));
+      quote_path(name_or_path, '\''), join(builtin_config_names())));
 }
 
 }  // namespace metaload

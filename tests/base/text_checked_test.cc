@@ -69,6 +69,14 @@ TEST(Text, LongPathsLoseTheirMiddleNeverTheirFileName) {
       escape_path(std::string(600, 'a') + "\xe2\x82\xac" + std::string(398, 'b'));
   EXPECT_NE(cut.find("a..." + std::string(398, 'b') + " (1001 bytes)"), std::string::npos) << cut;
   EXPECT_EQ(cut.find("\\x"), std::string::npos) << cut;
+  // Quoted: the quote inside is escaped, the cut stays inside the quotes.
+  EXPECT_EQ(quote_path("/a/\"b\""), "\"/a/\\\"b\\\"\"");
+  const std::string quoted = quote_path(deep, '\'');
+  EXPECT_EQ(quoted.front(), '\'');
+  EXPECT_EQ(quoted.back(), '\'');
+  EXPECT_NE(quoted.find(".safetensors (" + std::to_string(deep.size()) + " bytes)'"),
+            std::string::npos)
+      << quoted;
 }
 
 TEST(Text, ListsKeepTheFirstItemsAndSayHowManyMore) {
