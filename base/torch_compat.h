@@ -103,6 +103,14 @@ inline void require_device_init_again(c10::DeviceType type) {
   if (setter && type == c10::kCUDA) setter(true);
 #endif
 }
+
+// A device argument that reached a mode's kernel went through torch's binding, which metaload's
+// Python package told the device was initialised (python/metaload/_device_init.py): undo that at
+// once, so a thread doing real work still gets torch's full initialisation on its first use. Both
+// modes (c10_ext/mode.cc, fake_mode/fake_mode.cc) call this for every device argument they see.
+inline void require_device_init_again_after(c10::DeviceType type) {
+  if (type != c10::kCPU && type != c10::kMeta) require_device_init_again(type);
+}
 }  // namespace metaload
 // ---- SymInt[] arguments read back as plain ints ----
 // 2.x has a macro that records the call

@@ -108,12 +108,6 @@ std::vector<TensorDef> model_tensors(int layers, int hidden) {
   return t;
 }
 
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 // Finite bf16 values of both signs (random bits would be ~0.4% NaN).
 void fill_bf16(uint16_t* p, size_t n, uint64_t& state) {
   for (size_t i = 0; i < n; ++i) {

@@ -181,15 +181,9 @@ void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.callBoxed(stack);
 }
 
-// A device argument that is neither cpu nor meta went through torch's Python binding, which
-// initialises that device first unless it is marked initialised; metaload's Python package marks
-// it so while forcing (python/metaload/_device_init.py). Mark it uninitialised again at once, so a
-// thread doing real work still gets torch's full initialisation on its first use.
+// A device argument: see require_device_init_again_after (base/torch_compat.h).
 void note_device(const c10::IValue& v) {
-  if (v.isDevice()) {
-    const auto type = v.toDevice().type();
-    if (type != c10::kCPU && type != c10::kMeta) require_device_init_again(type);
-  }
+  if (v.isDevice()) require_device_init_again_after(v.toDevice().type());
 }
 
 // kDeviceArg: the device argument becomes meta, pinning is dropped; empty() and empty_strided()

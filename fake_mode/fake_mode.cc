@@ -263,9 +263,7 @@ ResultPlan plan_results(const OpInfo& info, const c10::OperatorHandle& op, torch
     auto& dev = s[base + info.device];
     if (dev.isDevice()) {
       target = normalize(dev.toDevice());
-      // A cuda device came through torch's binding, which metaload's Python package told the
-      // device was initialised (python/metaload/_device_init.py): undo that for real callers.
-      if (target.is_cuda()) require_device_init_again(target.type());
+      require_device_init_again_after(target.type());  // base/torch_compat.h
     } else if (!plan.inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
       target = self.defined() ? claimed_device(self) : rule.result();

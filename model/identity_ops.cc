@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/text.h"
 #include "base/torch_library.h"
 #include "loader/json_util.h"
 #include "model/describe.h"
@@ -33,10 +34,24 @@ std::string op_describe(std::string ref, c10::optional<std::string> dtype,
       .dump();
 }
 
+// extra_json: a JSON object of further fields, written after revision in its order (nnsight's
+// "task").
 std::string op_to_model_key(std::string class_path, std::string repo_id,
-                            c10::optional<std::string> revision, bool allow_local_paths) {
-  return to_model_key(ModelKey{class_path, repo_id, opt(revision), {}},
-                      KeyOptions{allow_local_paths});
+                            c10::optional<std::string> revision, bool allow_local_paths,
+                            std::string extra_json) {
+  const auto extra = nlohmann::ordered_json::parse(extra_json, nullptr, /*allow_exceptions=*/false);
+  if (!extra.is_object()) {
+    throw ModelKeyError("the extra fields of a model key must be a JSON object, not " +
+                        quote_text(extra_json));
+  }
+  ModelKey key{class_path, repo_id, opt(revision), {}};
+  for (const auto& [name, value] : extra.items()) {
+    if (name == "repo_id" || name == "revision") {
+      throw ModelKeyError("extra field " + quote_text(name) + " of a model key is a main field");
+    }
+    key.extra.emplace_back(name, value);
+  }
+  return to_model_key(key, KeyOptions{allow_local_paths});
 }
 
 std::string op_from_model_key(std::string key, bool allow_local_paths) {
@@ -94,7 +109,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       &metaload::op_describe);
   m.def(
       "to_model_key(str class_path, str repo_id, str? revision=None, "
-      "bool allow_local_paths=False) -> str",
+      "bool allow_local_paths=False, str extra_json='{}') -> str",
       &metaload::op_to_model_key);
   m.def("from_model_key(str key, bool allow_local_paths=False) -> str",
         &metaload::op_from_model_key);

@@ -19,6 +19,7 @@ from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, check_mapped_files, load_into
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
+from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
 from ._safetensors import load_file, safe_open, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
@@ -40,6 +41,8 @@ __all__ = [
     "check_mapped_files",
     "checkpoint",
     "describe_checkpoint",
+    "disable_nnsight",
+    "enable_nnsight",
     "fake",
     "forcing_stats",
     "from_model_key",
@@ -51,6 +54,7 @@ __all__ = [
     "make_checkpoint",
     "max_tp_size",
     "meta",
+    "nnsight_enabled",
     "ops",
     "real",
     "reset_forcing_stats",

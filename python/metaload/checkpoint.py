@@ -80,11 +80,13 @@ def _class_path(cls_or_path) -> str:
 
 @typed_errors
 def to_model_key(cls_or_path, repo_id: str, revision: Optional[str] = None, *,
-                 allow_local_paths: bool = False) -> str:
+                 allow_local_paths: bool = False, extra: Optional[Dict[str, Any]] = None) -> str:
     """The model key '<class path>:<json>' exactly as nnsight writes it (json.dumps form).
     repo_id must be a Hugging Face Hub repo id (metaload.RepoIdError names the rule broken)
-    unless allow_local_paths=True."""
-    return _ops().to_model_key(_class_path(cls_or_path), repo_id, revision, bool(allow_local_paths))
+    unless allow_local_paths=True. extra: further fields written after revision, in their order
+    (nnsight's TransformersModel adds {"task": "text-generation"})."""
+    return _ops().to_model_key(_class_path(cls_or_path), repo_id, revision, bool(allow_local_paths),
+                               json.dumps(extra or {}))
 
 
 @typed_errors

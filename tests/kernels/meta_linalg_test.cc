@@ -231,6 +231,23 @@ TEST(MetaLinalg, EigMatchesCpu) {
       {at::ones({2, 2}, kLong)}, "Long");
 }
 
+TEST(MetaLinalg, EigvalsMatchesCpu) {
+  Gen g(404);
+  for (int rep = 0; rep < 9; ++rep) {
+    const auto batch = any_batch(g);
+    const int64_t n = g.uniform(0, 4);
+    const auto dtype = rep % 3 == 0 ? kComplexFloat : (rep % 3 == 1 ? kFloat : kDouble);
+    const Layout l = any_matrix_layout(g);
+    expect_meta_matches_cpu(c10::str("linalg_eigvals ", dtype, " ", name(l)),
+                            [](const Inputs& v) { return flat(at::linalg_eigvals(v[0])); },
+                            {in_layout(g.values(shape(batch, n, n), dtype), l, g)});
+  }
+  expect_both_fail(
+      "linalg_eigvals of a non-square matrix",
+      [](const Inputs& v) { return flat(at::linalg_eigvals(v[0])); }, {g.make({3, 2}, kFloat)},
+      "must be batches of square matrices, but they are 3 by 2 matrices");
+}
+
 // symeig exists in 1.13 only (2.x removed it): called through the dispatcher by name, so that the
 // test builds on both.
 TEST(MetaLinalg, SymeigHelperMatchesCpuWhereItExists) {

@@ -215,6 +215,29 @@ def test_model_key_is_exactly_json_dumps(repo_id, revision):
     assert (back.repo_id, back.revision) == (repo_id, revision)
 
 
+def test_model_key_extra_fields_follow_revision_in_their_order():
+    # nnsight's TransformersModel writes {"repo_id", "revision", "task"} (and trust_remote_code
+    # before task when set): the same text from metaload, and the fields back from the parse.
+    extra = {"trust_remote_code": True, "task": "text-génération", "n": [1, 2.5, None]}
+    key = ck.to_model_key("nnsight.modeling.transformers.TransformersModel", "org/m", "main",
+                          extra=extra)
+    assert key == "nnsight.modeling.transformers.TransformersModel:" + json.dumps(
+        {"repo_id": "org/m", "revision": "main", **extra})
+    back = ck.from_model_key(key)
+    assert back.extra == extra and list(back.extra) == list(extra)
+    assert back.canonical_class == "metaload.TransformersModel"
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"revision": "v2"}, "main field"),
+    ({"repo_id": "x/y"}, "main field"),
+    (["task"], "must be a JSON object"),
+])
+def test_model_key_extra_fields_that_are_not_extra(extra, says):
+    with pytest.raises(_lib.ModelKeyError, match=says):
+        ck.to_model_key("metaload.TransformersModel", "org/m", None, extra=extra)
+
+
 # The hostile keys and the rest of the Hub's rules.
 HOSTILE_REPO_IDS = [
     ("/etc/passwd", "repo-id-absolute-path"),

@@ -1,0 +1,154 @@
+"""metaload under nnsight: its meta build runs in metaload's mode, its dispatch streams the weights
+into the skeleton it already has.
+
+    import metaload, nnsight
+    metaload.enable_nnsight()
+    model = nnsight.LanguageModel("org/name", dispatch=False)   # built under metaload.meta()
+    with model.trace("Hello"):                                   # dispatches: metaload.load_into
+        h = model.model.layers[0].output.save()
+
+Without it, nnsight builds the skeleton under its own TorchFunctionMode (Python on every torch
+call; small constant tensors such as rotary `inv_freq` lose their values) and, at the first real
+run, builds the whole model a second time with `from_pretrained` and re-points its envoys at it.
+With it, the skeleton's own Parameters receive the weights (all or nothing, each byte read once,
+computed buffers from the values metaload kept), so nothing is built twice and references to the
+skeleton's modules stay valid.
+
+The dispatch goes through metaload only where that gives the same model: a transformers model
+whose checkpoint metaload can resolve (a local directory or a repo id in the hub cache, at the
+model's revision) and whose load options mean nothing more than a device and a dtype. Quantization,
+adapters (`peft`), `device_map="auto"` / dicts, `max_memory` and other loading options fall back to
+nnsight's own dispatch, with a warning saying which option did it.
+"""
+import threading
+import warnings
+
+import torch
+
+from . import _lib
+
+_lock = threading.Lock()
+_saved = {}  # (module, attribute) -> original, while enabled
+
+# Load options that say only where and in what dtype: the rest needs nnsight's own load.
+_PLACEMENT = {"device_map", "device", "dtype", "torch_dtype"}
+# Options of the meta build that the loaded model keeps as they are (the skeleton already has
+# what they chose).
+_BUILD_ONLY = {"attn_implementation", "experts_implementation", "config", "trust_remote_code",
+               "revision", "low_cpu_mem_usage", "token", "local_files_only", "cache_dir"}
+
+
+class _MetaloadMetaDevice:
+    """Stands in for nnsight.modeling.mixins.meta.MetaDevice: the build runs under metaload.meta()."""
+
+    def __enter__(self):
+        # As nnsight's own mode does: torch._dynamo's import creates real tensors and reads them.
+        import torch._dynamo  # noqa: F401
+
+        from ._mode import meta
+        self._scope = meta()
+        self._scope.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._scope.__exit__(*exc)
+
+    @classmethod
+    def real(cls):
+        from ._mode import real
+        return real()
+
+
+def _device_of(kwargs):
+    """The one device the load options name, or None when they name something else."""
+    device_map = kwargs.get("device_map", kwargs.get("device"))
+    if device_map is None:
+        return torch.device("cpu")
+    if isinstance(device_map, (str, int, torch.device)) and device_map not in ("auto", "balanced",
+                                                                               "sequential"):
+        return torch.device(device_map)
+    if isinstance(device_map, dict) and set(device_map) == {""}:
+        return torch.device(device_map[""])
+    return None
+
+
+def _unsupported(model):
+    """Why metaload cannot dispatch this nnsight model itself (None when it can)."""
+    if getattr(model, "peft", None) is not None:
+        return "an adapter (peft=...)"
+    kwargs = dict(getattr(model, "kwargs", {}) or {})
+    if kwargs.get("quantization_config") is not None:
+        return "quantization_config"
+    for name in ("dtype", "torch_dtype"):
+        if isinstance(kwargs.get(name), str) and kwargs[name] != "auto" and \
+                not isinstance(getattr(torch, kwargs[name], None), torch.dtype):
+            return f"{name}={kwargs[name]!r} (a quantization)"
+    others = sorted(set(kwargs) - _PLACEMENT - _BUILD_ONLY)
+    if others:
+        return "the load option" + ("s " if len(others) > 1 else " ") + ", ".join(others)
+    if _device_of(kwargs) is None:
+        return f"device_map={kwargs.get('device_map')!r}"
+    return None
+
+
+def _streaming_dispatch(self):
+    """nnsight's Meta.dispatch, by metaload.load_into into the skeleton already built."""
+    if self.dispatched:
+        return
+    why = _unsupported(self)
+    if why is not None:
+        warnings.warn(f"metaload.enable_nnsight: {why} needs nnsight's own load; dispatching "
+                      "with from_pretrained", stacklevel=3)
+        return _saved[("meta", "dispatch")](self)
+    from ._load import load_into
+    device = _device_of(self.kwargs or {})
+    report = load_into(self._module, self.repo_id, device=device, revision=self.revision,
+                       progress=False)
+    self._module.eval()  # as from_pretrained leaves a model (from_config leaves it training)
+    pipeline = getattr(self, "pipeline", None)
+    if pipeline is not None and hasattr(pipeline, "device"):
+        pipeline.device = device  # built with device="meta"; its preprocessing follows it
+    self.dispatched = True
+    self.metaload_report = report
+
+
+def enable_nnsight():
+    """Switches the integration on for this process (idempotent): every nnsight model built from
+    now on builds under metaload.meta(), and every transformers-backed nnsight model dispatches
+    by streaming into its skeleton (see this module's docstring for when it falls back).
+    Models already built keep their skeleton but dispatch through metaload too."""
+    try:
+        from nnsight.modeling.mixins import meta as nn_meta
+        from nnsight.modeling import transformers as nn_transformers
+    except ImportError as e:
+        raise _lib.Error(f"metaload.enable_nnsight needs nnsight: {e}") from e
+    with _lock:
+        if _saved:
+            return
+        _saved[("meta", "MetaDevice")] = nn_meta.MetaDevice
+        _saved[("meta", "dispatch")] = nn_meta.Meta.dispatch
+        _saved[("transformers", "dispatch")] = nn_transformers.TransformersModel.__dict__.get(
+            "dispatch")
+        nn_meta.MetaDevice = _MetaloadMetaDevice
+        nn_transformers.TransformersModel.dispatch = _streaming_dispatch
+
+
+def disable_nnsight():
+    """Puts nnsight's own meta build and dispatch back (idempotent)."""
+    with _lock:
+        if not _saved:
+            return
+        from nnsight.modeling.mixins import meta as nn_meta
+        from nnsight.modeling import transformers as nn_transformers
+        nn_meta.MetaDevice = _saved[("meta", "MetaDevice")]
+        own = _saved[("transformers", "dispatch")]
+        if own is None:
+            del nn_transformers.TransformersModel.dispatch
+        else:
+            nn_transformers.TransformersModel.dispatch = own
+        _saved.clear()
+
+
+def nnsight_enabled():
+    """Whether enable_nnsight() is in effect."""
+    return bool(_saved)
