@@ -458,12 +458,18 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
                          int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar,
                          c10::optional<bool> map_files, int64_t progress_id,
-                         at::TensorList computed, std::vector<std::string> computed_names,
-                         const c10::List<c10::optional<at::Tensor>>& computed_values) {
+                         c10::optional<at::TensorList> computed_opt,
+                         c10::optional<std::vector<std::string>> computed_names_opt,
+                         const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
   }
+  const at::TensorList computed = computed_opt.value_or(at::TensorList());
+  const std::vector<std::string> computed_names =
+      computed_names_opt.value_or(std::vector<std::string>());
+  const c10::List<c10::optional<at::Tensor>> computed_values =
+      values_opt.value_or(c10::List<c10::optional<at::Tensor>>());
   if (computed.size() != computed_names.size() || computed.size() != computed_values.size()) {
     throw PlanError(std::to_string(computed.size()) + " computed tensors but " +
                     std::to_string(computed_names.size()) + " names and " +
@@ -524,8 +530,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
-      "int progress_id=0, Tensor(b!)[] computed=[], str[] computed_names=[], "
-      "Tensor?[] computed_values=[]) -> str",
+      "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
+      "Tensor?[]? computed_values=None) -> str",
       &load_into_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
   m.def("mismatch_names(str message) -> str?", &mismatch_names_op);
