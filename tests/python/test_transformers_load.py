@@ -160,6 +160,32 @@ def test_dtype_argument_converts_checkpoint_tensors(tmp_path):
     assert_same(model, AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), "llama")
 
 
+# Rotary scalings whose inv_freq a constructor computes with more ops (clamps, where, smooth
+# interpolation, per-dimension factors): the values metaload.meta() keeps follow them all.
+ROPE_VARIANTS = {
+    "llama3": ("llama", dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "yarn": ("qwen2", dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)),
+    "longrope": ("phi3", dict(rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+                              original_max_position_embeddings=16)),
+}
+
+
+@pytest.mark.parametrize("variant", list(ROPE_VARIANTS))
+def test_rope_variants(variant, tmp_path):
+    model_type, rope = ROPE_VARIANTS[variant]
+    kwargs = dict(ARCHS[model_type][0], rope_parameters=dict(rope, rope_theta=10000.0))
+    cfg = AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path))
+    model = meta_build(cfg)
+    report = metaload.load_into(model, str(tmp_path), progress=False)
+    assert "model.rotary_emb.inv_freq" in report.computed_keys
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    assert ref.model.rotary_emb.rope_type == variant
+    assert_same(model, ref, model_type)
+
+
 def test_gpt_neox_rename_is_transformers_own(checkpoints):
     """The key_mapping GPT-NeoX needs is the rename transformers 5 applies on load; without it the
     checkpoint's embed_out has no place in the module."""
