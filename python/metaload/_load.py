@@ -80,10 +80,49 @@ def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str,
     return out
 
 
-def _non_persistent_buffers(module: torch.nn.Module, state: Dict[str, torch.Tensor]):
-    """(name, buffer) for each buffer state_dict leaves out, once per tensor object."""
+class _Computed(NamedTuple):
+    tensors: List[torch.Tensor]
+    names: List[str]
+    values: List[Optional[torch.Tensor]]  # None: unknown
+
+
+def _computed(ops, module: torch.nn.Module, state: Dict[str, torch.Tensor],
+              target_device: torch.device) -> _Computed:
+    """The buffers state_dict leaves out (once per tensor object) that the load sets: those on
+    meta, with the values they carry (None when unknown), and real ones on another device."""
     in_state = {id(t) for t in state.values()}
-    return [(n, b) for n, b in module.named_buffers() if n not in state and id(b) not in in_state]
+    out = _Computed([], [], [])
+    for n, b in module.named_buffers():
+        if n in state or id(b) in in_state:
+            continue
+        if b.is_meta:
+            out.values.append(ops.values_of(b))
+        elif b.device != target_device:
+            out.values.append(b)
+        else:
+            continue  # already real where the load puts the rest
+        out.tensors.append(b)
+        out.names.append(n)
+    return out
+
+
+def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
+                renamed: Dict[str, str], computed: _Computed):
+    """For strict=False: (the state without the tensors the checkpoint lacks, missing_keys,
+    unexpected_keys); computed tensors with unknown values leave `computed` for missing_keys."""
+    present = {n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
+    # A name absent from the checkpoint still loads when its tensor object is tied to one that is
+    # there (the library fills the tie from it).
+    tied_to_present = {id(t) for n, t in state.items() if n in present}
+    missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
+    as_module = {c: m for m, c in renamed.items()}
+    unexpected = [n for n in in_checkpoint if as_module.get(n, n) not in state]
+    gone = set(missing)
+    unknown = [i for i, v in enumerate(computed.values) if v is None]
+    missing += [computed.names[i] for i in unknown]
+    for i in reversed(unknown):
+        del computed.tensors[i], computed.names[i], computed.values[i]
+    return {n: t for n, t in state.items() if n not in gone}, missing, unexpected
 
 
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
@@ -145,48 +184,26 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     bar, callback = _progress.split(progress)
     state = module.state_dict(keep_vars=True)  # the Parameters themselves; ties appear twice
     dev = torch.device(device) if device is not None else None
-    target_device = dev if dev is not None else torch.device("cpu")
-    computed, computed_names, computed_values = [], [], []
     with real():
-        for n, b in _non_persistent_buffers(module, state):
-            if b.is_meta:
-                computed_values.append(ops.values_of(b))  # None: unknown
-            elif b.device != target_device:
-                computed_values.append(b)
-            else:
-                continue  # already real where the load puts the rest
-            computed.append(b)
-            computed_names.append(n)
-    missing: List[str] = []
-    unexpected: List[str] = []
+        computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
     renamed: Dict[str, str] = {}
     in_checkpoint: List[str] = []
     if not strict or key_mapping:
         in_checkpoint = checkpoint_tensor_names(ref, revision)
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
+    missing: List[str] = []
+    unexpected: List[str] = []
     if not strict:
-        present = {n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
-        # A name absent from the checkpoint still loads when its tensor object is tied to one
-        # that is there (the library fills the tie from it).
-        tied_to_present = {id(t) for n, t in state.items() if n in present}
-        missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
-        as_module = {c: m for m, c in renamed.items()}
-        unexpected = [n for n in in_checkpoint if as_module.get(n, n) not in state]
-        gone = set(missing)
-        state = {n: t for n, t in state.items() if n not in gone}
-        unknown = [i for i, v in enumerate(computed_values) if v is None]
-        missing += [computed_names[i] for i in unknown]
-        for i in reversed(unknown):
-            del computed[i], computed_names[i], computed_values[i]
+        state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
     names = [renamed.get(n, n) for n in state.keys()]
     tensors = list(state.values())
     args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
             staging_bytes, strict, bar, mmap]
     with real(), _progress.Watch(callback) as watch:
-        out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed,
-                            computed_names=computed_names, computed_values=computed_values)
-    return _report(out, missing, unexpected, computed_names)
+        out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
+                            computed_names=computed.names, computed_values=computed.values)
+    return _report(out, missing, unexpected, computed.names)
 
 
 def _tensors_of(obj) -> List[torch.Tensor]:
