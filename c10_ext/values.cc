@@ -3,11 +3,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include "base/torch_library.h"
+#include "c10_ext/mode_key.h"
 
 namespace metaload {
 namespace {
@@ -70,6 +74,23 @@ void forget_values(const at::Tensor& t) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   if (impl->data_ptr().get_deleter() != &free_values) return;
   impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kMeta)));
+}
+
+namespace {
+
+// Python: torch.ops.metaload.values_of(t) -> a CPU copy of the values a meta tensor carries, or
+// None (load_into materialises non-persistent buffers from them). The copy is made outside the
+// meta mode, which would turn it into one more meta tensor.
+c10::optional<at::Tensor> values_of_op(const at::Tensor& t) {
+  if (!has_values(t)) return c10::nullopt;
+  c10::impl::ExcludeDispatchKeyGuard real(kMetaModeKey);
+  return values_alias(t).clone();
+}
+
+}  // namespace
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def("values_of(Tensor t) -> Tensor?", &values_of_op);
 }
 
 }  // namespace metaload

@@ -172,8 +172,10 @@ std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarg
 
 // Step 2: each checkpoint tensor to the target its (renamed) name is; unexpected ones under
 // strict, two tensors for one target a mismatch.
-Sources match_sources(size_t n_targets, const std::unordered_map<std::string, size_t>& by_name,
+Sources match_sources(const std::vector<LoadTarget>& targets,
+                      const std::unordered_map<std::string, size_t>& by_name,
                       const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+  const size_t n_targets = targets.size();
   Sources src{std::vector<const TensorInfo*>(n_targets, nullptr), std::vector<size_t>(n_targets, 0),
               std::vector<std::string>(n_targets)};
   for (const std::string& cname : ckpt.tensor_names()) {
@@ -181,6 +183,7 @@ Sources match_sources(size_t n_targets, const std::unordered_map<std::string, si
     if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
     if (!mname) continue;  // ignored by the family
     auto it = by_name.find(*mname);
+    if (it != by_name.end() && targets[it->second].computed) it = by_name.end();  // never loaded
     const TensorRef& ref = ckpt.lookup.at(cname);
     if (it == by_name.end()) {
       if (opt.strict) {
@@ -327,7 +330,7 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
                    const LoadOptions& opt) {
   const std::unordered_map<std::string, size_t> by_name = index_targets(targets, opt);
   Mismatches bad;
-  const Sources src = match_sources(targets.size(), by_name, ckpt, opt, bad);
+  const Sources src = match_sources(targets, by_name, ckpt, opt, bad);
   std::vector<int> group;
   const std::map<int, size_t> group_source = tie_groups(targets, by_name, src, opt, group);
 
@@ -340,6 +343,22 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     if (opt.names.skip && opt.names.skip(t.name)) continue;
     if (!t.tensor.defined()) {
       bad.mismatched.push_back({t.name, ": undefined tensor in the module"});
+      continue;
+    }
+    if (t.computed) {
+      if (!t.values.defined()) {
+        bad.missing.push_back(
+            {t.name,
+             " " + shape_str(t.tensor.sizes().vec()) +
+                 " (a non-persistent buffer: checkpoints do not hold it, and its values are "
+                 "unknown; build the module under metaload.meta() or on a real device)"});
+      } else if (t.values.sizes() != t.tensor.sizes()) {
+        bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                              " in the module but its values have " +
+                                              shape_str(t.values.sizes().vec())});
+      } else {
+        plan.computed.push_back(i);
+      }
       continue;
     }
     size_t owner = i;
@@ -401,6 +420,18 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
     src.push_back(slots.tensors[plan.spec_of_target[i]]);
     names.push_back(targets[i].name);
   }
+  {
+    c10::impl::ExcludeDispatchKeyGuard real(
+        c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
+    for (size_t i : plan.computed) {
+      const LoadTarget& t = targets[i];
+      // A fresh copy: the values may be another tensor's (the buffer itself, built on a device).
+      dst.push_back(t.tensor);
+      src.push_back(t.values.to(opt.device, t.tensor.scalar_type(), /*non_blocking=*/false,
+                                /*copy=*/true));
+      names.push_back(t.name);
+    }
+  }
   swap_in(dst, src, names);
   return slots.report;
 }
@@ -420,15 +451,29 @@ namespace {
 
 // Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
 // package passes module.state_dict(keep_vars=True): the Parameters and persistent buffers
-// themselves, so they change in place.
+// themselves, so they change in place; and as `computed` the non-persistent buffers to set from
+// their values (computed_values[i]: None when unknown, LoadTarget::computed).
 std::string load_into_op(at::TensorList targets, std::vector<std::string> names, std::string ref,
                          c10::optional<std::string> revision, c10::optional<at::Device> device,
                          c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
                          int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar,
-                         c10::optional<bool> map_files, int64_t progress_id) {
+                         c10::optional<bool> map_files, int64_t progress_id,
+                         c10::optional<at::TensorList> computed_opt,
+                         c10::optional<std::vector<std::string>> computed_names_opt,
+                         const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
+  }
+  const at::TensorList computed = computed_opt.value_or(at::TensorList());
+  const std::vector<std::string> computed_names =
+      computed_names_opt.value_or(std::vector<std::string>());
+  const c10::List<c10::optional<at::Tensor>> computed_values =
+      values_opt.value_or(c10::List<c10::optional<at::Tensor>>());
+  if (computed.size() != computed_names.size() || computed.size() != computed_values.size()) {
+    throw PlanError(std::to_string(computed.size()) + " computed tensors but " +
+                    std::to_string(computed_names.size()) + " names and " +
+                    std::to_string(computed_values.size()) + " values");
   }
   // Python ints arrive as int64: out-of-range values are errors naming the argument, never
   // clamped, wrapped or read as "the default".
@@ -446,6 +491,10 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   }
   std::vector<LoadTarget> t;
   for (size_t i = 0; i < targets.size(); ++i) t.push_back({names[i], targets[i]});
+  for (size_t i = 0; i < computed.size(); ++i) {
+    const c10::optional<at::Tensor> v = computed_values.get(i);
+    t.push_back({computed_names[i], computed[i], /*computed=*/true, v ? *v : at::Tensor()});
+  }
   LoadOptions opt;
   if (device) opt.device = *device;
   if (dtype) opt.dtype = *dtype;
@@ -481,7 +530,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
-      "int progress_id=0) -> str",
+      "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
+      "Tensor?[]? computed_values=None) -> str",
       &load_into_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
   m.def("mismatch_names(str message) -> str?", &mismatch_names_op);

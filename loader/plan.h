@@ -101,11 +101,18 @@ struct LoadOptions {
 struct LoadTarget {
   std::string name;
   at::Tensor tensor;
+  // A computed tensor (a non-persistent buffer, which checkpoints never hold): not matched to a
+  // checkpoint tensor (one of its name is unexpected); it takes `values` instead (any device; made
+  // a fresh copy on the load's device, in the target's own dtype: `dtype` converts checkpoint
+  // tensors only) in the same all-or-nothing swap. Undefined values: unknown, a missing tensor.
+  bool computed = false;
+  at::Tensor values;
 };
 
 struct LoadPlan {
   std::vector<SlotSpec> specs;
   std::vector<int> spec_of_target;  // -1: skipped (not loaded)
+  std::vector<size_t> computed;     // the computed targets, which take their values
   std::vector<std::string> files;
 };
 

@@ -11,6 +11,7 @@ them all.
 """
 import contextlib
 import json
+import re
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
@@ -41,6 +42,10 @@ class LoadReport(NamedTuple):
     # read). Both empty after a strict load, which fails instead.
     missing_keys: List[str] = []
     unexpected_keys: List[str] = []
+    # Non-persistent buffers (not in state_dict, so never in a checkpoint: rotary inv_freq, ...)
+    # that the load set from the values their constructor computed (a meta tensor built under
+    # metaload.meta() keeps them), or moved to `device` from where they were.
+    computed_keys: List[str] = []
 
     @property
     def gb_per_s(self) -> float:
@@ -48,11 +53,76 @@ class LoadReport(NamedTuple):
 
 
 def _report(text: str, missing_keys: Optional[List[str]] = None,
-            unexpected_keys: Optional[List[str]] = None) -> LoadReport:
+            unexpected_keys: Optional[List[str]] = None,
+            computed_keys: Optional[List[str]] = None) -> LoadReport:
     d: Dict[str, Any] = json.loads(text)
     d["files"] = [FileReport(**f) for f in d["files"]]
     return LoadReport(**d, missing_keys=list(missing_keys or []),
-                      unexpected_keys=list(unexpected_keys or []))
+                      unexpected_keys=list(unexpected_keys or []),
+                      computed_keys=list(computed_keys or []))
+
+
+def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str, str]:
+    """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
+    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them)."""
+    patterns = [(re.compile(k), v) for k, v in key_mapping.items()]
+    out: Dict[str, str] = {}
+    for name in in_checkpoint:
+        for pattern, replacement in patterns:
+            new, n = pattern.subn(replacement, name)
+            if n:
+                if new in out:
+                    raise _lib.PlanError(f"key_mapping maps both {out[new]!r} and {name!r} "
+                                         f"onto {new!r}")
+                if new != name:
+                    out[new] = name
+                break
+    return out
+
+
+class _Computed(NamedTuple):
+    tensors: List[torch.Tensor]
+    names: List[str]
+    values: List[Optional[torch.Tensor]]  # None: unknown
+
+
+def _computed(ops, module: torch.nn.Module, state: Dict[str, torch.Tensor],
+              target_device: torch.device) -> _Computed:
+    """The buffers state_dict leaves out (once per tensor object) that the load sets: those on
+    meta, with the values they carry (None when unknown), and real ones on another device."""
+    in_state = {id(t) for t in state.values()}
+    out = _Computed([], [], [])
+    for n, b in module.named_buffers():
+        if n in state or id(b) in in_state:
+            continue
+        if b.is_meta:
+            out.values.append(ops.values_of(b))
+        elif b.device != target_device:
+            out.values.append(b)
+        else:
+            continue  # already real where the load puts the rest
+        out.tensors.append(b)
+        out.names.append(n)
+    return out
+
+
+def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
+                renamed: Dict[str, str], computed: _Computed):
+    """For strict=False: (the state without the tensors the checkpoint lacks, missing_keys,
+    unexpected_keys); computed tensors with unknown values leave `computed` for missing_keys."""
+    present = {n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
+    # A name absent from the checkpoint still loads when its tensor object is tied to one that is
+    # there (the library fills the tie from it).
+    tied_to_present = {id(t) for n, t in state.items() if n in present}
+    missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
+    as_module = {c: m for m, c in renamed.items()}
+    unexpected = [n for n in in_checkpoint if as_module.get(n, n) not in state]
+    gone = set(missing)
+    unknown = [i for i, v in enumerate(computed.values) if v is None]
+    missing += [computed.names[i] for i in unknown]
+    for i in reversed(unknown):
+        del computed.tensors[i], computed.names[i], computed.values[i]
+    return {n: t for n, t in state.items() if n not in gone}, missing, unexpected
 
 
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
@@ -70,17 +140,33 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               dtype: Optional[torch.dtype] = None, *, tp_rank: int = 0, tp_size: int = 1,
               threads: int = 0, staging_bytes: int = 0, strict: bool = True,
               revision: Optional[str] = None, progress: _progress.Progress = True,
-              mmap: Optional[bool] = None) -> LoadReport:
+              mmap: Optional[bool] = None,
+              key_mapping: Optional[Dict[str, str]] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
-    device: where the tensors go (default cpu). dtype: floating-point tensors load as this dtype
-    (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert).
+    Non-persistent buffers (rotary inv_freq, causal masks: computed by the constructor, never in
+    a checkpoint) take the values the constructor computed, which a module built under
+    metaload.meta() keeps for small tensors made from constants (arange, torch.tensor, ...): each
+    becomes a fresh tensor on `device` in its own dtype, in the same all-or-nothing step, and the
+    report's computed_keys name them (a real buffer on another device moves there). One still on
+    meta without values cannot be made: a missing tensor of the MismatchError (strict), or left
+    on meta and listed in missing_keys (strict=False).
+
+    device: where the tensors go (default cpu). dtype: floating-point checkpoint tensors load as
+    this dtype (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert).
     strict: as load_state_dict's: with False, module tensors the checkpoint lacks keep what they
     hold (meta stays meta) and checkpoint tensors the module lacks are not read; the report's
     missing_keys and unexpected_keys name them. A tensor whose shape or dtype does not fit fails
     the load either way (metaload.MismatchError). Tied tensors (one object under two names) need
     one name in the checkpoint.
+    key_mapping: {regex: replacement} renaming checkpoint names to module names, the first
+    pattern that matches (as transformers' from_pretrained(key_mapping=...)): e.g.
+    {r"^embed_out\\.": "lm_head."} for GPT-NeoX checkpoints, which transformers 5 renames on load.
+    Errors name a renamed tensor by its checkpoint name. Conversions that merge several checkpoint
+    tensors into one (transformers 5 fuses Mixtral's and Qwen2-MoE's per-expert weights into 3-D
+    parameters) are not done: such a checkpoint fails with a MismatchError naming the fused
+    parameters missing and the per-expert tensors unexpected.
     progress: True, a bar on stderr when it is a terminal; False, none; a callable
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
     called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
@@ -97,28 +183,27 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
         real = contextlib.nullcontext
     bar, callback = _progress.split(progress)
     state = module.state_dict(keep_vars=True)  # the Parameters themselves; ties appear twice
+    dev = torch.device(device) if device is not None else None
+    with real():
+        computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
+    renamed: Dict[str, str] = {}
+    in_checkpoint: List[str] = []
+    if not strict or key_mapping:
+        in_checkpoint = checkpoint_tensor_names(ref, revision)
+    if key_mapping:
+        renamed = _renames(in_checkpoint, key_mapping)
     missing: List[str] = []
     unexpected: List[str] = []
     if not strict:
-        in_checkpoint = checkpoint_tensor_names(ref, revision)
-        present = set(in_checkpoint)
-        # A name absent from the checkpoint still loads when its tensor object is tied to one
-        # that is there (the library fills the tie from it).
-        tied_to_present = {id(t) for n, t in state.items() if n in present}
-        missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
-        unexpected = [n for n in in_checkpoint if n not in state]
-        gone = set(missing)
-        state = {n: t for n, t in state.items() if n not in gone}
-    names = list(state.keys())
+        state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
+    names = [renamed.get(n, n) for n in state.keys()]
     tensors = list(state.values())
-    dev = torch.device(device) if device is not None else None
     args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
             staging_bytes, strict, bar, mmap]
     with real(), _progress.Watch(callback) as watch:
-        if watch.id:
-            args.append(watch.id)
-        out = ops.load_into(*args)
-    return _report(out, missing, unexpected)
+        out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
+                            computed_names=computed.names, computed_values=computed.values)
+    return _report(out, missing, unexpected, computed.names)
 
 
 def _tensors_of(obj) -> List[torch.Tensor]:

@@ -243,6 +243,49 @@ TEST_F(LoadTest, OneErrorListsEveryProblemAndChangesNothing) {
   }
 }
 
+// Computed targets (non-persistent buffers) take their values, never a checkpoint tensor of
+// their name; unknown values are missing and a shape that does not fit is mismatched, in the one
+// error, and nothing changes; a fresh copy, in the target's dtype even when `dtype` is set.
+TEST_F(LoadTest, ComputedTargetsTakeTheirValuesInTheSameSwap) {
+  LoadOptions o = options();
+  o.names = NameMapping{};
+  o.dtype = at::kBFloat16;
+  const at::Tensor values = at::arange(4, at::kFloat);
+  std::vector<LoadTarget> targets;
+  for (const auto& [n, t] : weights_) targets.push_back({n, meta(t.sizes().vec())});
+  targets.push_back({"inv_freq", meta({4}), /*computed=*/true, values});
+  LoadReport r = load_tensors(targets, path_, o);
+  EXPECT_EQ(r.files.size(), 1u);
+  const at::Tensor& inv = targets.back().tensor;
+  ASSERT_FALSE(inv.is_meta());
+  EXPECT_EQ(inv.scalar_type(), at::kFloat);  // its own dtype: `dtype` converts checkpoint tensors
+  EXPECT_TRUE(at::equal(inv, values));
+  EXPECT_NE(inv.data_ptr(), values.data_ptr());  // a copy: the values may be another tensor's
+  EXPECT_EQ(targets[0].tensor.scalar_type(), at::kBFloat16);
+
+  // "h0.attn.bias" in the checkpoint is not a computed target's: unexpected; unknown values are
+  // missing, values of another shape mismatched; every one in one error, nothing changed.
+  std::vector<LoadTarget> bad;
+  for (const auto& [n, t] : weights_) {
+    if (n != "h0.attn.bias") bad.push_back({n, meta(t.sizes().vec())});
+  }
+  bad.push_back({"h0.attn.bias", meta({4, 4}), true, at::zeros({4, 4})});
+  bad.push_back({"unknown", meta({2}), true, at::Tensor()});
+  bad.push_back({"other_shape", meta({2}), true, at::zeros({3})});
+  try {
+    load_tensors(bad, path_, o);
+    FAIL();
+  } catch (const MismatchError& e) {
+    EXPECT_EQ(e.unexpected(), std::vector<std::string>{"h0.attn.bias"});
+    EXPECT_EQ(e.missing(), std::vector<std::string>{"unknown"});
+    EXPECT_EQ(e.mismatched(), std::vector<std::string>{"other_shape"});
+    EXPECT_NE(std::string(e.what()).find("missing: unknown [2] (a non-persistent buffer"),
+              std::string::npos)
+        << e.what();
+  }
+  for (const LoadTarget& t : bad) EXPECT_TRUE(t.tensor.is_meta()) << t.name;
+}
+
 // Names in the message are escaped (a NUL would end the message where torch and Python read it;
 // a newline would forge a line) and each kind lists at most 20; the error keeps every name.
 TEST_F(LoadTest, MismatchMessagesEscapeNamesAndListAtMostTwentyOfEachKind) {
