@@ -243,9 +243,14 @@ void parse_llama(const Fields& f, FamilyConfig& c, const std::string& source) {
                                                          : 0;
     for (auto& w : c.sliding_window) w = window;
   } else if (qwen2) {
+    // Qwen2Config: sliding_window (default 4096) only with use_sliding_window; null is no window
+    // (Qwen2Config then makes every layer full_attention; transformers' forward fails on a
+    // layer_types that still names sliding_attention: here those layers attend fully).
     const bool use = f.bool_or("use_sliding_window", false);
-    int64_t window = f.positive_int_or("sliding_window", 4096);
-    if (use) {
+    const int64_t window = !f.contains("sliding_window") ? 4096
+                           : f.has("sliding_window")     ? f.positive_int("sliding_window")
+                                                         : 0;
+    if (use && window > 0) {
       if (f.has("layer_types")) {
         const json& types = f.at("layer_types");
         if (!types.is_array() || static_cast<int64_t>(types.size()) != c.num_layers)

@@ -194,6 +194,14 @@ TEST(FamilyConfig, DefaultsFollowTransformers) {
   EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{0, 0, 7, 7}));
   q["layer_types"] = {"sliding_attention", "full_attention", "full_attention", "sliding_attention"};
   EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{7, 0, 0, 7}));
+  // sliding_window null turns the window off (Qwen2Config: every layer full_attention); a missing
+  // one is 4096.
+  q["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(q).sliding_window, std::vector<int64_t>(4, 0));
+  q.erase("layer_types");
+  EXPECT_EQ(parse(q).sliding_window, std::vector<int64_t>(4, 0));
+  q.erase("sliding_window");
+  EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{0, 0, 4096, 4096}));
 
   // The model type may come from the architectures list alone.
   json g = {{"architectures", {"GPT2LMHeadModel"}},
