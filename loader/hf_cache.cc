@@ -78,13 +78,6 @@ std::string where_it_leads(const std::string& path, const std::string& real) {
          quote_str(real, 400) + ")";
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
 }  // namespace
 
 HubCacheRoot hf_hub_cache_root() {
@@ -164,9 +157,12 @@ std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
     return std::nullopt;
   }
   if (is_file(ref_file)) {
-    std::string commit = trim(fileio::read_small_file(ref_file, 4096, "refs file"));
+    // Exactly the hash, as huggingface_hub writes and reads it (no strip): a ref with a newline
+    // or spaces is one the hub resolves nothing from (and scan_cache_dir calls corrupted).
+    std::string commit = fileio::read_small_file(ref_file, 4096, "refs file");
     if (!is_commit_hash(commit)) {
-      looked.push_back(ref_file + ": does not hold a commit hash (" + quote_str(commit, 60) + ")");
+      looked.push_back(ref_file + ": does not hold exactly a 40-hex commit hash (" +
+                       quote_str(commit, 60) + ")");
       return std::nullopt;
     }
     s.commit = commit;

@@ -259,6 +259,19 @@ bool plain_ref_name(const std::string& s) {
   return true;
 }
 
+// A ref as the hub names it under refs/: a branch or tag ("main", "v1.0", "feature/x") or a pull
+// request's "refs/pr/N" (the hub keeps it at refs/refs/pr/N): plain names joined by '/'.
+bool ref_name(const std::string& s) {
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find('/', start);
+    if (!plain_ref_name(s.substr(start, end == std::string::npos ? end : end - start)))
+      return false;
+    if (end == std::string::npos) return true;
+    start = end + 1;
+  }
+}
+
 // Written into a hub repo folder that make_checkpoint created, so that it may repoint that repo's
 // refs later; a repo without it (downloaded, or made by anything else) keeps its refs.
 constexpr const char* kOwnerMarker = ".metaload-fixture";
@@ -317,7 +330,9 @@ std::string publish_to_cache(const std::string& staging, const std::string& repo
     files.push_back(link);
   }
   ::rmdir(staging.c_str());
-  write_text(repo_dir + "/refs/" + branch, commit);  // the hub writes the hash without a newline
+  const std::string ref = repo_dir + "/refs/" + branch;
+  make_dirs(ref.substr(0, ref.rfind('/')));  // refs/refs/pr/ for a pull request's ref
+  write_text(ref, commit);                   // the hub writes the hash without a newline
   result.files = files;
   result.commit = commit;
   return snapshot;
@@ -373,8 +388,10 @@ FixtureResult make_checkpoint(const FixtureOptions& o, const std::string& out_di
   if (to_cache && !looks_like_repo_id(o.repo))
     throw FixtureError(
         fmt::format("{} is not a Hugging Face repo id (ORG/NAME)", quote_text(o.repo, '\'')));
-  if (to_cache && !plain_ref_name(o.branch))
-    throw FixtureError(fmt::format("{} is not a plain branch name", quote_text(o.branch, '\'')));
+  if (to_cache && !ref_name(o.branch))
+    throw FixtureError(fmt::format(
+        "{} is not a ref name (a branch or tag such as main, v1.0, feature/x, or refs/pr/N)",
+        quote_text(o.branch, '\'')));
 
   FixtureResult result;
   std::string text;

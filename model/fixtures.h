@@ -48,6 +48,8 @@ struct FixtureOptions {
   // refs/<branch> of a repo without one (a real download) is never repointed: FixtureError.
   std::string hf_cache;
   std::string repo;
+  // The ref pointed at the snapshot, as the hub lays refs out: a branch or a tag ("main", "v1.0",
+  // "feature/x": refs/<name>) or a pull request's "refs/pr/N" (refs/refs/pr/N).
   std::string branch = "main";
 };
 

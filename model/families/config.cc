@@ -138,28 +138,59 @@ void parse_gpt2(const Fields& f, FamilyConfig& c) {
   parse_common_tail(f, c);
 }
 
-RopeScaling parse_rope_scaling(const Fields& top, const std::string& source) {
-  RopeScaling r;
-  if (!top.has("rope_scaling")) return r;
-  const json& obj = top.at("rope_scaling");
-  if (!obj.is_object())
-    top.fail("rope_scaling", fmt::format("must be an object or null, got {}", excerpt(obj)));
-  Fields f(obj, source, "rope_scaling.");
-  // transformers >= 4.45 writes "rope_type"; older configs "type".
-  const char* key = f.has("rope_type") ? "rope_type" : "type";
-  r.type = f.one_of(key, "default", {"default", "linear", "llama3"});
-  if (r.type == "linear") {
-    r.factor = f.positive_number("factor");
-  } else if (r.type == "llama3") {
-    r.factor = f.positive_number("factor");
-    r.low_freq_factor = f.positive_number("low_freq_factor");
-    r.high_freq_factor = f.positive_number("high_freq_factor");
-    r.original_max_position_embeddings = f.positive_int("original_max_position_embeddings");
-    if (!(r.high_freq_factor > r.low_freq_factor))
-      f.fail("high_freq_factor", fmt::format("({}) must be greater than low_freq_factor ({})",
-                                             r.high_freq_factor, r.low_freq_factor));
+// The rotary settings as transformers 5 reads them (PreTrainedConfig.convert_rope_params_to_dict):
+// one object, `rope_scaling` when it is a non-empty object (configs older than transformers 5),
+// else `rope_parameters` (what transformers 5 writes: rope_theta inside it); rope_theta from that
+// object, else the top-level field, else 10000; partial_rotary_factor likewise. Per-layer-type
+// objects (keyed by "full_attention", ...) and the scaling types that need a sequence length
+// (dynamic, yarn, longrope, ...) are refused naming the field.
+void parse_rope(const Fields& top, FamilyConfig& c, const std::string& source) {
+  const char* key = nullptr;
+  if (top.has("rope_scaling") &&
+      !(top.at("rope_scaling").is_object() && top.at("rope_scaling").empty()))
+    key = "rope_scaling";
+  else if (top.has("rope_parameters"))
+    key = "rope_parameters";
+  c.rope_theta = top.positive_number_or("rope_theta", 10000.0);
+  RopeScaling& r = c.rope_scaling;
+  r = RopeScaling{};
+  const bool partial_inside = key != nullptr && top.at(key).is_object() &&
+                              top.at(key).contains("partial_rotary_factor") &&
+                              !top.at(key).at("partial_rotary_factor").is_null();
+  if (!partial_inside && top.positive_number_or("partial_rotary_factor", 1.0) != 1.0)
+    top.fail("partial_rotary_factor", "other than 1.0 is not supported by the llama family");
+  if (key != nullptr) {
+    const json& obj = top.at(key);
+    if (!obj.is_object())
+      top.fail(key, fmt::format("must be an object or null, got {}", excerpt(obj)));
+    const std::string prefix = std::string(key) + ".";
+    Fields f(obj, source, prefix);
+    for (const char* layer_type : {"full_attention", "sliding_attention"})
+      if (f.contains(layer_type))
+        f.fail(layer_type,
+               "is there: rotary parameters per layer type are not supported by the "
+               "llama family");
+    c.rope_theta = f.positive_number_or("rope_theta", c.rope_theta);
+    // The object's partial_rotary_factor wins over the top-level one, as in transformers.
+    if (partial_inside && f.positive_number("partial_rotary_factor") != 1.0)
+      f.fail("partial_rotary_factor", "other than 1.0 is not supported by the llama family");
+    // transformers >= 4.45 writes "rope_type"; older configs "type".
+    const char* type_key = f.has("rope_type") ? "rope_type" : "type";
+    r.type = f.one_of(type_key, "default", {"default", "linear", "llama3"});
+    if (r.type == "linear") {
+      r.factor = f.positive_number("factor");
+    } else if (r.type == "llama3") {
+      r.factor = f.positive_number("factor");
+      r.low_freq_factor = f.positive_number("low_freq_factor");
+      r.high_freq_factor = f.positive_number("high_freq_factor");
+      // Absent: transformers takes max_position_embeddings (standardize_rope_params).
+      r.original_max_position_embeddings =
+          f.positive_int_or("original_max_position_embeddings", c.max_position_embeddings);
+      if (!(r.high_freq_factor > r.low_freq_factor))
+        f.fail("high_freq_factor", fmt::format("({}) must be greater than low_freq_factor ({})",
+                                               r.high_freq_factor, r.low_freq_factor));
+    }
   }
-  return r;
 }
 
 void parse_llama(const Fields& f, FamilyConfig& c, const std::string& source) {
@@ -190,12 +221,9 @@ void parse_llama(const Fields& f, FamilyConfig& c, const std::string& source) {
                                                                            : qwen2 ? 32768
                                                                                    : 2048);
   c.norm_eps = f.positive_number_or("rms_norm_eps", 1e-6);
-  c.rope_theta = f.positive_number_or("rope_theta", 10000.0);
   c.hidden_act = f.one_of("hidden_act", "silu", kLlamaActivations);
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
-  c.rope_scaling = parse_rope_scaling(f, source);
-  if (f.has("partial_rotary_factor") && f.positive_number("partial_rotary_factor") != 1.0)
-    f.fail("partial_rotary_factor", "other than 1.0 is not supported by the llama family");
+  parse_rope(f, c, source);
   if (qwen2) {
     c.qkv_bias = true;  // Qwen2Attention: q/k/v have a bias, o_proj none.
     c.o_bias = false;
@@ -215,9 +243,14 @@ void parse_llama(const Fields& f, FamilyConfig& c, const std::string& source) {
                                                          : 0;
     for (auto& w : c.sliding_window) w = window;
   } else if (qwen2) {
+    // Qwen2Config: sliding_window (default 4096) only with use_sliding_window; null is no window
+    // (Qwen2Config then makes every layer full_attention; transformers' forward fails on a
+    // layer_types that still names sliding_attention: here those layers attend fully).
     const bool use = f.bool_or("use_sliding_window", false);
-    int64_t window = f.positive_int_or("sliding_window", 4096);
-    if (use) {
+    const int64_t window = !f.contains("sliding_window") ? 4096
+                           : f.has("sliding_window")     ? f.positive_int("sliding_window")
+                                                         : 0;
+    if (use && window > 0) {
       if (f.has("layer_types")) {
         const json& types = f.at("layer_types");
         if (!types.is_array() || static_cast<int64_t>(types.size()) != c.num_layers)

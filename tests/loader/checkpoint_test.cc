@@ -289,7 +289,8 @@ TEST(HubCache, ResolvesBranchTagAndCommit) {
   hub.add_snapshot(kHash2, {"a", "b"});
   hub.set_ref("main", kHash2);
   testing::make_dir(hub.repo + "/refs/tags");
-  hub.set_ref("tags/v1", kHash + "\n");
+  hub.set_ref("tags/v1", kHash);
+  hub.set_ref("tags/newline", kHash + "\n");
   ScopedEnv cache("HF_HUB_CACHE", hub.root.path().c_str());
 
   Checkpoint c = open_checkpoint("org/tiny");
@@ -303,6 +304,15 @@ TEST(HubCache, ResolvesBranchTagAndCommit) {
   Checkpoint by_hash = open_checkpoint("org/tiny", kHash);
   EXPECT_EQ(by_hash.revision, kHash);
   EXPECT_EQ(by_hash.num_tensors(), 1u);
+  // huggingface_hub reads a ref without stripping it: with a newline it resolves nothing (and
+  // scan_cache_dir reports the repo corrupted), so neither does metaload.
+  const std::string m = expect_error<ResolveError>([&] {
+                          open_checkpoint("org/tiny", std::string("tags/newline"));
+                        }).what();
+  EXPECT_NE(m.find(hub.repo + "/refs/tags/newline: does not hold exactly a 40-hex commit hash"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("\\n"), std::string::npos) << m;  // the newline shown, escaped
 }
 
 TEST(HubCache, FailureListsEveryPlaceLooked) {

@@ -266,6 +266,35 @@ TEST(Fixtures, HubCacheNeverRepointsARepoItDidNotCreate) {
   EXPECT_EQ(read_file(d / "hub/models--metaload-test--made/refs/main"), *second.commit);
 }
 
+// Tags share refs/ with branches; a pull request's ref "refs/pr/N" is kept at refs/refs/pr/N, as
+// huggingface_hub lays them out. A name that could leave refs/ is refused before anything is
+// written.
+TEST(Fixtures, HubCacheRefsOfTagsAndPullRequests) {
+  TempDir d;
+  FixtureOptions o = opts("gpt2-tiny");
+  o.hf_cache = d / "hub";
+  o.repo = "metaload-test/refs";
+  const std::string repo_dir = d / "hub/models--metaload-test--refs";
+  for (const char* ref : {"v1.0", "refs/pr/3", "feature/x"}) {
+    o.branch = ref;
+    ++o.seed;
+    const FixtureResult r = make_checkpoint(o);
+    EXPECT_EQ(read_file(repo_dir + "/refs/" + ref), *r.commit) << ref;
+  }
+  for (const char* bad : {"", "a/../b", "/x", "x/", "a//b", "..", "a b"}) {
+    o.branch = bad;
+    o.repo = "metaload-test/bad";
+    try {
+      make_checkpoint(o);
+      ADD_FAILURE() << "no error for ref " << bad;
+    } catch (const FixtureError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a ref name"), std::string::npos) << e.what();
+    }
+    struct stat st;
+    EXPECT_NE(::stat((d / "hub/models--metaload-test--bad").c_str(), &st), 0) << bad;
+  }
+}
+
 TEST(Fixtures, Gpt2SizedCheckpointIsQuick) {
   TempDir d;
   const auto t0 = std::chrono::steady_clock::now();

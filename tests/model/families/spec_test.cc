@@ -122,6 +122,43 @@ TEST(FamilyConfig, LlamaFamilyRealConfigs) {
   EXPECT_EQ(seven.sliding_window, std::vector<int64_t>(32, 0));
 }
 
+// transformers 5 writes rope_theta and the scaling inside `rope_parameters`; older configs
+// `rope_theta` and `rope_scaling` at the top. Both are read as transformers reads them.
+TEST(FamilyConfig, RopeParametersAsTransformersReadsThem) {
+  json j = builtin("llama-3.2-1b");
+  json scaling = j["rope_scaling"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  scaling["rope_theta"] = 250000.0;
+  j["rope_parameters"] = scaling;
+  FamilyConfig c = parse(j);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 250000.0);
+  // rope_theta outside the object when the object lacks it.
+  j["rope_parameters"].erase("rope_theta");
+  j["rope_theta"] = 1234.0;
+  EXPECT_DOUBLE_EQ(parse(j).rope_theta, 1234.0);
+  // A non-empty rope_scaling wins over rope_parameters (convert_rope_params_to_dict); an empty
+  // one does not.
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(parse(j).rope_scaling.type, "linear");
+  j["rope_scaling"] = json::object();
+  EXPECT_EQ(parse(j).rope_scaling.type, "llama3");
+  // llama3 without original_max_position_embeddings takes max_position_embeddings.
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(parse(j).rope_scaling.original_max_position_embeddings,
+            j["max_position_embeddings"].get<int64_t>());
+  // The object's partial_rotary_factor wins over the top-level one.
+  j["partial_rotary_factor"] = 0.5;
+  j["rope_parameters"]["partial_rotary_factor"] = 1.0;
+  EXPECT_DOUBLE_EQ(parse(j).rope_theta, 1234.0);
+  j.erase("partial_rotary_factor");
+  j["rope_parameters"] = {{"rope_type", "default"}};
+  EXPECT_EQ(parse(j).rope_scaling.type, "default");
+}
+
 TEST(FamilyConfig, DefaultsFollowTransformers) {
   json j = {{"model_type", "llama"},   {"vocab_size", 10},       {"hidden_size", 8},
             {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
@@ -157,6 +194,14 @@ TEST(FamilyConfig, DefaultsFollowTransformers) {
   EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{0, 0, 7, 7}));
   q["layer_types"] = {"sliding_attention", "full_attention", "full_attention", "sliding_attention"};
   EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{7, 0, 0, 7}));
+  // sliding_window null turns the window off (Qwen2Config: every layer full_attention); a missing
+  // one is 4096.
+  q["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(q).sliding_window, std::vector<int64_t>(4, 0));
+  q.erase("layer_types");
+  EXPECT_EQ(parse(q).sliding_window, std::vector<int64_t>(4, 0));
+  q.erase("sliding_window");
+  EXPECT_EQ(parse(q).sliding_window, (std::vector<int64_t>{0, 0, 4096, 4096}));
 
   // The model type may come from the architectures list alone.
   json g = {{"architectures", {"GPT2LMHeadModel"}},
@@ -209,9 +254,17 @@ TEST(FamilyConfig, ErrorsNameTheFieldAndTheFile) {
   j["rope_scaling"]["rope_type"] = "yarn";
   expect_config_error([&] { parse(j); }, {"'rope_scaling.rope_type'", "'yarn'", "llama3"});
   j = llama;
-  j["rope_scaling"].erase("original_max_position_embeddings");
-  expect_config_error([&] { parse(j); },
-                      {"'rope_scaling.original_max_position_embeddings'", "missing"});
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j.erase("rope_scaling");
+  expect_config_error([&] { parse(j); }, {"'rope_parameters.rope_type'", "'yarn'", "llama3"});
+  j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  expect_config_error([&] { parse(j); }, {"'rope_parameters.partial_rotary_factor'"});
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", -1}};
+  expect_config_error([&] { parse(j); }, {"'rope_parameters.rope_theta'", "positive"});
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}};
+  expect_config_error([&] { parse(j); }, {"'rope_parameters.full_attention'", "per layer type"});
+  j["rope_parameters"] = json::array();
+  expect_config_error([&] { parse(j); }, {"'rope_parameters'", "object"});
   j = llama;
   j["rope_scaling"]["high_freq_factor"] = 0.5;
   expect_config_error([&] { parse(j); }, {"'rope_scaling.high_freq_factor'", "greater"});

@@ -94,7 +94,9 @@ std::function<int()> setup_make_checkpoint(CLI::App& sub) {
                "also store the buffers old checkpoints carry (GPT-2 masks, rotary inv_freq)");
   sub.add_option("--hf-cache", o->hf_cache, "write into this Hugging Face hub cache instead");
   sub.add_option("--repo", o->repo, "the repo id (ORG/NAME) in --hf-cache");
-  sub.add_option("--branch", o->branch, "the ref to point at the snapshot")->capture_default_str();
+  sub.add_option("--branch", o->branch,
+                 "the ref to point at the snapshot: a branch or tag (main, v1.0) or refs/pr/N")
+      ->capture_default_str();
   sub.add_flag("--json", o->json, "print JSON instead of a table");
   sub.add_option("out", o->out, "output directory (new or empty); not with --hf-cache");
   return [o] { return run(*o); };
