@@ -120,9 +120,10 @@ def case_build(spec):
     cfg = AutoConfig.from_pretrained(spec["config"])
     if route.startswith("nnsight"):
         import nnsight
+        d = nnsight_dir(spec["cache"], spec["config"])
 
         def build():
-            return nnsight.LanguageModel(spec["dir"], dispatch=False)._module
+            return nnsight.LanguageModel(d, dispatch=False)._module
     else:
         if route.startswith("metaload"):
             import metaload
@@ -164,6 +165,7 @@ def case_scan(spec):
     from transformers import AutoConfig, AutoModelForCausalLM
     route, b, s = spec["route"], spec["batch"], spec["seq"]
     cfg = AutoConfig.from_pretrained(spec["config"])
+    d = nnsight_dir(spec["cache"], spec["config"]) if route.startswith("nnsight") else None
     rss = Rss()
     rss.start()
     if route.startswith("torch FakeTensorMode"):
@@ -177,7 +179,7 @@ def case_scan(spec):
                 return model(ids).logits.shape
     elif route.startswith("nnsight"):
         import nnsight
-        lm = nnsight.LanguageModel(spec["dir"], dispatch=False)
+        lm = nnsight.LanguageModel(d, dispatch=False)
         ids = torch.zeros(b, s, dtype=torch.long)
 
         def run():
@@ -354,6 +356,19 @@ def case_load(spec):
     if route.startswith("metaload"):
         with metaload.meta():
             AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    # The page cache, just before the case: warm, the file it reads is wholly cached (read
+    # again if another job pushed it out); cold, every file of the checkpoint evicted, and how
+    # much of the one it reads is still cached measured (mincore) rather than assumed.
+    path = spec["files"][dict(LOAD_ROUTES)[route]]
+    resident = None
+    if spec["cold"]:
+        for f in spec["files"].values():
+            evict(f)
+        resident = resident_fraction(path)
+    else:
+        frac = resident_fraction(path)
+        if frac is None or frac < 0.99:
+            read_through(path)
     keep = []  # what must stay alive for the tensors (loaders, streamers)
     rss = Rss()
     rss.start()
@@ -406,11 +421,11 @@ def case_load(spec):
     mapped = mapped_fraction(sd, files)
     touch = touch_pages(sd)
     error = verify(sd, spec["want"])
-    return {"s": seconds, "build": built - t0, "rss": rss.peak, "anon": rss.anon_growth, "mapped": mapped,
+    return {"s": seconds, "build": built - t0, "rss": rss.peak, "resident": resident, "anon": rss.anon_growth, "mapped": mapped,
             "touch": touch, "error": error}
 
 
-def prepare_checkpoint(cache, config, quick):
+def prepare_checkpoint(cache, config):
     """The bf16 checkpoint (metaload's make-checkpoint), a torch.save .pt and a tensorizer file
     of the same tensors; written once and reused while the safetensors file is unchanged."""
     import torch
@@ -498,8 +513,9 @@ def launch(specs):
     return got
 
 
-def run_cases(specs, rounds, quick, before=None):
-    """Every spec `rounds` times, interleaved; in quick mode one process for all of them."""
+def run_cases(specs, rounds, quick):
+    """Every spec `rounds` times, interleaved (the specs' order, round after round), each in a
+    fresh process; in quick mode one process runs them all (imports paid once)."""
     results = {s["id"]: [] for s in specs}
     for _ in range(rounds):
         if quick:
@@ -507,8 +523,6 @@ def run_cases(specs, rounds, quick, before=None):
                 results[k].append(v)
             continue
         for s in specs:
-            if before:
-                before(s)
             results[s["id"]].append(launch([s])[s["id"]])
     return results
 
@@ -520,8 +534,12 @@ def summarize(runs):
     if not ok:
         return {"error": errors[0] if errors else "no result"}
     out = {k: statistics.median(r[k] for r in ok) for k in ok[0]
-           if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)}
+           if isinstance(ok[0][k], (int, float)) and not isinstance(ok[0][k], bool)
+           and k != "resident"}
     out["rss"] = max(r["rss"] for r in ok)
+    known = [r["resident"] for r in ok if r.get("resident") is not None]
+    if known:
+        out["resident"] = max(known)
     if errors:
         out["error"] = errors[0]
     return out
@@ -531,21 +549,19 @@ def fmt_ms(s):
     return f"{s * 1e3:.1f}" if s < 10 else f"{s * 1e3:.0f}"
 
 
-def table_build(args, cfgs):
-    specs = []
-    for cfg in cfgs:
-        path = os.path.join(CONFIGS, cfg + ".json")
-        d = nnsight_dir(args.cache, path)
-        for route in BUILD_ROUTES:
-            specs.append({"table": "build", "id": f"{cfg}|{route}", "config": path, "dir": d,
-                          "route": route, "reps": args.reps})
-    res = run_cases(specs, args.rounds, args.quick)
+def specs_build(args, cfgs):
+    return [{"table": "build", "id": f"build|{cfg}|{route}",
+             "config": os.path.join(CONFIGS, cfg + ".json"), "cache": args.cache, "route": route,
+             "reps": args.reps} for cfg in cfgs for route in BUILD_ROUTES]
+
+
+def render_build(args, cfgs, res):
     rows = []
     lines = [f"### 1. Meta build: AutoModelForCausalLM.from_config, median of {args.rounds} "
              f"process(es) x {args.reps} build(s)", "",
              "| config | route | ms | x anchor | peak RSS growth MiB |", "|---|---|---|---|---|"]
     for cfg in cfgs:
-        sums = {r: summarize(res[f"{cfg}|{r}"]) for r in BUILD_ROUTES}
+        sums = {r: summarize(res[f"build|{cfg}|{r}"]) for r in BUILD_ROUTES}
         anchor = sums[BUILD_ROUTES[1]].get("s")
         for r in BUILD_ROUTES:
             s = sums[r]
@@ -563,22 +579,20 @@ def table_build(args, cfgs):
     return lines, rows
 
 
-def table_scan(args, cfgs, batch, seq):
-    specs = []
-    for cfg in cfgs:
-        path = os.path.join(CONFIGS, cfg + ".json")
-        d = nnsight_dir(args.cache, path)
-        for route in SCAN_ROUTES:
-            specs.append({"table": "scan", "id": f"{cfg}|{route}", "config": path, "dir": d,
-                          "route": route, "reps": args.reps, "batch": batch, "seq": seq})
-    res = run_cases(specs, args.rounds, args.quick)
+def specs_scan(args, cfgs, batch, seq):
+    return [{"table": "scan", "id": f"scan|{cfg}|{route}",
+             "config": os.path.join(CONFIGS, cfg + ".json"), "cache": args.cache, "route": route,
+             "reps": args.reps, "batch": batch, "seq": seq} for cfg in cfgs for route in SCAN_ROUTES]
+
+
+def render_scan(args, cfgs, batch, seq, res):
     rows, missed = [], []
     lines = [f"### 2. Scan, batch {batch} x {seq}, per forward, median of {args.rounds} "
              f"process(es) x {args.reps} forward(s)", "",
              "| config | route | ms | x anchor | speed-up | peak RSS growth MiB |",
              "|---|---|---|---|---|---|"]
     for cfg in cfgs:
-        sums = {r: summarize(res[f"{cfg}|{r}"]) for r in SCAN_ROUTES}
+        sums = {r: summarize(res[f"scan|{cfg}|{r}"]) for r in SCAN_ROUTES}
         anchor = sums[SCAN_ROUTES[0]].get("s")
         for r in SCAN_ROUTES:
             s = sums[r]
@@ -595,70 +609,47 @@ def table_scan(args, cfgs, batch, seq):
     lines.append("")
     lines.append("Target: metaload at least 10x faster than FakeTensorMode per forward" +
                  (" (stated for the full sizes; --quick runs tiny ones)" if args.quick else "") +
-                 ": " +
-                 ("met" if not missed else "MISSED (" + "; ".join(missed) + ")") + ". "
+                 ": " + ("met" if not missed else "MISSED (" + "; ".join(missed) + ")") + ". "
                  "FakeTensorMode fakes cpu (model built under it); metaload fakes cuda (model "
                  "built under metaload.meta()); nnsight's row is a whole `with model.scan(ids)` "
                  "block reading lm_head's output shape.")
     return lines, rows
 
 
-def table_load(args, config):
-    d, files = prepare_checkpoint(args.cache, config, args.quick)
+def specs_load(args, config):
+    d, files = prepare_checkpoint(args.cache, config)
     want = file_checks(files["safetensors"])
-    gb = want["bytes"] / 1e9
-    modes = ["warm"] + ([] if args.no_cold else ["cold"])
-    specs = [{"table": "load", "id": f"{m}|{r}", "route": r, "dir": d, "files": files,
-              "want": want, "cold": m == "cold"} for m in modes for r, _ in LOAD_ROUTES]
-    notes = []
-    residency = {}
-
-    def before(spec):
-        path = files[dict(LOAD_ROUTES)[spec["route"]]]
-        if spec["cold"]:
-            for f in files.values():
-                evict(f)
-            frac = resident_fraction(path)
-            residency.setdefault(spec["id"], []).append(frac)
-        else:
-            frac = resident_fraction(path)
-            if frac is None or frac < 0.99:
-                read_through(path)
-
     for f in files.values():  # warm: every file read once first
         read_through(f)
-    res = {}
-    for m in modes:  # warm rounds first (interleaved over routes), then cold ones
-        sub = [s for s in specs if s["id"].startswith(m + "|")]
-        if args.quick:
-            if m == "cold":
-                for f in files.values():
-                    evict(f)
-            res.update(run_cases(sub, args.rounds, True))
-        else:
-            res.update(run_cases(sub, args.rounds, False, before))
-    for sid, fr in residency.items():
-        known = [x for x in fr if x is not None]
-        if not known:
-            notes.append(f"{sid}: residency unknown (fincore failed); eviction unchecked")
-        elif max(known) > 0.05:
-            notes.append(f"{sid}: eviction did not take ({max(known) * 100:.0f}% of the file "
-                         "still in the page cache)")
-    if not args.no_cold and args.quick:
-        notes.append("quick mode: cold cases evicted once before the batch, not per case")
+    modes = ["warm"] + ([] if args.no_cold else ["cold"])
+    # warm rounds first (interleaved over routes), then cold ones: the specs' order
+    return [{"table": "load", "id": f"load|{m}|{r}", "route": r, "dir": d, "files": files,
+             "want": want, "cold": m == "cold", "mode": m} for m in modes for r, _ in LOAD_ROUTES]
+
+
+def render_load(args, config, specs, res):
+    want = specs[0]["want"]
+    gb = want["bytes"] / 1e9
+    modes = ["warm"] + ([] if args.no_cold else ["cold"])
     lines = [f"### 3. CPU load of one bf16 {config}-shaped checkpoint ({gb:.2f} GB, "
              f"{len(want['shapes'])} tensors), median of {args.rounds} fresh process(es)", "",
              "| cache | route | backing | s | of which model build s | GB/s | x anchor | anchor | "
              "peak RSS growth MiB | fresh (anon) MiB | then touch every page, s | bytes checked |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows, targets = [], []
+    rows, targets, notes = [], [], []
     for m in modes:
-        sums = {r: summarize(res[f"{m}|{r}"]) for r, _ in LOAD_ROUTES}
+        sums = {r: summarize(res[f"load|{m}|{r}"]) for r, _ in LOAD_ROUTES}
         backing = {}
         for r, s in sums.items():
             if "mapped" in s:
                 backing[r] = ("zero-copy (mmap)" if s["mapped"] > 0.99 else
                               "copy" if s["mapped"] < 0.01 else f"{s['mapped'] * 100:.0f}% mapped")
+            if m == "cold" and "s" in s:
+                if s.get("resident") is None:
+                    notes.append(f"cold {r}: residency unknown (fincore failed): eviction unchecked")
+                elif s["resident"] > 0.05:
+                    notes.append(f"cold {r}: eviction did not take ({s['resident'] * 100:.0f}% of "
+                                 "the file still in the page cache)")
         copy_peers = [r for r in sums if backing.get(r) == "copy" and not r.startswith("metaload")
                       and "s" in sums[r] and not sums[r].get("error")]
         fastest = min(copy_peers, key=lambda r: sums[r]["s"]) if copy_peers else None
@@ -673,13 +664,17 @@ def table_load(args, config):
             ratio = s["s"] / a if a else float("nan")
             check = "ok" if not s.get("error") else "WRONG: " + s["error"]
             build = f"{s['build']:.3f}" if s["build"] > 0 else "-"
-            lines.append(f"| {m} | {r} | {backing[r]} | {s['s']:.3f} | {build} | {gb / s['s']:.2f} | "
-                         f"{ratio:.2f} | {anchor or '-'} | {s['rss'] / MIB:.0f} | "
-                         f"{s['anon'] / MIB:.0f} | {s['touch']:.3f} | {check} |")
+            lines.append(f"| {m} | {r} | {backing[r]} | {s['s']:.3f} | {build} | "
+                         f"{gb / s['s']:.2f} | {ratio:.2f} | {anchor or '-'} | "
+                         f"{s['rss'] / MIB:.0f} | {s['anon'] / MIB:.0f} | {s['touch']:.3f} | "
+                         f"{check} |")
             rows.append((m, r, s["s"], ratio, s["rss"]))
             if r.startswith("metaload"):
                 targets.append(f"{m}: {r.split(', ')[1]} {ratio:.2f}x {anchor} "
                                f"({'met' if ratio <= 1.0 and not s.get('error') else 'MISSED'})")
+        if m == "cold" and not any("eviction" in n for n in notes):
+            notes.append("cold: eviction took for every case (mincore: at most 5% of the file "
+                         "cached after posix_fadvise(DONTNEED))")
     lines.append("")
     lines.append("Targets: the copying load at least as fast as the fastest copying peer (anchor "
                  "of the copy rows); the zero-copy load at least as fast as safetensors' own "
@@ -704,7 +699,7 @@ def chart(path, tables):
                              squeeze=False,
                              gridspec_kw={"height_ratios": [max(3, len(t[1])) for t in panels]})
     for ax, (title, rows) in zip(axes[:, 0], panels):
-        labels = [f"{a} | {b}" for a, b, *_ in rows]
+        labels = [f"{a} | {b}" if len(b) < 44 else f"{a} | {b[:42]}..." for a, b, *_ in rows]
         vals = [r[3] if r[3] and r[3] == r[3] else 0 for r in rows]
         colors = ["#d62728" if "metaload" in b else "#7f7f7f" for _, b, *_ in rows]
         y = range(len(rows))
@@ -770,20 +765,28 @@ def main():
         except Exception:  # noqa: BLE001 (not installed: its rows say so)
             versions.append(f"{mod} (not installed)")
     print(", ".join(versions) + "\n", flush=True)
-    tables = []
+    plan = []  # (name, specs, render)
     if "build" in want:
-        lines, rows = table_build(args, build_cfgs)
-        print("\n".join(lines) + "\n", flush=True)
-        tables.append(("1. meta build (x torch.device(\"meta\"))", rows))
+        plan.append(("1. meta build (x torch.device(\"meta\"))", specs_build(args, build_cfgs),
+                     lambda res: render_build(args, build_cfgs, res)))
     if "scan" in want:
-        lines, rows = table_scan(args, scan_cfgs, batch, seq)
-        print("\n".join(lines) + "\n", flush=True)
-        tables.append(("2. scan per forward (x FakeTensorMode)", rows))
+        plan.append(("2. scan per forward (x FakeTensorMode)",
+                     specs_scan(args, scan_cfgs, batch, seq),
+                     lambda res: render_scan(args, scan_cfgs, batch, seq, res)))
     if "load" in want:
-        lines, rows = table_load(args, load_cfg)
+        load_specs = specs_load(args, load_cfg)
+        plan.append(("3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)",
+                     load_specs, lambda res: render_load(args, load_cfg, load_specs, res)))
+    res = {}
+    if args.quick:  # one process for every case of every table: the smoke test's minute
+        res = run_cases([s for _, specs, _ in plan for s in specs], args.rounds, True)
+    tables = []
+    for title, specs, render in plan:
+        if not args.quick:
+            res.update(run_cases(specs, args.rounds, False))
+        lines, rows = render(res)
         print("\n".join(lines) + "\n", flush=True)
-        tables.append(("3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)",
-                       rows))
+        tables.append((title, rows))
     if args.chart:
         chart(args.chart, tables)
         print(f"chart: {args.chart} ({os.path.getsize(args.chart) // 1024} KiB)")
