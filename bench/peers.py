@@ -634,8 +634,9 @@ def render_load(args, config, specs, res):
     lines = [f"### 3. CPU load of one bf16 {config}-shaped checkpoint ({gb:.2f} GB, "
              f"{len(want['shapes'])} tensors), median of {args.rounds} fresh process(es)", "",
              "| cache | route | backing | s | of which model build s | GB/s | x anchor | anchor | "
-             "peak RSS growth MiB | fresh (anon) MiB | then touch every page, s | bytes checked |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak RSS growth MiB | fresh (anon) MiB | then touch every page, s | "
+             "load + touch s | x anchor (load + touch) | bytes checked |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows, targets, notes = [], [], []
     for m in modes:
         sums = {r: summarize(res[f"load|{m}|{r}"]) for r, _ in LOAD_ROUTES}
@@ -656,22 +657,28 @@ def render_load(args, config, specs, res):
         for r, _ in LOAD_ROUTES:
             s = sums[r]
             if "s" not in s:
-                lines.append(f"| {m} | {r} | | failed: {s['error']} | | | | | | | | |")
+                lines.append(f"| {m} | {r} | | failed: {s['error']} | | | | | | | | | | |")
                 rows.append((m, r, None, None, None))
                 continue
             anchor = ZERO_COPY_ANCHOR if backing[r] != "copy" else fastest
             a = sums.get(anchor, {}).get("s") if anchor else None
             ratio = s["s"] / a if a else float("nan")
+            a_t = a + sums[anchor]["touch"] if a else None
+            ratio_t = (s["s"] + s["touch"]) / a_t if a_t else float("nan")
             check = "ok" if not s.get("error") else "WRONG: " + s["error"]
             build = f"{s['build']:.3f}" if s["build"] > 0 else "-"
             lines.append(f"| {m} | {r} | {backing[r]} | {s['s']:.3f} | {build} | "
                          f"{gb / s['s']:.2f} | {ratio:.2f} | {anchor or '-'} | "
                          f"{s['rss'] / MIB:.0f} | {s['anon'] / MIB:.0f} | {s['touch']:.3f} | "
-                         f"{check} |")
+                         f"{s['s'] + s['touch']:.3f} | {ratio_t:.2f} | {check} |")
             rows.append((m, r, s["s"], ratio, s["rss"]))
             if r.startswith("metaload"):
-                targets.append(f"{m}: {r.split(', ')[1]} {ratio:.2f}x {anchor} "
-                               f"({'met' if ratio <= 1.0 and not s.get('error') else 'MISSED'})")
+                ok = not s.get("error")
+                verdict = f"{ratio:.2f}x ({'met' if ok and ratio <= 1.0 else 'MISSED'})"
+                if backing[r] != "copy":  # a lazy mapping pays at first touch: both figures
+                    verdict += (f", load + touch {ratio_t:.2f}x "
+                                f"({'met' if ok and ratio_t <= 1.0 else 'MISSED'})")
+                targets.append(f"{m}: {r.split(', ')[1]} against {anchor}: {verdict}")
         if m == "cold" and not any("eviction" in n for n in notes):
             notes.append("cold: eviction took for every case (mincore: at most 5% of the file "
                          "cached after posix_fadvise(DONTNEED))")
@@ -681,6 +688,12 @@ def render_load(args, config, specs, res):
                  "mmap-backed load, load_file (safe_open maps the file with "
                  "torch.UntypedStorage.from_file, copy-on-write, and its tensors are views of "
                  "that mapping: anchor of the mapped rows). " + "; ".join(targets) + ".")
+    lines.append("A zero-copy load that maps lazily does no I/O in the call and pays its page "
+                 "faults at first use; one that populates its mapping pays them in the call: "
+                 "'then touch every page' (one byte per 4 KiB page of every tensor, after the "
+                 "load) and 'load + touch' compare what each costs until every byte is usable. "
+                 "Peak RSS counts mapped file pages once touched (shared with the page cache, no "
+                 "fresh memory); 'fresh (anon)' is the anonymous memory the load added.")
     lines.append("Backing is measured: the share of the result's bytes inside mappings of the "
                  "file (/proc/self/maps). Rows that return a model include building it (on meta); "
                  "load_model's includes to_empty(cpu). No peer lacks a CPU path: fastsafetensors "

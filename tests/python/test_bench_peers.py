@@ -87,7 +87,7 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     col = {name: head.index(name) for name in head}
     for r in rows:
         for name in ("s", "GB/s", "x anchor", "peak RSS growth MiB", "fresh (anon) MiB",
-                     "then touch every page, s"):
+                     "then touch every page, s", "load + touch s", "x anchor (load + touch)"):
             assert NUMBER.match(r[col[name]]), (name, r)
         assert r[col["bytes checked"]] == "ok", r
     backing = {(r[0], r[1]): r[col["backing"]] for r in rows}
