@@ -731,8 +731,35 @@ def chart(path, tables):
     axes[-1, 0].set_xlabel("time x anchor (log; < 1 is faster than the anchor; red: metaload)",
                            fontsize=7)
     fig.tight_layout()
+    fig.subplots_adjust(left=0.36)  # the long route names: tight_layout cuts them off
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+TITLES = {"### 1.": "1. meta build (x torch.device(\"meta\"))",
+          "### 2.": "2. scan per forward (x FakeTensorMode)",
+          "### 3.": "3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)"}
+
+
+def rows_from_output(text):
+    """The chart's rows read back from this benchmark's printed tables (for --replot)."""
+    tables, title, head = [], None, None
+    for line in text.splitlines():
+        if line[:6] in TITLES:
+            title, head = TITLES[line[:6]], None
+            tables.append((title, []))
+        elif title and line.startswith("| ") and head is None:
+            head = [c.strip() for c in line.strip("|").split("|")]
+        elif title and line.startswith("| ") and not line.startswith("|---"):
+            c = dict(zip(head, (x.strip() for x in line.strip("|").split("|"))))
+            a, b = c[head[0]], c["route"]
+            try:
+                sec = float(c["s"]) if "s" in c else float(c["ms"]) / 1e3
+                rss = float(c.get("peak RSS growth MiB")) * MIB
+                tables[-1][1].append((a, b, sec, float(c["x anchor"]), rss))
+            except (TypeError, ValueError):
+                tables[-1][1].append((a, b, None, None, None))
+    return tables
 
 
 def main():
@@ -744,10 +771,17 @@ def main():
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/metaload/bench-peers"))
     ap.add_argument("--tables", default="build,scan,load")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold page cache cases")
+    ap.add_argument("--replot", metavar="OUTPUT",
+                    help="draw the chart again from a saved run's printed output; runs nothing")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.replot:
+        with open(args.replot) as f:
+            chart(args.chart, rows_from_output(f.read()))
+        print(f"chart: {args.chart} ({os.path.getsize(args.chart) // 1024} KiB)")
+        return 0
     import torch
     if not hasattr(torch, "get_default_device"):
         print(f"bench/peers: the peers need the torch 2.x environment (tools/setup); this is torch "

@@ -102,6 +102,13 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     assert chart.stat().st_size > 10_000
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # --replot draws the chart again from the printed output alone (no case runs)
+    saved, again = tmp_path / "out.txt", tmp_path / "again.png"
+    saved.write_text(out)
+    p = run_peers(tmp_path, "--replot", str(saved), "--chart", str(again))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "PEERS_RESULT" not in p.stdout
+
 
 @pytest.mark.skipif(TORCH2, reason="checks the torch 1.13 path: the benchmark says it needs 2.x")
 def test_on_torch_113_the_benchmark_says_it_needs_torch2_and_exits_cleanly(tmp_path):
