@@ -421,7 +421,8 @@ def case_load(spec):
     mapped = mapped_fraction(sd, files)
     touch = touch_pages(sd)
     error = verify(sd, spec["want"])
-    return {"s": seconds, "build": built - t0, "rss": rss.peak, "resident": resident, "anon": rss.anon_growth, "mapped": mapped,
+    return {"s": seconds, "build": built - t0, "rss": rss.peak, "resident": resident,
+            "anon": rss.anon_growth, "mapped": mapped,
             "touch": touch, "error": error}
 
 
@@ -573,16 +574,17 @@ def render_build(args, cfgs, res):
             lines.append(f"| {cfg} | {r} | {fmt_ms(s['s'])} | {ratio:.2f} | {s['rss'] / MIB:.1f} |")
             rows.append((cfg, r, s["s"], ratio, s["rss"]))
     lines.append("")
-    lines.append("nnsight's row is its whole meta load: reading config.json and the tokenizer from "
-                 "the directory and wrapping the meta model in a pipeline; the other rows are given "
-                 "the config object.")
+    lines.append("nnsight's row is its whole meta load: reading config.json and the tokenizer "
+                 "from the directory and wrapping the meta model in a pipeline; the other rows are "
+                 "given the config object.")
     return lines, rows
 
 
 def specs_scan(args, cfgs, batch, seq):
     return [{"table": "scan", "id": f"scan|{cfg}|{route}",
              "config": os.path.join(CONFIGS, cfg + ".json"), "cache": args.cache, "route": route,
-             "reps": args.reps, "batch": batch, "seq": seq} for cfg in cfgs for route in SCAN_ROUTES]
+             "reps": args.reps, "batch": batch, "seq": seq}
+            for cfg in cfgs for route in SCAN_ROUTES]
 
 
 def render_scan(args, cfgs, batch, seq, res):
@@ -647,7 +649,8 @@ def render_load(args, config, specs, res):
                               "copy" if s["mapped"] < 0.01 else f"{s['mapped'] * 100:.0f}% mapped")
             if m == "cold" and "s" in s:
                 if s.get("resident") is None:
-                    notes.append(f"cold {r}: residency unknown (fincore failed): eviction unchecked")
+                    notes.append(f"cold {r}: residency unknown (fincore failed): "
+                                 "eviction unchecked")
                 elif s["resident"] > 0.05:
                     notes.append(f"cold {r}: eviction did not take ({s['resident'] * 100:.0f}% of "
                                  "the file still in the page cache)")
@@ -708,7 +711,8 @@ def chart(path, tables):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     panels = [t for t in tables if t[1]]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.2 + sum(0.2 * len(t[1]) for t in panels)),
+    height = 2.2 + sum(0.2 * len(t[1]) for t in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, height),
                              squeeze=False,
                              gridspec_kw={"height_ratios": [max(3, len(t[1])) for t in panels]})
     for ax, (title, rows) in zip(axes[:, 0], panels):

@@ -20,8 +20,8 @@ TORCH2 = hasattr(torch, "get_default_device")
 
 
 def run_peers(tmp_path, *args):
-    env = dict(os.environ, METALOAD_LIB=lib_path(),
-               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    path = os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, METALOAD_LIB=lib_path(), PYTHONPATH=path)
     for k in ("METALOAD", "LD_PRELOAD"):
         env.pop(k, None)
     return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True,
@@ -77,12 +77,14 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     assert "Target: metaload at least 10x faster than FakeTensorMode" in out
 
     head, rows = table_rows(out, "### 3. CPU load")
-    routes = ["metaload.load_into, copying (mmap=False)", "metaload.load_into, zero-copy (mmap=True)",
+    routes = ["metaload.load_into, copying (mmap=False)",
+              "metaload.load_into, zero-copy (mmap=True)",
               "safetensors.torch.load_file", "safetensors.torch.load_model (into to_empty(cpu))",
               "transformers from_pretrained(dtype=bf16)", "torch.load(mmap=True)",
               "torch.load(mmap=True) + load_state_dict(assign=True)", "torch.load(mmap=False)",
               "fastsafetensors fastsafe_open(cpu, nogds=True)",
-              "runai-model-streamer SafetensorsStreamer", "tensorizer TensorDeserializer(device=cpu)"]
+              "runai-model-streamer SafetensorsStreamer",
+              "tensorizer TensorDeserializer(device=cpu)"]
     assert [(r[0], r[1]) for r in rows] == [(m, r) for m in ("warm", "cold") for r in routes]
     col = {name: head.index(name) for name in head}
     for r in rows:
