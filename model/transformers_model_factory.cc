@@ -25,11 +25,19 @@ void check_transformers_model_key(const ModelKey& key) {
   if (canonical_model_class(key.class_path) != kTransformersModel)
     throw ModelKeyError(fmt::format("the key's class {} is not {}", quote_text(key.class_path),
                                     kTransformersModel));
-  if (!key.extra.empty())
-    throw ModelKeyError(
-        fmt::format("model key field {} is not supported: {} builds causal language models from "
-                    "repo_id and revision only",
-                    quote_text(key.extra.front().first), kTransformersModel));
+  for (const auto& [name, value] : key.extra) {
+    // nnsight's TransformersModel keys name their pipeline task; a causal LM's is the one metaload
+    // builds. Anything else would build another model than the key means.
+    if (name == "task" && value == "text-generation") continue;
+    throw ModelKeyError(fmt::format(
+        "model key field {}{} is not supported: {} builds causal language models (task "
+        "\"text-generation\") from repo_id and revision only",
+        quote_text(name),
+        name == "task"
+            ? " = " + quote_text(value.is_string() ? value.get<std::string>() : value.dump())
+            : std::string(),
+        kTransformersModel));
+  }
 }
 
 std::shared_ptr<TransformersModel> TransformersModel::from_model_key(std::string_view key,

@@ -232,6 +232,17 @@ def test_model_keys(tmp_path, monkeypatch):
     assert pinned.info["commit"] == made["commit"]
     with pytest.raises(_lib.error_class("ModelKeyError")):
         TransformersModel.from_model_key("metaload.Unknown:{\"repo_id\": \"a/b\"}")
+    # nnsight's TransformersModel keys name their pipeline task: a causal LM's builds, another
+    # task (another model class) or another field is refused, naming it.
+    nnsight_cls = "nnsight.modeling.transformers.TransformersModel"
+    causal = TransformersModel.from_model_key(metaload.to_model_key(
+        nnsight_cls, "openai-community/gpt2-tiny", extra={"task": "text-generation"}))
+    assert causal.to_model_key() == key
+    for extra, says in [({"task": "text-classification"}, 'field "task" = "text-classification" is not supported'),
+                        ({"trust_remote_code": True}, 'field "trust_remote_code" is not supported')]:
+        with pytest.raises(_lib.error_class("ModelKeyError"), match=says):
+            TransformersModel.from_model_key(metaload.to_model_key(
+                nnsight_cls, "openai-community/gpt2-tiny", extra=extra))
     # A local checkpoint's key names its directory: only with local paths allowed, both ways.
     local = TransformersModel(made["dir"], progress=False)
     with pytest.raises(_lib.error_class("RepoIdError"), match="repo-id-absolute-path"):

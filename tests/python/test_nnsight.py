@@ -1,0 +1,252 @@
+"""metaload beside nnsight (PyPI's, tools/requirements.txt), on checkpoints the test writes.
+
+- metaload.enable_nnsight(): nnsight's meta build runs under metaload.meta() and its dispatch
+  streams the weights into the skeleton it built (metaload.load_into) instead of building the
+  model a second time with from_pretrained. A trace saving module outputs gives the same values
+  with and without it (bitwise), the module objects nnsight wraps stay the same objects, the
+  dispatch reads each weight byte once (/proc/self/io) and never calls from_pretrained.
+- Model keys: for the same repo id and revision, nnsight's key function and metaload's write the
+  same string, and each side builds from the other's key. nnsight canonicalises the repo id
+  through the Hub (HfApi().model_info, network): the test fills nnsight's cache of that answer
+  with the id itself, so what is compared is the offline part, the key's text.
+
+nnsight and transformers import much and keep global state, and the hub must be offline from its
+first import: everything runs in one worker subprocess (this file run as a script), which prints
+its findings as JSON. nnsight 0.8 needs torch 2.x: skipped on Debian's torch 1.13.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+REPO = "metaload-test/tiny-gpt2"
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker
+
+def _write_tokenizer(d):
+    """A small byte-level BPE tokenizer, trained here (no download), saved as transformers does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                            unk_token="<unk>").save_pretrained(d)
+
+
+def _write_models(top):
+    import torch
+    import transformers as tf
+    configs = {
+        "gpt2": tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64,
+                              bos_token_id=1, eos_token_id=1),
+        "llama": tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                max_position_embeddings=64, bos_token_id=1, eos_token_id=1),
+    }
+    dirs = {}
+    for i, (name, cfg) in enumerate(configs.items()):
+        torch.manual_seed(i)
+        d = os.path.join(top, name)
+        tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+        _write_tokenizer(d)
+        dirs[name] = d
+    return dirs
+
+
+def _weight_bytes(d):
+    """The bytes of every tensor of the checkpoint, from its safetensors headers."""
+    import struct
+    total = 0
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(d, f), "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            total += sum(e["data_offsets"][1] - e["data_offsets"][0]
+                         for k, e in header.items() if k != "__metadata__")
+    return total
+
+
+def _rchar():
+    with open("/proc/self/io") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("rchar:"))
+
+
+def _trace(model):
+    """A few module outputs of one forward, saved."""
+    import torch
+    layers = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    with torch.no_grad(), model.trace("the quick brown fox"):
+        first = layers[0].output[0].save() if isinstance(layers[0].output, tuple) \
+            else layers[0].output.save()
+        last = layers[-1].output[0].save() if isinstance(layers[-1].output, tuple) \
+            else layers[-1].output.save()
+        logits = model.lm_head.output.save()
+    return [first, last, logits]
+
+
+def _compare_dispatch(name, d, nnsight, metaload, tf):
+    import torch
+    plain = nnsight.LanguageModel(d, dispatch=False)
+    before = _trace(plain)
+
+    calls = []
+    original = tf.PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, *a, **k):
+        calls.append(cls.__name__)
+        return original(cls, *a, **k)
+
+    metaload.enable_nnsight()
+    tf.PreTrainedModel.from_pretrained = classmethod(counting)
+    try:
+        model = nnsight.LanguageModel(d, dispatch=False)
+        module = model._module
+        params = dict(module.named_parameters())
+        all_meta = all(p.is_meta for p in params.values()) and \
+            all(b.is_meta for b in module.buffers())
+        start = _rchar()
+        after = _trace(model)
+        read = _rchar() - start
+    finally:
+        tf.PreTrainedModel.from_pretrained = classmethod(original)
+        metaload.disable_nnsight()
+    return {
+        "arch": name,
+        "meta_before_dispatch": all_meta,
+        "same_module": model._module is module,
+        "same_parameters": all(p is params[n] for n, p in model._module.named_parameters()),
+        "nothing_on_meta_after": not any(t.is_meta for t in
+                                         list(module.parameters()) + list(module.buffers())),
+        "from_pretrained_calls": calls,
+        "equal": [bool(torch.equal(a, b)) for a, b in zip(before, after)],
+        "outputs": len(after),
+        "report_bytes": model.metaload_report.bytes,
+        "weight_bytes": _weight_bytes(d),
+        "rchar": read,
+        "eval": not module.training,
+    }
+
+
+def _keys(top, nnsight, metaload):
+    """nnsight's and metaload's keys for one repo id and revisions, and each built from the other's."""
+    from nnsight.modeling import huggingface
+    cache = os.environ["HF_HUB_CACHE"]
+    made = metaload.make_checkpoint(config="gpt2-tiny", arch="gpt2", hf_cache=cache, repo=REPO)
+    snapshots = os.path.join(cache, "models--" + REPO.replace("/", "--"), "snapshots")
+    for snap in os.listdir(snapshots):  # nnsight's pipeline loads a tokenizer with the model
+        _write_tokenizer(os.path.join(snapshots, snap))
+    huggingface._ID_CACHE[REPO] = REPO  # the Hub's canonical spelling: the network part
+    out = []
+    for revision in (None, made["commit"]):
+        model = nnsight.LanguageModel(REPO, revision=revision, dispatch=False)
+        theirs = model.to_model_key()
+        class_path = theirs.split(":", 1)[0]
+        ours = metaload.to_model_key(class_path, REPO, revision, extra={"task": "text-generation"})
+        parsed = metaload.from_model_key(theirs)
+        entry = {"revision": revision, "nnsight": theirs, "metaload": ours,
+                 "parsed": [parsed.class_path, parsed.canonical_class, parsed.repo_id,
+                            parsed.revision, parsed.extra]}
+        built = metaload.TransformersModel.from_model_key(theirs)
+        entry["metaload_built"] = [built.info["class"], built.dispatched, built.to_model_key()]
+        back = nnsight.modeling.transformers.TransformersModel._remoteable_from_model_key(
+            ours.split(":", 1)[1])
+        entry["nnsight_built"] = [type(back).__name__, back.repo_id, back.revision, back.task,
+                                  back.to_model_key() == theirs]
+        out.append(entry)
+    return out
+
+
+def worker(top):
+    import warnings
+    warnings.simplefilter("ignore")
+    import metaload
+    import nnsight
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    dirs = _write_models(top)
+    result = {"dispatch": [_compare_dispatch(n, d, nnsight, metaload, tf) for n, d in dirs.items()],
+              "keys": _keys(top, nnsight, metaload)}
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    worker(sys.argv[2])
+    sys.exit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+
+from conftest import lib_path  # noqa: E402
+
+pytest.importorskip("nnsight", reason="nnsight 0.8 (tools/requirements.txt) is installed in the "
+                    "torch 2.x environment only: it needs torch >= 2")
+
+
+@pytest.fixture(scope="module")
+def findings(tmp_path_factory):
+    top = tmp_path_factory.mktemp("nnsight")
+    env = dict(os.environ, METALOAD_LIB=lib_path(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_CACHE=str(top / "hub"), HF_HOME=str(top / "hf-home"),
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), HERE,
+                                           os.environ.get("PYTHONPATH", "")]))
+    for k in ("METALOAD", "LD_PRELOAD"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, __file__, "--worker", str(top)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, f"worker failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch):
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch)
+    print(row)
+    assert row["meta_before_dispatch"], "the meta build left real tensors"
+    assert row["equal"] == [True] * row["outputs"], row
+    assert row["same_module"] and row["same_parameters"], "the dispatch replaced the skeleton"
+    assert row["nothing_on_meta_after"], "a tensor stayed on meta after the dispatch"
+    assert row["eval"], "from_pretrained leaves models in eval mode; the dispatch must too"
+    assert row["from_pretrained_calls"] == [], "the dispatch built the model a second time"
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_dispatch_reads_each_weight_byte_once(findings, arch):
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch)
+    assert row["report_bytes"] == row["weight_bytes"] > 0
+    # Everything the trace read from files: the weights once (a second copy would double it),
+    # plus small metadata (the safetensors header).
+    assert row["weight_bytes"] <= row["rchar"] < row["weight_bytes"] + 64 * 1024, row
+
+
+def test_nnsight_and_metaload_write_the_same_model_key(findings):
+    for entry in findings["keys"]:
+        assert entry["metaload"] == entry["nnsight"], entry
+        class_path, canonical, repo_id, revision, extra = entry["parsed"]
+        assert class_path == entry["nnsight"].split(":", 1)[0]
+        assert canonical == "metaload.TransformersModel"
+        assert (repo_id, revision, extra) == (REPO, entry["revision"], {"task": "text-generation"})
+
+
+def test_each_side_builds_from_the_other_sides_key(findings):
+    for entry in findings["keys"]:
+        cls, dispatched, own_key = entry["metaload_built"]
+        assert (cls, dispatched) == ("GPT2LMHeadModel", False)
+        assert own_key == metaload_key(REPO, entry["revision"])
+        assert entry["nnsight_built"][1:] == [REPO, entry["revision"], "text-generation", True]
+
+
+def metaload_key(repo_id, revision):
+    return "metaload.TransformersModel:" + json.dumps({"repo_id": repo_id, "revision": revision})
