@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -483,9 +484,66 @@ def read_through(path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Table 4: nnsight's life of a model -- meta build, scan, dispatch -- on its own, with
+# metaload.enable_nnsight(), and metaload's own TransformersModel, on the table-3 checkpoint.
+
+NN_ROUTES = ["nnsight LanguageModel (anchor)", "nnsight + metaload.enable_nnsight()",
+             "metaload.TransformersModel"]
+
+
+def nnsight_checkpoint(cache, d, config_path):
+    """The table-3 checkpoint with the tiny tokenizer nnsight's pipeline needs beside it."""
+    tok = nnsight_dir(cache, config_path)
+    for f in os.listdir(tok):
+        if f.startswith("tokenizer") or f == "special_tokens_map.json":
+            if not os.path.exists(os.path.join(d, f)):
+                shutil.copy(os.path.join(tok, f), os.path.join(d, f))
+    return d
+
+
+def case_nnsight(spec):
+    import torch
+    route, b, s = spec["route"], spec["batch"], spec["seq"]
+    d = spec["dir"]
+    rss = Rss()
+    rss.start()
+    t0 = time.perf_counter()
+    if route.startswith("metaload.TransformersModel"):
+        import metaload
+        model = metaload.TransformersModel(d, progress=False, dtype=torch.bfloat16)  # as stored
+        built = time.perf_counter()
+        model.scan(batch=b, seq=s)
+        scanned = time.perf_counter()
+        model.dispatch()
+        module_params = model.named_parameters()
+    else:
+        import nnsight
+        if "enable_nnsight" in route:
+            import metaload
+            metaload.enable_nnsight()
+        lm = nnsight.LanguageModel(d, dispatch=False)
+        built = time.perf_counter()
+        ids = torch.zeros(b, s, dtype=torch.long)
+        with lm.scan(ids):
+            nnsight.save(lm.lm_head.output.shape)
+        scanned = time.perf_counter()
+        lm.dispatch()
+        module_params = dict(lm._module.named_parameters())
+        if "enable_nnsight" in route:
+            metaload.disable_nnsight()  # --quick runs every case in one process
+    done = time.perf_counter()
+    rss.stop()
+    on_meta = [n for n, p in module_params.items() if p.is_meta]
+    if on_meta:
+        raise SystemExit(f"{route}: {len(on_meta)} parameters still on meta, e.g. {on_meta[0]}")
+    return {"s": done - t0, "build": built - t0, "scan": scanned - built, "dispatch": done - scanned,
+            "rss": rss.peak, "anon": rss.anon_growth}
+
+
+# ---------------------------------------------------------------------------------------------
 # Driver: fresh processes, interleaved rounds, tables, chart.
 
-CASES = {"build": case_build, "scan": case_scan, "load": case_load}
+CASES = {"build": case_build, "scan": case_scan, "load": case_load, "nnsight": case_nnsight}
 
 
 def worker(specs):
@@ -706,6 +764,46 @@ def render_load(args, config, specs, res):
     return lines, rows
 
 
+def specs_nnsight(args, config, batch, seq):
+    d, files = prepare_checkpoint(args.cache, config)
+    d = nnsight_checkpoint(args.cache, d, os.path.join(CONFIGS, config + ".json"))
+    read_through(files["safetensors"])  # warm page cache, as table 3's warm rows
+    return [{"table": "nnsight", "id": f"nnsight|{r}", "route": r, "dir": d, "batch": batch,
+             "seq": seq} for r in NN_ROUTES]
+
+
+def render_nnsight(args, config, batch, seq, res):
+    lines = [f"### 4. nnsight's life of a model on the table-3 checkpoint ({config}, bf16): meta "
+             f"build, scan ({batch} x {seq}), dispatch to cpu; one fresh process per route, median "
+             f"of {args.rounds}", "",
+             "| config | route | s | x anchor | build ms | scan ms | dispatch s | "
+             "peak RSS growth MiB | fresh (anon) MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    sums = {r: summarize(res[f"nnsight|{r}"]) for r in NN_ROUTES}
+    anchor = sums[NN_ROUTES[0]].get("s")
+    for r in NN_ROUTES:
+        x = sums[r]
+        if "s" not in x:
+            lines.append(f"| {config} | {r} | failed: {x['error']} | | | | | | |")
+            rows.append((config, r, None, None, None))
+            continue
+        ratio = x["s"] / anchor if anchor else float("nan")
+        lines.append(f"| {config} | {r} | {x['s']:.3f} | {ratio:.2f} | {fmt_ms(x['build'])} | "
+                     f"{fmt_ms(x['scan'])} | {x['dispatch']:.3f} | {x['rss'] / MIB:.0f} | "
+                     f"{x['anon'] / MIB:.0f} |")
+        rows.append((config, r, x["s"], ratio, x["rss"]))
+    lines.append("")
+    lines.append("nnsight's own dispatch builds the model a second time with from_pretrained (which "
+                 "maps the file when the dtype matches, lazily: its pages are read at first use); "
+                 "with metaload.enable_nnsight() the skeleton built under metaload.meta() "
+                 "receives the weights by load_into, mapped too (mmap=True, its default: the "
+                 "mapping populated during the call). TransformersModel is metaload's own model "
+                 "layer on the same directory (bf16 as stored; its scan runs in C++; a local "
+                 "directory's weights are copied). Build times of the nnsight rows include "
+                 "transformers' pipeline imports (each route runs in a fresh process).")
+    return lines, rows
+
+
 def chart(path, tables):
     import matplotlib
     matplotlib.use("Agg")
@@ -742,7 +840,8 @@ def chart(path, tables):
 
 TITLES = {"### 1.": "1. meta build (x torch.device(\"meta\"))",
           "### 2.": "2. scan per forward (x FakeTensorMode)",
-          "### 3.": "3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)"}
+          "### 3.": "3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)",
+          "### 4.": "4. nnsight: build + scan + dispatch (x nnsight's own)"}
 
 
 def rows_from_output(text):
@@ -773,7 +872,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=None, help="fresh processes per case")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per process")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/metaload/bench-peers"))
-    ap.add_argument("--tables", default="build,scan,load")
+    ap.add_argument("--tables", default="build,scan,load,nnsight")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold page cache cases")
     ap.add_argument("--replot", metavar="OUTPUT",
                     help="draw the chart again from a saved run's printed output; runs nothing")
@@ -828,6 +927,11 @@ def main():
         load_specs = specs_load(args, load_cfg)
         plan.append(("3. CPU load (copy rows x fastest copying peer; mapped rows x load_file)",
                      load_specs, lambda res: render_load(args, load_cfg, load_specs, res)))
+    if "nnsight" in want:
+        nn_batch, nn_seq = (1, 16) if args.quick else (1, 128)
+        plan.append(("4. nnsight: build + scan + dispatch (x nnsight's own)",
+                     specs_nnsight(args, load_cfg, nn_batch, nn_seq),
+                     lambda res: render_nnsight(args, load_cfg, nn_batch, nn_seq, res)))
     res = {}
     if args.quick:  # one process for every case of every table: the smoke test's minute
         res = run_cases([s for _, specs, _ in plan for s in specs], args.rounds, True)

@@ -29,6 +29,7 @@ from . import _lib
 
 _lock = threading.Lock()
 _saved = {}  # (module, attribute) -> original, while enabled
+_options = {"mmap": True}
 
 # Load options that say only where and in what dtype: the rest needs nnsight's own load.
 _PLACEMENT = {"device_map", "device", "dtype", "torch_dtype"}
@@ -103,7 +104,7 @@ def _streaming_dispatch(self):
     from ._load import load_into
     device = _device_of(self.kwargs or {})
     report = load_into(self._module, self.repo_id, device=device, revision=self.revision,
-                       progress=False)
+                       progress=False, mmap=_options["mmap"] if device.type == "cpu" else None)
     self._module.eval()  # as from_pretrained leaves a model (from_config leaves it training)
     pipeline = getattr(self, "pipeline", None)
     if pipeline is not None and hasattr(pipeline, "device"):
@@ -112,11 +113,17 @@ def _streaming_dispatch(self):
     self.metaload_report = report
 
 
-def enable_nnsight():
-    """Switches the integration on for this process (idempotent): every nnsight model built from
-    now on builds under metaload.meta(), and every transformers-backed nnsight model dispatches
-    by streaming into its skeleton (see this module's docstring for when it falls back).
-    Models already built keep their skeleton but dispatch through metaload too."""
+def enable_nnsight(mmap: bool = True):
+    """Switches the integration on for this process (idempotent; a second call only changes
+    mmap): every nnsight model built from now on builds under metaload.meta(), and every
+    transformers-backed nnsight model dispatches by streaming into its skeleton (see this
+    module's docstring for when it falls back). Models already built keep their skeleton but
+    dispatch through metaload too.
+
+    mmap: on cpu, weights stored in the model's dtype stay mapped from the checkpoint files
+    (copy-on-write), as from_pretrained leaves them; False copies them into fresh memory, each
+    byte read once (see load_into's mmap for the files' contract)."""
+    _options["mmap"] = bool(mmap)
     try:
         from nnsight.modeling.mixins import meta as nn_meta
         from nnsight.modeling import transformers as nn_transformers

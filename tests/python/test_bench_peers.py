@@ -101,6 +101,13 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     assert all(r[col["anchor"]] == "safetensors.torch.load_file" for r in rows
                if r[col["backing"]] != "copy")
 
+    head, rows = table_rows(out, "### 4. nnsight")
+    assert [r[1] for r in rows] == ["nnsight LanguageModel (anchor)",
+                                    "nnsight + metaload.enable_nnsight()",
+                                    "metaload.TransformersModel"]
+    for r in rows:
+        assert all(NUMBER.match(c) for c in r[2:]), r
+
     assert chart.stat().st_size > 10_000
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

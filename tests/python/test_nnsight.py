@@ -95,7 +95,7 @@ def _trace(model):
     return [first, last, logits]
 
 
-def _compare_dispatch(name, d, nnsight, metaload, tf):
+def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
     import torch
     plain = nnsight.LanguageModel(d, dispatch=False)
     before = _trace(plain)
@@ -107,7 +107,7 @@ def _compare_dispatch(name, d, nnsight, metaload, tf):
         calls.append(cls.__name__)
         return original(cls, *a, **k)
 
-    metaload.enable_nnsight()
+    metaload.enable_nnsight(mmap=mmap)
     tf.PreTrainedModel.from_pretrained = classmethod(counting)
     try:
         model = nnsight.LanguageModel(d, dispatch=False)
@@ -123,6 +123,8 @@ def _compare_dispatch(name, d, nnsight, metaload, tf):
         metaload.disable_nnsight()
     return {
         "arch": name,
+        "mmap": mmap,
+        "mapped_bytes": model.metaload_report.mapped_bytes,
         "meta_before_dispatch": all_meta,
         "same_module": model._module is module,
         "same_parameters": all(p is params[n] for n, p in model._module.named_parameters()),
@@ -175,7 +177,8 @@ def worker(top):
     import transformers as tf
     tf.logging.set_verbosity_error()
     dirs = _write_models(top)
-    result = {"dispatch": [_compare_dispatch(n, d, nnsight, metaload, tf) for n, d in dirs.items()],
+    result = {"dispatch": [_compare_dispatch(n, d, nnsight, metaload, tf, mmap)
+                           for n, d in dirs.items() for mmap in (False, True)],
               "keys": _keys(top, nnsight, metaload)}
     print("RESULT " + json.dumps(result))
 
@@ -210,10 +213,10 @@ def findings(tmp_path_factory):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.parametrize("mmap", [False, True])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch):
-    row = next(r for r in findings["dispatch"] if r["arch"] == arch)
-    print(row)
+def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch, mmap):
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"] == mmap)
     assert row["meta_before_dispatch"], "the meta build left real tensors"
     assert row["equal"] == [True] * row["outputs"], row
     assert row["same_module"] and row["same_parameters"], "the dispatch replaced the skeleton"
@@ -223,12 +226,19 @@ def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_the_dispatch_reads_each_weight_byte_once(findings, arch):
-    row = next(r for r in findings["dispatch"] if r["arch"] == arch)
-    assert row["report_bytes"] == row["weight_bytes"] > 0
+def test_the_copying_dispatch_reads_each_weight_byte_once(findings, arch):
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch and not r["mmap"])
+    assert row["report_bytes"] == row["weight_bytes"] > 0 and row["mapped_bytes"] == 0
     # Everything the trace read from files: the weights once (a second copy would double it),
     # plus small metadata (the safetensors header).
     assert row["weight_bytes"] <= row["rchar"] < row["weight_bytes"] + 64 * 1024, row
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_default_dispatch_maps_the_weights_as_from_pretrained_does(findings, arch):
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"])
+    assert row["report_bytes"] == row["weight_bytes"] == row["mapped_bytes"] > 0
+    assert row["rchar"] < 64 * 1024, row  # mapped, not read through read()
 
 
 def test_nnsight_and_metaload_write_the_same_model_key(findings):
