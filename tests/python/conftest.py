@@ -27,6 +27,18 @@ def cli_path():
     pytest.fail(f"no metaload tool next to {lib_path()}: build //tools:metaload (or set METALOAD_CLI)")
 
 
+def run_cli(*args, env=None, timeout=300):
+    """Runs the metaload tool of the build under test (METALOAD switched off unless `env` sets
+    it); a tool that outlives `timeout` fails the test, naming the subcommand."""
+    e = {k: v for k, v in os.environ.items() if k != "METALOAD"}
+    e.update(env or {})
+    try:
+        return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True,
+                              env=e, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"metaload {args[0] if args else ''} blocked for {timeout} s")
+
+
 def run_python(code, env=None, preload=False, timeout=300):
     """Runs `code` in a fresh interpreter (this one); returns the CompletedProcess."""
     e = dict(os.environ)

@@ -15,6 +15,8 @@ import torch
 from metaload import _lib
 from metaload import checkpoint as ck
 
+from conftest import cli_path, run_cli
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(HERE, "..", "..", "model", "families", "configs")
 
@@ -345,22 +347,6 @@ def test_bytes_per_element_and_quantizations():
 # the CLI
 
 
-def cli_path():
-    """METALOAD_CLI, else the CLI built beside METALOAD_LIB (Bazel: tools/metaload, CMake:
-    tools/cli/metaload)."""
-    if os.environ.get("METALOAD_CLI"):
-        return os.environ["METALOAD_CLI"]
-    libdir = os.path.dirname(os.path.abspath(_lib.library_path()))
-    candidates = [os.path.join(libdir, "tools", "metaload"), os.path.join(libdir, "tools", "cli", "metaload")]
-    for p in candidates:
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    pytest.skip(f"metaload CLI not built (looked at {candidates}; set METALOAD_CLI)")
-
-
-def run_cli(*args, env=None):
-    return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
 
 
 def test_cli_links_no_libtorch():

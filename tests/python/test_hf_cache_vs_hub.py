@@ -18,7 +18,6 @@ hub comparisons run; the refs layout checks need only the metaload tool and run 
 import json
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -27,19 +26,14 @@ from metaload import _lib
 from metaload.checkpoint import describe_checkpoint, open_checkpoint
 from metaload.model import TransformersModel
 
-from conftest import cli_path
+from conftest import run_cli
 
 REPO = "org/tiny"
 # ref -> (seed, shards): distinct bytes, so each ref points at its own commit.
 REVISIONS = {"main": (0, 1), "v1.0": (1, 2), "refs/pr/1": (2, 1), "feature/x": (3, 3)}
 
 
-def cli(*args, env=None):
-    e = dict(os.environ)
-    e.pop("METALOAD", None)
-    e.update(env or {})
-    return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, env=e,
-                          timeout=300)
+cli = run_cli
 
 
 def make(cache, repo, ref, seed, shards):

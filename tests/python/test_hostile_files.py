@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import ROOT, lib_path
+from conftest import ROOT, lib_path, run_cli
 from metaload import checkpoint as ck
 from metaload.model import make_checkpoint
 
@@ -56,12 +56,7 @@ def outcomes(calls, setup="", env=None, timeout=180):
 
 
 def cli(*args, env=None, timeout=120):
-    from test_checkpoint import cli_path
-    try:
-        return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True,
-                              env={**os.environ, **(env or {})}, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"metaload {args[0]} blocked for {timeout} s")
+    return run_cli(*args, env=env, timeout=timeout)
 
 
 def nested_objects(depth):

@@ -7,20 +7,14 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 
 import torch
 
-from conftest import cli_path
+from conftest import run_cli
 from metaload.model import TransformersModel
 
 
-def cli(*args, env=None):
-    e = dict(os.environ)
-    e.pop("METALOAD", None)
-    e.update(env or {})
-    return subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, env=e,
-                          timeout=300)
+cli = run_cli
 
 
 def sha256_tree(directory):
