@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "loader/safetensors.h"
+#include "loader/format/safetensors.h"
 
 namespace metaload {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/error.h"
-#include "loader/safetensors.h"
+#include "loader/format/safetensors.h"
 
 namespace metaload {
 

@@ -109,7 +109,7 @@ _classes["Error"] = Error
 
 
 # The C++ error kinds, each under the parent it has in C++ (METALOAD_DEFINE_ERROR(Kind, Parent) in
-# the headers named, FormatError/ShardError in loader/errors.h, MismatchError in loader/plan.h):
+# the headers named, FormatError/ShardError in loader/errors.h, MismatchError in loader/load/plan.h):
 # `except metaload.LoadError` catches what `catch (const metaload::LoadError&)` catches.
 # tests/python/test_api.py checks this table against the headers.
 class ModeError(Error):
@@ -160,44 +160,44 @@ class ResolveError(Error):
 
 
 class LoadError(Error):
-    """Base of the errors of loading weights (loader/engine.h)."""
+    """Base of the errors of loading weights (loader/engine/engine.h)."""
 
 
 class ReadError(LoadError):
-    """A checkpoint file could not be read (loader/engine.h)."""
+    """A checkpoint file could not be read (loader/engine/engine.h)."""
 
 
 class FileChangedError(ReadError):
     """A file loaded zero-copy was truncated or written in place while tensors map it; the message
-    names it (loader/file_mapping.h)."""
+    names it (loader/engine/file_mapping.h)."""
 
 
 class LoadCancelled(LoadError):
-    """The load was cancelled (loader/engine.h)."""
+    """The load was cancelled (loader/engine/engine.h)."""
 
 
 class DeviceError(LoadError):
-    """The target device failed or does not exist (loader/engine.h)."""
+    """The target device failed or does not exist (loader/engine/engine.h)."""
 
 
 class VerifyError(LoadError):
-    """Loaded bytes failed their final check (loader/engine.h)."""
+    """Loaded bytes failed their final check (loader/engine/engine.h)."""
 
 
 class PlanError(LoadError):
-    """An impossible load request (loader/engine.h)."""
+    """An impossible load request (loader/engine/engine.h)."""
 
 
 class SliceError(LoadError):
-    """A tensor-parallel slice that does not exist (loader/tp.h)."""
+    """A tensor-parallel slice that does not exist (loader/engine/tp.h)."""
 
 
 class SwapError(LoadError):
-    """The loaded tensors could not take the targets' place (loader/swap.h)."""
+    """The loaded tensors could not take the targets' place (loader/load/swap.h)."""
 
 
 class MismatchError(LoadError):
-    """The checkpoint does not fit the module (loader/plan.h). The message lists the problems one
+    """The checkpoint does not fit the module (loader/load/plan.h). The message lists the problems one
     per line (names escaped; at most 20 of each kind, then how many more); `.missing` (module names
     the checkpoint lacks), `.unexpected` (checkpoint names the module lacks) and `.mismatched`
     (module names whose shape, dtype or TP shard does not fit) are the full lists of names, as
@@ -257,7 +257,7 @@ class UsageError(Error):
     """A command line the metaload tool does not accept (tools/cli/torch/torch_cli.h)."""
 
 
-# The lines MismatchError's message lists its problems on (loader/plan.cc's list_block):
+# The lines MismatchError's message lists its problems on (loader/load/plan.cc's list_block):
 #   "  missing: <module name> [<shape>]"
 #   "  unexpected: <checkpoint name>[ (as <module name>)] in <file>"
 #   "  mismatched: <module name>: <why>"
