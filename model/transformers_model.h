@@ -28,11 +28,11 @@
 
 #include <ATen/ATen.h>
 
-#include "base/error.h"
 #include "fake_mode/scan.h"
 #include "loader/engine/engine.h"
 #include "loader/engine/file_mapping.h"
 #include "loader/load/plan.h"
+#include "model/errors.h"
 #include "model/families/family.h"
 #include "model/model_key.h"
 
@@ -45,12 +45,6 @@ class Module;
 namespace metaload {
 
 struct ModelReference;  // model/reference.h
-
-// The model cannot do what was asked in its current state (forward of a TP shard, a module tree
-// given as a skeleton with nothing to load, no repo id for a key, ...).
-METALOAD_DEFINE_ERROR(ModelError, Error);
-// A dotted module path that does not exist; the message lists the closest existing ones.
-METALOAD_DEFINE_ERROR(ModulePathError, ModelError);
 
 // The loader's options are the model's (LoadOptions, loader/load/plan.h): dispatch() hands them to
 // metaload::load, with the family's names in place of `names`. Their meaning here:
