@@ -1,5 +1,9 @@
 // Python operators of the families, for tests: build a model from a config.json text, put given
 // weights into it and run forward or generate. torch.ops.metaload._family_*.
+//
+// Test-only: built as its own shared library (libmetaload_test_ops.so, beside the tests of this
+// folder) that links libmetaload.so, so the release library does not carry them. Python tests load
+// it after the package (tests/python/conftest.py, family_test_ops()).
 #include <map>
 #include <unordered_set>
 
