@@ -85,3 +85,15 @@ def metaload_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
         deps = deps + ["//third_party:cuda_runtime"],
         **kwargs
     )
+
+def _cc_headers_impl(ctx):
+    merged = cc_common.merge_cc_infos(cc_infos = [dep[CcInfo] for dep in ctx.attr.deps])
+    return [CcInfo(compilation_context = merged.compilation_context)]
+
+# The headers (with their include paths and defines) of `deps`, without their objects or link
+# flags: for a library that compiles against them but finds their code in libmetaload.so at run
+# time (the test operators' library), so that no second copy of the code is linked in.
+metaload_cc_headers = rule(
+    implementation = _cc_headers_impl,
+    attrs = {"deps": attr.label_list(providers = [CcInfo])},
+)

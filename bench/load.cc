@@ -36,13 +36,13 @@
 #include <thread>
 #include <vector>
 
-#include "loader/checkpoint.h"
-#include "loader/engine.h"
-#include "loader/engine_device.h"
-#include "loader/plan.h"
-#include "loader/slots.h"
-#include "loader/slots_torch.h"
-#include "loader/torch_save.h"
+#include "loader/engine/engine.h"
+#include "loader/engine/engine_device.h"
+#include "loader/engine/slots.h"
+#include "loader/format/checkpoint.h"
+#include "loader/load/plan.h"
+#include "loader/load/slots_torch.h"
+#include "loader/load/torch_save.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

@@ -19,8 +19,8 @@
 
 #include "bench/bench_util.h"
 #include "fake_mode/scan.h"
-#include "loader/checkpoint.h"
-#include "loader/plan.h"
+#include "loader/format/checkpoint.h"
+#include "loader/load/plan.h"
 #include "model/fixtures.h"
 #include "model/transformers_model.h"
 

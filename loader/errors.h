@@ -1,4 +1,7 @@
-// Typed errors of the checkpoint format layer. Torch-free.
+// Every error kind of the loader, in one place: the format layer's (FormatError, ShardError,
+// ResolveError), the engines' (LoadError and its subclasses) and the planner's (MismatchError).
+// Torch-free. Each derives from metaload::Error (base/error.h); python/metaload/_lib.py mirrors
+// the tree class for class.
 //
 // FormatError and its subclass ShardError carry the file, the tensor (may be empty) and a short
 // stable rule identifier ("size-mismatch", "missing-shard", ...) so tests and callers can tell
@@ -6,7 +9,9 @@
 //   "<file>: tensor '<name>': <detail> (rule <rule>)".
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "base/text.h"
@@ -60,5 +65,63 @@ class ShardError : public FormatError {
 // A model reference (directory, file, HF repo id) could not be resolved; the message lists every
 // place that was looked at.
 METALOAD_DEFINE_ERROR(ResolveError, Error);
+
+// ---- the engines (engine/) ----------------------------------------------------------------------
+
+// Base of the engines' errors.
+METALOAD_DEFINE_ERROR(LoadError, Error);
+// A read failed, a file is shorter than its tensors need, or a file changed during the load.
+METALOAD_DEFINE_ERROR(ReadError, LoadError);
+// The load was cancelled through EngineOptions::cancel.
+METALOAD_DEFINE_ERROR(LoadCancelled, LoadError);
+// The CUDA runtime failed, or there is no CUDA device / no CUDA in this build.
+METALOAD_DEFINE_ERROR(DeviceError, LoadError);
+// A slot was not completely filled, or a check before the swap failed.
+METALOAD_DEFINE_ERROR(VerifyError, LoadError);
+// A job or an option is malformed (a bug in the caller, named precisely).
+METALOAD_DEFINE_ERROR(PlanError, LoadError);
+// A file mapped zero-copy was truncated or written in place while tensors map it: the weights
+// may have changed under the model. The message names the file and what changed
+// (engine/file_mapping.h).
+METALOAD_DEFINE_ERROR(FileChangedError, ReadError);
+// The rank's slice does not exist: the dim is out of range, or n does not divide it, or the rank
+// is not in [0, n) (engine/tp.h).
+METALOAD_DEFINE_ERROR(SliceError, LoadError);
+
+// ---- loading into tensors (load/) ---------------------------------------------------------------
+
+// A pair cannot be swapped (shape differs, the target is not a plain dense tensor, an integer
+// dtype for a tensor that requires grad, one target given twice with different sources, ...)
+// (load/swap.h).
+METALOAD_DEFINE_ERROR(SwapError, LoadError);
+
+// One problem of a MismatchError: the tensor's name as given (the module's name; the checkpoint's
+// for an unexpected tensor) and the rest of its line, already escaped (" [2, 3]", " in a.st",
+// ": shape [2] in the module but ...").
+struct MismatchItem {
+  std::string name;
+  std::string detail;
+};
+
+// The checkpoint does not fit the targets (load/plan.h). The message is `summary`, then every
+// missing, unexpected and mismatched tensor one per line ("  missing: <name> [2, 3]"), names
+// escaped and at most kListMaxItems (base/text.h) of each kind, then "  ... and N more missing".
+// The accessors hold every name in full; so does Python's MismatchError (mismatch_names_json).
+class MismatchError : public LoadError {
+ public:
+  MismatchError(const std::string& summary, std::vector<MismatchItem> missing,
+                std::vector<MismatchItem> unexpected, std::vector<MismatchItem> mismatched);
+  const std::vector<std::string>& missing() const { return missing_; }
+  const std::vector<std::string>& unexpected() const { return unexpected_; }
+  const std::vector<std::string>& mismatched() const { return mismatched_; }
+
+ private:
+  std::vector<std::string> missing_, unexpected_, mismatched_;
+};
+
+// {"missing": [...], "unexpected": [...], "mismatched": [...]} of a recent MismatchError whose
+// message() is `message` (the last few are kept, process-wide), or nullopt. The Python package
+// fills MismatchError's name lists from it, since only the capped message crosses torch.
+std::optional<std::string> mismatch_names_json(const std::string& message);
 
 }  // namespace metaload

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/writer.h"
+#include "loader/format/writer.h"
 
 namespace metaload {
 

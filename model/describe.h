@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 #include "model/reference.h"
 
 namespace metaload {

@@ -8,13 +8,10 @@
 #include <string_view>
 #include <vector>
 
-#include "base/error.h"
-#include "loader/safetensors.h"
+#include "loader/format/safetensors.h"
+#include "model/errors.h"
 
 namespace metaload {
-
-// An unknown or unsupported dtype / quantization name; the message lists the accepted names.
-METALOAD_DEFINE_ERROR(DTypeError, Error);
 
 struct Quantization {
   std::string_view name;

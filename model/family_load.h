@@ -9,7 +9,7 @@
 
 #include <ATen/ATen.h>
 
-#include "loader/plan.h"
+#include "loader/load/plan.h"
 #include "model/families/family.h"
 
 namespace metaload {

@@ -10,14 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "base/error.h"
-#include "loader/safetensors.h"
+#include "loader/format/safetensors.h"
+#include "model/errors.h"
 
 namespace metaload {
-
-// A fixture request that cannot be met (architecture and config disagree, unsupported dtype, bad
-// repo id, shard count, ...); the message names the option.
-METALOAD_DEFINE_ERROR(FixtureError, Error);
 
 enum class FixtureLayout {
   // Names as the published checkpoints store them: GPT-2 without the "transformer." prefix (it was

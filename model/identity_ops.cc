@@ -6,7 +6,7 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
-#include "loader/json_util.h"
+#include "loader/format/json_util.h"
 #include "model/describe.h"
 #include "model/dtypes.h"
 #include "model/model_key.h"

@@ -4,7 +4,7 @@
 
 #include "base/text.h"
 #include "loader/errors.h"
-#include "loader/json_util.h"
+#include "loader/format/json_util.h"
 #include "model/registry.h"
 
 namespace metaload {

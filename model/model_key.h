@@ -19,29 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/error.h"
+#include "model/errors.h"
 
 namespace metaload {
-
-// A malformed model key (no colon, unknown class, bad JSON, no repo_id, ...); the message says
-// which.
-METALOAD_DEFINE_ERROR(ModelKeyError, Error);
-
-// A key's repo_id that the key policy refuses. rule() is a stable identifier of the rule broken
-// (the repo-id-* rules of hub_repo_id_problem); the message names the key (or the repo id, when
-// no key text exists yet), the rule and how to opt in to local paths.
-class RepoIdError : public ModelKeyError {
- public:
-  RepoIdError(const std::string& message, std::string repo_id, std::string rule)
-      : ModelKeyError("RepoIdError", message),
-        repo_id_(std::move(repo_id)),
-        rule_(std::move(rule)) {}
-  const std::string& repo_id() const noexcept { return repo_id_; }
-  const std::string& rule() const noexcept { return rule_; }
-
- private:
-  std::string repo_id_, rule_;
-};
 
 struct KeyOptions {
   // Accept a repo_id that is not a Hub repo id: a local path (absolute, relative, with ".."),

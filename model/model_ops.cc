@@ -9,7 +9,7 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
-#include "loader/progress_board.h"
+#include "loader/load/progress_board.h"
 #include "model/dtypes.h"
 #include "model/fixtures.h"
 #include "model/model_dtype.h"
@@ -69,7 +69,7 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
   o.threads = static_cast<int>(threads);
   o.dispatch = dispatch;
   o.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
-  // Dispatches post their progress for the Python package to poll (loader/progress_board.h).
+  // Dispatches post their progress for the Python package to poll (loader/load/progress_board.h).
   if (progress_id != 0) o.engine.progress = ProgressBoard::instance().writer(progress_id);
   return c10::make_intrusive<ModelHolder>(std::make_shared<TransformersModel>(ref, o));
 }

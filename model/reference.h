@@ -1,14 +1,14 @@
 // resolve_reference: the one resolver of what a user names as a model -- a checkpoint directory, a
 // weights or index file, a Hugging Face repo id in the local hub cache at a revision, or a model
 // key "<class>:<json>" (model_key.h). TransformersModel, describe_checkpoint, the CLI's `key` and
-// `tp` all start here; the path rules themselves are the loader's (loader/reference.h), which
-// open_checkpoint uses too. Stats paths and reads the hub cache's refs only. Torch-free.
+// `tp` all start here; the path rules themselves are the loader's (loader/format/reference.h),
+// which open_checkpoint uses too. Stats paths and reads the hub cache's refs only. Torch-free.
 #pragma once
 
 #include <optional>
 #include <string>
 
-#include "loader/reference.h"
+#include "loader/format/reference.h"
 #include "model/model_key.h"
 
 namespace metaload {

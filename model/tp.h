@@ -7,12 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/error.h"
+#include "model/errors.h"
 
 namespace metaload {
-
-// A config field of the wrong type, or a TP degree the model cannot be split into.
-METALOAD_DEFINE_ERROR(TPError, Error);
 
 // The largest TP degree: gcd of num_attention_heads, num_key_value_heads and intermediate_size
 // (also under the names GPT-2 and others use: n_head, num_heads, num_kv_heads, n_inner, ffn_dim),

@@ -10,9 +10,9 @@
 #include <torch/nn/module.h>
 
 #include "base/text.h"
-#include "loader/checkpoint.h"
-#include "loader/file_io.h"
-#include "loader/hf_cache.h"
+#include "loader/format/checkpoint.h"
+#include "loader/format/file_io.h"
+#include "loader/format/hf_cache.h"
 #include "model/reference.h"
 #include "model/transformers_model_impl.h"
 

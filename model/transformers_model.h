@@ -28,11 +28,11 @@
 
 #include <ATen/ATen.h>
 
-#include "base/error.h"
 #include "fake_mode/scan.h"
-#include "loader/engine.h"
-#include "loader/file_mapping.h"
-#include "loader/plan.h"
+#include "loader/engine/engine.h"
+#include "loader/engine/file_mapping.h"
+#include "loader/load/plan.h"
+#include "model/errors.h"
 #include "model/families/family.h"
 #include "model/model_key.h"
 
@@ -46,13 +46,7 @@ namespace metaload {
 
 struct ModelReference;  // model/reference.h
 
-// The model cannot do what was asked in its current state (forward of a TP shard, a module tree
-// given as a skeleton with nothing to load, no repo id for a key, ...).
-METALOAD_DEFINE_ERROR(ModelError, Error);
-// A dotted module path that does not exist; the message lists the closest existing ones.
-METALOAD_DEFINE_ERROR(ModulePathError, ModelError);
-
-// The loader's options are the model's (LoadOptions, loader/plan.h): dispatch() hands them to
+// The loader's options are the model's (LoadOptions, loader/load/plan.h): dispatch() hands them to
 // metaload::load, with the family's names in place of `names`. Their meaning here:
 //  - device: accepted at construction, ignored by the meta build (which allocates nothing
 //    anywhere), applied by dispatch();
@@ -188,9 +182,9 @@ class TransformersModel {
 
   // Logits [B, S, vocab] of ids [B, S]. Real ids: dispatches first (once), then a real forward.
   // Fake or meta ids: a scan (nothing loaded); the logits are fake. Weights loaded zero-copy are
-  // checked before and after the forward (loader/file_mapping.h): FileChangedError names a file
-  // truncated or written in place since it was mapped, and the model refuses to run from then on
-  // (load it again).
+  // checked before and after the forward (loader/engine/file_mapping.h): FileChangedError names a
+  // file truncated or written in place since it was mapped, and the model refuses to run from then
+  // on (load it again).
   at::Tensor forward(const at::Tensor& ids);
   // Greedy generation of n tokens with a KV cache (dispatches first): [B, S + n]. Checks mapped
   // files as forward does.

@@ -3,7 +3,7 @@
 
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
-#include "loader/slots_torch.h"
+#include "loader/load/slots_torch.h"
 #include "model/family_load.h"
 #include "model/transformers_model.h"
 

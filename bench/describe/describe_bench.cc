@@ -17,8 +17,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "loader/checkpoint.h"
-#include "loader/writer.h"
+#include "loader/format/checkpoint.h"
+#include "loader/format/writer.h"
 #include "model/checkpoint_shapes.h"
 #include "model/describe.h"
 

@@ -7,8 +7,8 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "loader/errors.h"
-#include "loader/file_io.h"
-#include "loader/json_util.h"
+#include "loader/format/file_io.h"
+#include "loader/format/json_util.h"
 #include "model/families/spec.h"
 
 namespace metaload {

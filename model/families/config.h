@@ -11,16 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/error.h"
+#include "model/errors.h"
 
 namespace metaload {
-
-// A config.json field is missing, has the wrong type or an unsupported value; the message names the
-// field and the file (or built-in config) it came from.
-METALOAD_DEFINE_ERROR(ConfigError, Error);
-// A family cannot do what was asked at run time (bad input ids, too long a sequence, a TP size that
-// does not divide the heads, unknown parameter name, ...).
-METALOAD_DEFINE_ERROR(FamilyError, Error);
 
 enum class Arch { kGPT2, kLlama };
 

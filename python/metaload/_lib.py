@@ -108,8 +108,9 @@ Error.__module__ = "metaload"
 _classes["Error"] = Error
 
 
-# The C++ error kinds, each under the parent it has in C++ (METALOAD_DEFINE_ERROR(Kind, Parent) in
-# the headers named, FormatError/ShardError in loader/errors.h, MismatchError in loader/plan.h):
+# The C++ error kinds, each under the parent it has in C++ (METALOAD_DEFINE_ERROR(Kind, Parent) or a
+# class written out, in each layer's one error header: base/error.h, kernels/errors.h,
+# loader/errors.h, model/errors.h, ...):
 # `except metaload.LoadError` catches what `catch (const metaload::LoadError&)` catches.
 # tests/python/test_api.py checks this table against the headers.
 class ModeError(Error):
@@ -160,44 +161,44 @@ class ResolveError(Error):
 
 
 class LoadError(Error):
-    """Base of the errors of loading weights (loader/engine.h)."""
+    """Base of the errors of loading weights (loader/errors.h)."""
 
 
 class ReadError(LoadError):
-    """A checkpoint file could not be read (loader/engine.h)."""
+    """A checkpoint file could not be read (loader/errors.h)."""
 
 
 class FileChangedError(ReadError):
     """A file loaded zero-copy was truncated or written in place while tensors map it; the message
-    names it (loader/file_mapping.h)."""
+    names it (loader/errors.h)."""
 
 
 class LoadCancelled(LoadError):
-    """The load was cancelled (loader/engine.h)."""
+    """The load was cancelled (loader/errors.h)."""
 
 
 class DeviceError(LoadError):
-    """The target device failed or does not exist (loader/engine.h)."""
+    """The target device failed or does not exist (loader/errors.h)."""
 
 
 class VerifyError(LoadError):
-    """Loaded bytes failed their final check (loader/engine.h)."""
+    """Loaded bytes failed their final check (loader/errors.h)."""
 
 
 class PlanError(LoadError):
-    """An impossible load request (loader/engine.h)."""
+    """An impossible load request (loader/errors.h)."""
 
 
 class SliceError(LoadError):
-    """A tensor-parallel slice that does not exist (loader/tp.h)."""
+    """A tensor-parallel slice that does not exist (loader/errors.h)."""
 
 
 class SwapError(LoadError):
-    """The loaded tensors could not take the targets' place (loader/swap.h)."""
+    """The loaded tensors could not take the targets' place (loader/errors.h)."""
 
 
 class MismatchError(LoadError):
-    """The checkpoint does not fit the module (loader/plan.h). The message lists the problems one
+    """The checkpoint does not fit the module (loader/errors.h). The message lists the problems one
     per line (names escaped; at most 20 of each kind, then how many more); `.missing` (module names
     the checkpoint lacks), `.unexpected` (checkpoint names the module lacks) and `.mismatched`
     (module names whose shape, dtype or TP shard does not fit) are the full lists of names, as
@@ -210,16 +211,16 @@ class MismatchError(LoadError):
 
 
 class DTypeError(Error):
-    """A dtype or quantization name that is not known (model/dtypes.h)."""
+    """A dtype or quantization name that is not known (model/errors.h)."""
 
 
 class ModelKeyError(Error):
-    """A malformed model key (model/model_key.h)."""
+    """A malformed model key (model/errors.h)."""
 
 
 class RepoIdError(ModelKeyError):
     """A model key whose repo_id the key policy refuses: not a Hugging Face Hub repo id, and local
-    paths were not allowed (model/model_key.h). `.rule` is the rule broken ("repo-id-parent-dir",
+    paths were not allowed (model/errors.h). `.rule` is the rule broken ("repo-id-parent-dir",
     ...)."""
 
     @property
@@ -229,35 +230,35 @@ class RepoIdError(ModelKeyError):
 
 
 class TPError(Error):
-    """A tensor-parallel degree the model cannot be split into (model/tp.h)."""
+    """A tensor-parallel degree the model cannot be split into (model/errors.h)."""
 
 
 class ConfigError(Error):
-    """A config.json a model family cannot use (model/families/config.h)."""
+    """A config.json a model family cannot use (model/errors.h)."""
 
 
 class FamilyError(Error):
-    """A model family's rule that does not apply (model/families/config.h)."""
+    """A model family's rule that does not apply (model/errors.h)."""
 
 
 class FixtureError(Error):
-    """A fixture checkpoint that cannot be made as asked (model/fixtures.h)."""
+    """A fixture checkpoint that cannot be made as asked (model/errors.h)."""
 
 
 class ModelError(Error):
-    """A TransformersModel request that cannot be served (model/transformers_model.h)."""
+    """A TransformersModel request that cannot be served (model/errors.h)."""
 
 
 class ModulePathError(ModelError):
     """A module path a model does not have; the message lists the closest
-    (model/transformers_model.h)."""
+    (model/errors.h)."""
 
 
 class UsageError(Error):
     """A command line the metaload tool does not accept (tools/cli/torch/torch_cli.h)."""
 
 
-# The lines MismatchError's message lists its problems on (loader/plan.cc's list_block):
+# The lines MismatchError's message lists its problems on (loader/errors.cc's list_block):
 #   "  missing: <module name> [<shape>]"
 #   "  unexpected: <checkpoint name>[ (as <module name>)] in <file>"
 #   "  mismatched: <module name>: <why>"

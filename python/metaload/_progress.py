@@ -8,7 +8,7 @@ False (nothing), or a callback for the caller's own display:
 A callable is called as callback(done_bytes, total_bytes) with file bytes, done never going back;
 an object with update(n) (tqdm) gets its `total` set and update() called with each increment. It
 is called from a helper thread while the load runs (about 10 times a second: the library posts its
-progress under an id, loader/progress_board.h, and this thread reads it; torch releases the GIL
+progress under an id, loader/load/progress_board.h, and this thread reads it; torch releases the GIL
 while the library works) and a last time, with done == total, from the calling thread when the load
 has finished. An exception the callback raises is re-raised when the load has finished.
 """

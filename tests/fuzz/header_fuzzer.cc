@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "loader/safetensors.h"
-#include "loader/writer.h"
+#include "loader/format/safetensors.h"
+#include "loader/format/writer.h"
 
 using namespace metaload;
 

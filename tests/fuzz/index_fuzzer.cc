@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "loader/checkpoint.h"
-#include "loader/json_util.h"
+#include "loader/format/checkpoint.h"
+#include "loader/format/json_util.h"
 
 using namespace metaload;
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/convert.h"
-#include "loader/engine_device.h"
+#include "loader/engine/engine_device.h"
 
 namespace metaload {
 namespace {

@@ -13,7 +13,7 @@
 #include "base/torch_compat.h"
 #include "kernels/convert.h"
 #include "kernels/convert_bits.h"
-#include "loader/engine_device.h"
+#include "loader/engine/engine_device.h"
 
 namespace metaload {
 namespace {

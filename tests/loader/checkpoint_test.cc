@@ -1,12 +1,12 @@
 // open_checkpoint: directories, files, sharded indexes and their validation, the HF cache.
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include "loader/hf_cache.h"
-#include "loader/writer.h"
+#include "loader/format/hf_cache.h"
+#include "loader/format/writer.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -1,7 +1,7 @@
 # Engine, slots, TP and swap tests. Included from tests/loader/CMakeLists.txt.
 metaload_test(loader_engine_test SOURCES engine_test.cc)
 metaload_test(loader_engine_swap_test SOURCES engine_swap_test.cc)
-# The zero-copy contract: mapped files truncated, overwritten, renamed (loader/file_mapping.h).
+# The zero-copy contract: mapped files truncated, overwritten, renamed (loader/engine/file_mapping.h).
 metaload_test(loader_file_mapping_test SOURCES file_mapping_test.cc)
 # The Python that runs the Python tests (tools/gpu_check points it at the pip torch's).
 if(NOT METALOAD_PYTHON)

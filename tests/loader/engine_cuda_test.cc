@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <vector>
 
-#include "loader/engine.h"
-#include "loader/engine_device.h"
-#include "loader/slots_torch.h"
+#include "loader/engine/engine.h"
+#include "loader/engine/engine_device.h"
+#include "loader/load/slots_torch.h"
 #include "tests/loader/engine_test_util.h"
 
 namespace metaload {

@@ -21,11 +21,11 @@
 
 #include "base/text.h"
 #include "base/torch_compat.h"
-#include "loader/engine_device.h"
-#include "loader/plan.h"
-#include "loader/safetensors.h"
-#include "loader/slots.h"
-#include "loader/torch_save.h"
+#include "loader/engine/engine_device.h"
+#include "loader/engine/slots.h"
+#include "loader/format/safetensors.h"
+#include "loader/load/plan.h"
+#include "loader/load/torch_save.h"
 
 namespace metaload {
 namespace {

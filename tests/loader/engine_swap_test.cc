@@ -10,9 +10,9 @@
 #include <fstream>
 #include <random>
 
-#include "loader/slots.h"
-#include "loader/slots_torch.h"
-#include "loader/swap.h"
+#include "loader/engine/slots.h"
+#include "loader/load/slots_torch.h"
+#include "loader/load/swap.h"
 
 namespace metaload {
 namespace {

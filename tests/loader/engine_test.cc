@@ -29,10 +29,10 @@
 
 #include "base/checked.h"
 #include "kernels/convert.h"
-#include "loader/engine.h"
-#include "loader/engine_device.h"
-#include "loader/slots.h"
-#include "loader/tp.h"
+#include "loader/engine/engine.h"
+#include "loader/engine/engine_device.h"
+#include "loader/engine/slots.h"
+#include "loader/engine/tp.h"
 #include "tests/loader/engine_test_util.h"
 
 namespace metaload {

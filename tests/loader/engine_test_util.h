@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/convert.h"
-#include "loader/engine.h"
+#include "loader/engine/engine.h"
 
 namespace metaload {
 namespace testing_util {

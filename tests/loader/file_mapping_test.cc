@@ -1,6 +1,6 @@
-// The zero-copy contract (loader/file_mapping.h): what happens to a mapped checkpoint file that is
-// truncated, overwritten in place, replaced by rename or deleted while tensors map it.
-#include "loader/file_mapping.h"
+// The zero-copy contract (loader/engine/file_mapping.h): what happens to a mapped checkpoint file
+// that is truncated, overwritten in place, replaced by rename or deleted while tensors map it.
+#include "loader/engine/file_mapping.h"
 
 #include <fcntl.h>
 #include <signal.h>

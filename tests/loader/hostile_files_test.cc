@@ -16,11 +16,11 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/checkpoint.h"
-#include "loader/file_io.h"
-#include "loader/hf_cache.h"
-#include "loader/json_util.h"
-#include "loader/writer.h"
+#include "loader/format/checkpoint.h"
+#include "loader/format/file_io.h"
+#include "loader/format/hf_cache.h"
+#include "loader/format/json_util.h"
+#include "loader/format/writer.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -1,5 +1,5 @@
 // The safetensors header parser: dtypes, a valid header, and every validation rule.
-#include "loader/safetensors.h"
+#include "loader/format/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The streaming safetensors writer and the sharded writer.
-#include "loader/writer.h"
+#include "loader/format/writer.h"
 
 #include <sys/stat.h>
 
@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/checkpoint.h"
-#include "loader/json_util.h"
+#include "loader/format/checkpoint.h"
+#include "loader/format/json_util.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

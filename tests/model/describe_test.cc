@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "base/checked.h"
-#include "loader/json_util.h"
-#include "loader/writer.h"
+#include "loader/format/json_util.h"
+#include "loader/format/writer.h"
 #include "model/checkpoint_shapes.h"
 #include "model/dtypes.h"
 #include "model/model_key.h"

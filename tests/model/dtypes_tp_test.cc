@@ -1,7 +1,7 @@
 // bytes_per_element / the QUANTIZATIONS table, and the TP degree rules.
 #include <gtest/gtest.h>
 
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 #include "model/dtypes.h"
 #include "model/tp.h"
 #include "tests/loader/test_util.h"

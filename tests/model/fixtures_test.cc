@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/convert.h"
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
 #include "model/fixtures.h"

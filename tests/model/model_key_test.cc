@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/json_util.h"
+#include "loader/format/json_util.h"
 #include "model/registry.h"
 #include "tests/loader/test_util.h"
 

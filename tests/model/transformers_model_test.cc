@@ -21,10 +21,10 @@
 #include "base/checked.h"
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
-#include "loader/engine_device.h"
-#include "loader/plan.h"
-#include "loader/safetensors.h"
-#include "loader/slots_torch.h"
+#include "loader/engine/engine_device.h"
+#include "loader/format/safetensors.h"
+#include "loader/load/plan.h"
+#include "loader/load/slots_torch.h"
 #include "model/fixtures.h"
 #include "model/registry.h"
 #include "model/tp.h"
@@ -446,8 +446,8 @@ TEST(TransformersModel, ZeroCopyDispatchReportsMappedProgress) {
   EXPECT_EQ(seen.back().bytes_done, r.mapped_bytes);
 }
 
-// The zero-copy contract at the model's own check points (loader/file_mapping.h): a hub cache blob
-// that someone truncates or overwrites in place after the dispatch.
+// The zero-copy contract at the model's own check points (loader/engine/file_mapping.h): a hub
+// cache blob that someone truncates or overwrites in place after the dispatch.
 struct MappedGpt2 {
   MappedGpt2() {
     made = hub_checkpoint(d, "gpt2-tiny");

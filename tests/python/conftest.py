@@ -39,6 +39,32 @@ def run_cli(*args, env=None, timeout=300):
         pytest.fail(f"metaload {args[0] if args else ''} blocked for {timeout} s")
 
 
+# The families' test operators (torch.ops.metaload._family_*) live in a test-only library, not in
+# libmetaload.so: tests/model/families/libmetaload_test_ops.so beside METALOAD_LIB in both builds
+# (CMake's build folder, bazel-bin), or METALOAD_TEST_OPS_LIB.
+FAMILY_TEST_OPS = ("_family_test_forward", "_family_test_forward_chunked", "_family_test_generate",
+                   "_family_builtin_config", "_family_parameter_names")
+
+
+def family_test_ops_path():
+    return os.environ.get("METALOAD_TEST_OPS_LIB") or os.path.join(
+        os.path.dirname(lib_path()), "tests", "model", "families", "libmetaload_test_ops.so")
+
+
+def family_test_ops():
+    """torch.ops.metaload with the families' test operators loaded (after the package's library,
+    which the test library links)."""
+    import torch
+    from metaload import _lib
+    ops = _lib.load()
+    path = family_test_ops_path()
+    if not os.path.exists(path):
+        pytest.fail(f"no test operators library at {path}: build the tests (CMake: metaload_test_ops; "
+                    "Bazel: //tests/model/families:libmetaload_test_ops.so) or set METALOAD_TEST_OPS_LIB")
+    torch.ops.load_library(path)  # once per process: dlopen of a loaded path registers nothing again
+    return ops
+
+
 def run_python(code, env=None, preload=False, timeout=300):
     """Runs `code` in a fresh interpreter (this one); returns the CompletedProcess."""
     e = dict(os.environ)

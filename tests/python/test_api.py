@@ -54,6 +54,31 @@ def test_every_cpp_error_kind_is_importable_under_its_cpp_parent():
     assert issubclass(metaload.Error, RuntimeError)
 
 
+# Each layer's error kinds in one header (issue 13): a kind declared anywhere else in its layer
+# fails here. The two layers with many kinds; the others have a single header each already.
+ERROR_HEADERS = {"loader": "loader/errors.h", "model": "model/errors.h"}
+
+
+def error_headers(component):
+    """{header (repo-relative): [kinds]} for the headers under `component` declaring error kinds."""
+    out = {}
+    for h in glob.glob(os.path.join(ROOT, component, "**", "*.h"), recursive=True):
+        text = open(h, encoding="utf-8").read()
+        kinds = re.findall(r"^METALOAD_DEFINE_ERROR\((\w+),", text, re.M)
+        kinds += re.findall(r"^class (\w+) : public \w*Error \{", text, re.M)
+        if kinds:
+            out[os.path.relpath(h, ROOT)] = kinds
+    return out
+
+
+@pytest.mark.parametrize("component", sorted(ERROR_HEADERS))
+def test_each_layer_declares_its_error_kinds_in_one_header(component):
+    headers = error_headers(component)
+    assert list(headers) == [ERROR_HEADERS[component]], headers
+    assert len(headers[ERROR_HEADERS[component]]) >= 9  # the whole tree, not a stray kind
+    assert set(headers[ERROR_HEADERS[component]]) <= set(cpp_error_tree())
+
+
 def test_errors_the_docs_name_are_importable():
     docs = glob.glob(os.path.join(ROOT, "*.md")) + glob.glob(os.path.join(ROOT, "*", "README.md"))
     docs += glob.glob(os.path.join(ROOT, "python", "metaload", "*.py"))

@@ -141,7 +141,8 @@ def test_cmake_and_bazel_compile_the_same_sources_per_component():
     cmake, bazel = cmake_sources(), bazel_sources()
     # Both readers see the whole tree (not an empty parse that would agree trivially).
     assert len(cmake) > 100 and len(bazel) > 100, (len(cmake), len(bazel))
-    for folder in ("base", "c10_ext", "kernels", "fake_mode", "loader", "model", "model/families",
+    for folder in ("base", "c10_ext", "kernels", "fake_mode", "loader", "loader/format",
+                   "loader/engine", "loader/load", "model", "model/families",
                    "tools/cli", "tools/cli/torch", "tests/loader", "tests/model"):
         assert folder in _by_component(cmake), folder
     assert differences(cmake, bazel) == {}, (
@@ -164,10 +165,10 @@ def test_every_source_file_is_built():
 
 def test_a_file_missing_from_one_build_is_reported():
     cmake, bazel = cmake_sources(), bazel_sources()
-    dropped = "loader/json_util.cc"
+    dropped = "loader/format/json_util.cc"
     assert dropped in cmake and dropped in bazel
-    assert differences(cmake - {dropped}, bazel) == {"loader": ([], ["json_util.cc"])}
-    assert differences(cmake, bazel - {dropped}) == {"loader": (["json_util.cc"], [])}
+    assert differences(cmake - {dropped}, bazel) == {"loader/format": ([], ["json_util.cc"])}
+    assert differences(cmake, bazel - {dropped}) == {"loader/format": (["json_util.cc"], [])}
 
 
 def test_module_bazel_has_the_version_of_base_version_h():

@@ -132,7 +132,7 @@ def test_resnet50_zero_copy_same_outputs_and_file_untouched(resnet):
 
 
 # ---------------------------------------------------------------------------------------------
-# The zero-copy contract (README, Reliability; loader/file_mapping.h): a mapped file truncated or
+# The zero-copy contract (README, Reliability; loader/engine/file_mapping.h): a mapped file truncated or
 # overwritten in place, or replaced by rename, after the load.
 
 import os  # noqa: E402

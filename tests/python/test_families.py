@@ -6,17 +6,19 @@ Conv1D weights stored [in, out], tanh GELU, tied head; Llama: RMSNorm, rotary em
 gated MLP; Qwen2 q/k/v biases; Mistral/Qwen2 sliding windows). It is written from the papers and
 the transformers configuration semantics, not from the C++ code: per-head loops, explicit repeated
 kv heads, explicit masks. Weights are random and deterministic; the C++ model gets the same ones
-through torch.ops.metaload._family_test_*.
+through torch.ops.metaload._family_test_*, from the test operators' own library (conftest).
 """
 import json
 import math
+import os
 
 import pytest
 import torch
 
+from conftest import FAMILY_TEST_OPS, family_test_ops, lib_path, run_python
 from metaload import _lib
 
-ops = _lib.load()
+ops = family_test_ops()
 
 TINY = ["gpt2-tiny", "llama-tiny", "llama-tiny-tied", "qwen2-tiny", "mistral-tiny"]
 
@@ -423,3 +425,35 @@ def test_weight_and_input_errors_are_typed():
         typed(ops._family_test_forward)(text, names, tensors, torch.tensor([[1, 256, 2]]))
     with pytest.raises(family_error, match="positions"):
         typed(ops._family_test_generate)(text, names, tensors, ids, 62, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The test operators are not part of the release library (issue 13).
+
+def test_the_release_library_registers_no_family_test_operator():
+    # A fresh process with the package's library alone: none of the operators, and no op at all
+    # whose name starts with _family_ in torch's dispatcher; with the test library, all of them.
+    r = run_python(
+        f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "import torch, metaload\n"
+        "from conftest import FAMILY_TEST_OPS, family_test_ops\n"
+        "def family_ops():  # every registered schema (torch._C has no op-name list in 1.13)\n"
+        "    return sorted({s.name for s in torch._C._jit_get_all_schemas()\n"
+        "                   if s.name.startswith('metaload::_family_')})\n"
+        "assert 'metaload::init' in {s.name for s in torch._C._jit_get_all_schemas()}\n"
+        "print(family_ops())\n"
+        "def has(n):  # torch 1.13 raises RuntimeError for an unknown op, 2.x AttributeError\n"
+        "    try:\n"
+        "        return getattr(torch.ops.metaload, n) is not None\n"
+        "    except (AttributeError, RuntimeError):\n"
+        "        return False\n"
+        "print([n for n in FAMILY_TEST_OPS if has(n)])\n"
+        "family_test_ops()\n"
+        "print(family_ops())\n")
+    assert r.returncode == 0, r.stderr
+    release, named, with_tests = r.stdout.splitlines()[-3:]
+    assert release == "[]" and named == "[]", r.stdout
+    assert with_tests == str(sorted("metaload::" + n for n in FAMILY_TEST_OPS)), r.stdout
+    # Nor their schema strings in the file itself.
+    data = open(lib_path(), "rb").read()
+    assert all(n.encode() + b"(" not in data for n in FAMILY_TEST_OPS)

@@ -20,7 +20,7 @@ from conftest import ROOT, lib_path, run_cli
 from metaload import checkpoint as ck
 from metaload.model import make_checkpoint
 
-DEPTH = 128  # kMaxJsonDepth (loader/json_util.h)
+DEPTH = 128  # kMaxJsonDepth (loader/format/json_util.h)
 HASH = "0123456789abcdef0123456789abcdef01234567"
 
 

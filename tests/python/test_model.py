@@ -19,6 +19,7 @@ import metaload
 from metaload import _lib
 from metaload.model import TransformersModel, make_checkpoint
 
+from conftest import family_test_ops
 from test_families import VARIANTS, random_ids, reference, reference_greedy, relative_error
 
 
@@ -142,7 +143,7 @@ def test_same_tensor_objects_before_and_after_dispatch(tmp_path):
     # Buffers equal those of an eager real build of the family (the families' test op).
     cfg = model.config
     ids = random_ids(cfg, 1, 5, seed=1)
-    eager = metaload.ops._family_test_forward(
+    eager = family_test_ops()._family_test_forward(
         json.dumps(cfg), list(before), [t.detach() for t in before.values()], ids)
     assert torch.equal(model(ids), eager)
     inv_freq = model.named_buffers()["model.rotary_emb.inv_freq"]

@@ -3,8 +3,8 @@
 #include <iostream>
 #include <memory>
 
-#include "loader/hf_cache.h"
-#include "loader/json_util.h"
+#include "loader/format/hf_cache.h"
+#include "loader/format/json_util.h"
 #include "model/model_key.h"
 #include "model/reference.h"
 #include "model/registry.h"

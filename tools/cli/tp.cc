@@ -5,7 +5,7 @@
 #include <iostream>
 #include <memory>
 
-#include "loader/checkpoint.h"
+#include "loader/format/checkpoint.h"
 #include "model/reference.h"
 #include "model/tp.h"
 #include "tools/cli/command.h"

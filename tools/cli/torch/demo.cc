@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "loader/engine.h"
-#include "loader/hf_cache.h"
+#include "loader/engine/engine.h"
+#include "loader/format/hf_cache.h"
 #include "model/describe.h"
 #include "model/fixtures.h"
 #include "model/model_key.h"

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "loader/engine.h"
+#include "loader/engine/engine.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
 

@@ -1,0 +1,466 @@
+#include "loader/engine/file_mapping.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace metaload {
+
+namespace {
+
+std::atomic<int64_t> g_mappings{0};
+std::atomic<int64_t> g_detached{0};
+
+// The signal a breaking lease sends (fcntl F_SETSIG). Its default action is to ignore it, so one
+// sent to the whole process in the instant between F_SETLEASE and F_SETOWN_EX (which points it at
+// the watcher thread, the only thread that blocks it) does no harm; the watcher's periodic scan
+// finds that break instead.
+constexpr int kLeaseSignal = SIGURG;
+
+// --- the SIGBUS report -------------------------------------------------------------------------
+// A table the handler reads without locks: which file each mapped range holds. Static storage,
+// so it outlives every mapping and is there during static destruction.
+constexpr int kSignalSlots = 1024;
+constexpr size_t kSignalPathBytes = 496;
+struct SignalSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  char path[kSignalPathBytes];
+};
+SignalSlot g_signal_slots[kSignalSlots];
+struct sigaction g_previous_sigbus;
+
+void put(char*& at, char* end, const char* s) {
+  while (*s && at < end) *at++ = *s++;
+}
+
+void put_number(char*& at, char* end, uint64_t v) {
+  char digits[24];
+  int n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0 && at < end) *at++ = digits[--n];
+}
+
+// Async-signal-safe: table reads, write(2), sigaction(2), raise(3).
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(info ? info->si_addr : nullptr);
+  // Once: a previous handler that returns would bring the same fault back here.
+  static std::atomic<bool> reported{false};
+  for (SignalSlot& s : g_signal_slots) {
+    if (reported.load()) break;
+    const uintptr_t begin = s.begin.load(std::memory_order_acquire);
+    const uintptr_t end = s.end.load(std::memory_order_acquire);
+    if (begin == 0 || addr < begin || addr >= end) continue;
+    char msg[kSignalPathBytes + 512];
+    char* at = msg;
+    char* last = msg + sizeof msg - 1;
+    put(at, last, "metaload: SIGBUS reading ");
+    put(at, last, s.path);
+    put(at, last, " at byte ");
+    put_number(at, last, addr - begin);
+    put(at, last,
+        ", mapped zero-copy: the file was truncated, or its storage failed, while tensors used "
+        "it. Replace checkpoint files by rename; never truncate or rewrite them in place "
+        "(metaload README, Reliability).\n");
+    ssize_t ignored = ::write(STDERR_FILENO, msg, static_cast<size_t>(at - msg));
+    (void)ignored;
+    reported = true;
+    break;
+  }
+  // Then whatever would have happened without this handler. (An ignored SIGBUS is no option for
+  // a fault: the kernel applies the default action to it.)
+  const struct sigaction& prev = g_previous_sigbus;
+  if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    if (prev.sa_flags & SA_SIGINFO) {
+      prev.sa_sigaction(sig, info, context);
+    } else {
+      prev.sa_handler(sig);
+    }
+    return;
+  }
+  // The default action: on return the faulting access runs again and the process dies of SIGBUS
+  // (a core where enabled); a SIGBUS someone sent is sent again.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGBUS, &dfl, nullptr);
+  if (info == nullptr || info->si_code <= 0) ::raise(SIGBUS);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = &on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+int claim_signal_slot(const std::string& path, const unsigned char* data, uint64_t size) {
+  for (int i = 0; i < kSignalSlots; ++i) {
+    SignalSlot& s = g_signal_slots[i];
+    if (s.begin.load(std::memory_order_relaxed) != 0) continue;
+    const size_t n = std::min(path.size(), kSignalPathBytes - 1);
+    std::memcpy(s.path, path.data(), n);
+    s.path[n] = '\0';
+    s.end.store(reinterpret_cast<uintptr_t>(data) + size, std::memory_order_release);
+    s.begin.store(reinterpret_cast<uintptr_t>(data), std::memory_order_release);
+    return i;
+  }
+  return -1;  // more than kSignalSlots live mappings: a SIGBUS in them is reported unnamed
+}
+
+// Mapped files this process may hold open: a quarter of its open-file limit.
+int64_t held_file_budget() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1 << 16;
+  return static_cast<int64_t>(rl.rlim_cur / 4);
+}
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+}  // namespace
+
+// Every live mapping (by address), the leased ones, and the watcher thread that detaches a mapping
+// when its lease breaks. Allocated once and never destroyed: the watcher runs until the process
+// ends, through static destruction.
+struct FileMapping::Registry {
+  std::mutex mu;  // guards the maps, every mapping's fd_, and detaching
+  std::map<uintptr_t, std::weak_ptr<FileMapping>> live;
+  std::vector<FileMapping*> leased;
+  std::atomic<int64_t> held_files{0};
+  // The watcher: started on the first lease (again in a forked child, which has no threads but
+  // the forking one); its thread id receives the lease signals.
+  std::mutex start_mu;
+  std::condition_variable started;
+  pid_t pid = 0;  // the process that started it
+  pid_t tid = 0;
+
+  static Registry& get() {
+    static Registry* r = [] {
+      auto* made = new Registry();
+      ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
+      return made;
+    }();
+    return *r;
+  }
+
+  // Nothing of ours is half-changed across a fork.
+  static void before_fork() {
+    get().start_mu.lock();
+    get().mu.lock();
+  }
+  static void after_fork_in_parent() {
+    get().mu.unlock();
+    get().start_mu.unlock();
+  }
+  // The child's copies of leased mappings are not what the parent's watcher detaches (and the
+  // lease, shared with the parent, is the parent's): the child checks them instead.
+  static void after_fork_in_child() {
+    Registry& r = get();
+    for (FileMapping* m : r.leased) m->guard_ = MappingGuard::kChecked;
+    r.leased.clear();
+    r.mu.unlock();
+    r.start_mu.unlock();
+  }
+
+  pid_t watcher() {
+    std::unique_lock<std::mutex> g(start_mu);
+    if (pid != ::getpid()) {
+      pid = ::getpid();
+      tid = 0;
+      std::thread([this] { watch(); }).detach();
+      started.wait(g, [this] { return tid != 0; });
+    }
+    return tid;
+  }
+
+  void watch() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, kLeaseSignal);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    {
+      std::lock_guard<std::mutex> g(start_mu);
+      tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    }
+    started.notify_all();
+    for (;;) {
+      bool any;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        any = !leased.empty();
+      }
+      siginfo_t info;
+      if (any) {
+        // Woken by a break, or after a second to catch a break whose signal went astray.
+        const struct timespec second = {1, 0};
+        ::sigtimedwait(&set, &info, &second);
+      } else {
+        ::sigwaitinfo(&set, &info);  // FileMapping::open wakes it for the first lease
+      }
+      std::lock_guard<std::mutex> g(mu);
+      for (size_t i = 0; i < leased.size();) {
+        FileMapping* m = leased[i];
+        // F_RDLCK while held; F_UNLCK once a writer or truncate asked for the file.
+        if (::fcntl(m->fd_, F_GETLEASE) == F_RDLCK) {
+          ++i;
+          continue;
+        }
+        m->detach_locked();  // removes it from `leased`
+      }
+    }
+  }
+};
+
+const char* mapping_guard_name(MappingGuard g) {
+  switch (g) {
+    case MappingGuard::kLease:
+      return "lease";
+    case MappingGuard::kChecked:
+      return "checked";
+    case MappingGuard::kDetached:
+      return "detached";
+  }
+  return "?";
+}
+
+std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t expected_size) {
+  install_sigbus_handler();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ReadError(path + ": cannot open for mapping: " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != expected_size) {
+    const int err = errno;
+    ::close(fd);
+    throw ReadError(path + ": the file changed since its header was read (size " +
+                    std::to_string(static_cast<uint64_t>(st.st_size)) + ", expected " +
+                    std::to_string(expected_size) + ")" +
+                    (err ? std::string(": ") + errno_text(err) : ""));
+  }
+  void* base = expected_size == 0
+                   ? nullptr
+                   : ::mmap(nullptr, expected_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    throw ReadError(path + ": cannot map: " + errno_text(err));
+  }
+  Registry& r = Registry::get();
+  // The descriptor stays open while mapped (a lease lives on it, and fstat sees the mapped inode
+  // even after a rename), within the budget.
+  int held = -1;
+  if (expected_size > 0 && r.held_files.fetch_add(1) < held_file_budget()) {
+    held = fd;
+  } else {
+    if (expected_size > 0) --r.held_files;
+    ::close(fd);  // the mapping keeps the file
+  }
+  std::shared_ptr<FileMapping> m(
+      new FileMapping(path, static_cast<unsigned char*>(base), expected_size, held, st));
+  if (base == nullptr) {
+    m->guard_ = MappingGuard::kDetached;  // nothing mapped: nothing to guard
+    return m;
+  }
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.live[reinterpret_cast<uintptr_t>(base)] = m;
+    m->signal_slot_ = claim_signal_slot(path, m->data_, m->size_);
+  }
+  if (held < 0) return m;
+  // A read lease, where the kernel grants one: EAGAIN while anyone has the file open for writing,
+  // EACCES for another user's file without CAP_LEASE, EINVAL on filesystems without leases.
+  const pid_t watcher = r.watcher();
+  struct f_owner_ex owner {};
+  owner.type = F_OWNER_TID;
+  owner.pid = watcher;
+  if (::fcntl(held, F_SETSIG, kLeaseSignal) == 0 && ::fcntl(held, F_SETLEASE, F_RDLCK) == 0) {
+    ::fcntl(held, F_SETOWN_EX, &owner);
+    {
+      std::lock_guard<std::mutex> g(r.mu);
+      r.leased.push_back(m.get());
+      m->guard_ = MappingGuard::kLease;
+    }
+    // Wakes the watcher, which now scans while leases exist.
+    ::syscall(SYS_tgkill, ::getpid(), watcher, kLeaseSignal);
+  }
+  return m;
+}
+
+FileMapping::FileMapping(std::string path, unsigned char* data, uint64_t size, int fd,
+                         const struct stat& st)
+    : path_(std::move(path)),
+      data_(data),
+      size_(size),
+      fd_(fd),
+      dev_(st.st_dev),
+      ino_(st.st_ino),
+      mtime_sec_(st.st_mtim.tv_sec),
+      mtime_nsec_(st.st_mtim.tv_nsec) {
+  ++g_mappings;
+}
+
+FileMapping::~FileMapping() {
+  Registry& r = Registry::get();
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (data_ != nullptr) r.live.erase(reinterpret_cast<uintptr_t>(data_));
+    r.leased.erase(std::remove(r.leased.begin(), r.leased.end(), this), r.leased.end());
+    if (signal_slot_ >= 0) {
+      g_signal_slots[signal_slot_].begin.store(0, std::memory_order_release);
+      g_signal_slots[signal_slot_].end.store(0, std::memory_order_release);
+    }
+    if (fd_ >= 0) {
+      // Ends the lease explicitly: a forked child may hold this open file too.
+      if (guard_ == MappingGuard::kLease) ::fcntl(fd_, F_SETLEASE, F_UNLCK);
+      ::close(fd_);
+      fd_ = -1;
+      --r.held_files;
+    }
+  }
+  if (data_ != nullptr) ::munmap(data_, size_);
+  --g_mappings;
+}
+
+void FileMapping::detach() {
+  check();  // a file already changed cannot be copied as it was mapped
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> g(r.mu);
+  detach_locked();
+}
+
+void FileMapping::detach_locked() {
+  if (guard_ == MappingGuard::kDetached) return;
+  Registry& r = Registry::get();
+  // The bytes, read through the mapping while the file is still whole (a writer waiting on the
+  // lease cannot have changed it), move to fresh anonymous memory, which then replaces the file
+  // mapping at the same addresses in one step (mremap): readers in other threads see the same
+  // bytes throughout. A write to a weight from another thread during the copy would be lost;
+  // weights are not written while their file is being replaced.
+  bool copied = false;
+  void* fresh = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh != MAP_FAILED) {
+    std::memcpy(fresh, data_, size_);
+    copied = ::mremap(fresh, size_, size_, MREMAP_MAYMOVE | MREMAP_FIXED, data_) != MAP_FAILED;
+    if (!copied) ::munmap(fresh, size_);
+  }
+  r.leased.erase(std::remove(r.leased.begin(), r.leased.end(), this), r.leased.end());
+  if (!copied) {
+    // No memory for a copy: the lease goes (a writer must not wait on us for nothing) and the
+    // file is checked like any unleased one, so the change is reported at the next check.
+    if (fd_ >= 0) ::fcntl(fd_, F_SETLEASE, F_UNLCK);
+    guard_ = MappingGuard::kChecked;
+    return;
+  }
+  // Detached before the lease goes, so that whoever waited on it finds it detached.
+  guard_ = MappingGuard::kDetached;
+  ++g_detached;
+  if (fd_ >= 0) {
+    // Released explicitly: a forked child may share this open file, and with it the lease.
+    ::fcntl(fd_, F_SETLEASE, F_UNLCK);  // the writer proceeds
+    ::close(fd_);
+    fd_ = -1;
+    --r.held_files;
+  }
+}
+
+void FileMapping::check() const {
+  if (guard_ == MappingGuard::kDetached) return;
+  struct stat st {};
+  int rc = 0, err = 0;
+  {
+    std::lock_guard<std::mutex> g(Registry::get().mu);  // fd_ may be closed by a detach
+    if (guard_ == MappingGuard::kDetached) return;
+    if (fd_ >= 0) {
+      rc = ::fstat(fd_, &st);
+    } else {
+      // Not held open: the path tells only while it still names the mapped inode. Deleted or
+      // replaced by rename, the mapped inode is out of reach, and was allowed to go.
+      if (::stat(path_.c_str(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) return;
+    }
+    err = errno;
+  }
+  if (rc != 0) throw ReadError(path_ + ": cannot check the mapped file: " + errno_text(err));
+  const char* rule =
+      " while tensors loaded zero-copy map it; its weights can no longer be trusted: load the "
+      "model again (replace checkpoint files by rename, never in place; README, Reliability)";
+  if (static_cast<uint64_t>(st.st_size) != size_) {
+    throw FileChangedError(path_ + ": the file was " +
+                           (static_cast<uint64_t>(st.st_size) < size_ ? "truncated" : "extended") +
+                           " to " + std::to_string(static_cast<uint64_t>(st.st_size)) + " bytes (" +
+                           std::to_string(size_) + " when mapped)" + rule);
+  }
+  if (st.st_mtim.tv_sec != mtime_sec_ || st.st_mtim.tv_nsec != mtime_nsec_) {
+    throw FileChangedError(path_ + ": the file was written in place (its modification time " +
+                           "changed since it was mapped)" + rule);
+  }
+}
+
+std::shared_ptr<FileMapping> FileMapping::containing(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  Registry& r = Registry::get();
+  // Declared before the lock: if it holds the last reference, the destructor (which locks the
+  // registry) runs after the lock is released.
+  std::shared_ptr<FileMapping> m;
+  bool inside = false;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = r.live.upper_bound(a);
+    if (it != r.live.begin()) {
+      --it;
+      m = it->second.lock();
+      inside = m && a < it->first + m->size_;
+    }
+  }
+  return inside ? m : nullptr;
+}
+
+int64_t FileMapping::live_count() {
+  return g_mappings.load();
+}
+
+int64_t FileMapping::detached_count() {
+  return g_detached.load();
+}
+
+void FileMapping::populate(uint64_t offset, uint64_t length) const {
+  if (length == 0) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const uint64_t end = std::min(size_, offset + length);
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+  if (::madvise(data_ + start, end - start, MADV_POPULATE_READ) == 0) return;
+  if (errno != EINVAL) {
+    throw ReadError(path_ + ": reading bytes [" + std::to_string(offset) + ", " +
+                    std::to_string(end) + ") failed: " + errno_text(errno));
+  }
+  // A kernel without MADV_POPULATE_READ: fault the pages by reading them (a read error is then a
+  // SIGBUS, as with any mapped file).
+  volatile unsigned char sink = 0;
+  for (uint64_t p = start; p < end; p += page) sink ^= data_[p];
+  (void)sink;
+}
+
+}  // namespace metaload

@@ -1,0 +1,95 @@
+// Checkpoint files mapped for zero-copy CPU loads, and the contract those mappings keep.
+// Torch-free.
+//
+// A zero-copy load (EngineOptions::map_files) leaves tensors pointing into a copy-on-write
+// (MAP_PRIVATE) mapping of the checkpoint file. Writing a weight copies its page; the file never
+// changes. What others may do to the file while tensors map it (README, "Reliability"):
+//  - delete it, or replace it by rename (how the Hugging Face cache and most tools write): always
+//    fine, the mapping keeps the old inode;
+//  - truncate it or write it in place: never meant to happen. Where Linux grants a read lease
+//    (fcntl F_SETLEASE: the file's owner or CAP_LEASE, a local filesystem, no writer has it open),
+//    the writer's open() or truncate() waits while this process copies the mapped bytes into
+//    private memory at the same addresses (detach); the tensors then keep the weights they
+//    loaded and the writer proceeds, milliseconds later. Without a lease, the change is found at
+//    the next check (check(): size and mtime of the mapped inode), which throws FileChangedError
+//    naming the file: after every zero-copy load, before and after every TransformersModel
+//    forward and generate, and wherever a caller asks (check_mapped in slots_torch.h). Between
+//    checks, weights change silently, and a read past a truncated end raises SIGBUS: the process
+//    then ends as it would, after one line on stderr naming the file and the offset.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loader/engine/engine.h"
+
+namespace metaload {
+
+// How a mapping is kept safe from changes to its file.
+enum class MappingGuard {
+  kLease,     // a read lease: a writer or truncate waits until the bytes are detached
+  kChecked,   // no lease could be had: check() compares size and mtime
+  kDetached,  // the bytes live in private memory now; the file no longer matters
+};
+
+// "lease", "checked", "detached".
+const char* mapping_guard_name(MappingGuard g);
+
+class FileMapping : public std::enable_shared_from_this<FileMapping> {
+ public:
+  // Maps `path` whole. Throws ReadError naming the file when it cannot be opened or mapped, or
+  // when its size is no longer `expected_size` (it changed since its header was read). Takes a
+  // read lease where it can (see above); the file stays open while mapped unless this process
+  // already holds a quarter of its open-file limit in mapped files (then it is checked by path).
+  static std::shared_ptr<FileMapping> open(const std::string& path, uint64_t expected_size);
+  ~FileMapping();
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+
+  unsigned char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  MappingGuard guard() const { return guard_.load(); }
+
+  // Faults [offset, offset + length) in now, so that a read error surfaces here as a ReadError
+  // rather than as SIGBUS later (MADV_POPULATE_READ; older kernels: one read per page).
+  void populate(uint64_t offset, uint64_t length) const;
+
+  // Throws FileChangedError naming the file when it was truncated or written in place since it
+  // was mapped (its size or mtime differ). A file deleted or replaced by rename is fine, and so is
+  // anything once the mapping is detached.
+  void check() const;
+
+  // Copies the mapped bytes into private memory at the same addresses (the tensors keep their
+  // pointers and their bytes) and lets go of the file and its lease. Idempotent. Runs on its own
+  // when a lease breaks; a caller may detach any time to free the file.
+  void detach();
+
+  // The live mapping whose bytes hold `p`, or nullptr.
+  static std::shared_ptr<FileMapping> containing(const void* p);
+  static int64_t live_count();
+  // Mappings detached since the process started (tests).
+  static int64_t detached_count();
+
+  struct Registry;  // file_mapping.cc
+
+ private:
+  FileMapping(std::string path, unsigned char* data, uint64_t size, int fd, const struct stat& st);
+  void detach_locked();  // the registry's mutex held
+  std::string path_;
+  unsigned char* data_;
+  uint64_t size_;
+  int fd_;  // -1 when not held (over the open-file budget, or detached)
+  dev_t dev_;
+  ino_t ino_;
+  int64_t mtime_sec_, mtime_nsec_;
+  std::atomic<MappingGuard> guard_{MappingGuard::kChecked};
+  int signal_slot_ = -1;  // its entry in the SIGBUS handler's table, or -1
+};
+
+}  // namespace metaload

@@ -1,0 +1,476 @@
+#include "loader/load/plan.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "base/text.h"
+#include "base/torch_library.h"
+#include "loader/format/hf_cache.h"
+#include "loader/load/progress_board.h"
+#include "loader/load/swap.h"
+
+namespace metaload {
+
+std::optional<at::ScalarType> torch_dtype_of(DType d) {
+  // By name, so dtypes only newer libtorch releases have (float8, uint16, ...) need no version
+  // checks: where this build lacks one, no ScalarType answers to its name.
+  static const std::map<DType, std::string> names = {
+      {DType::BOOL, "Bool"},
+      {DType::U8, "Byte"},
+      {DType::I8, "Char"},
+      {DType::I16, "Short"},
+      {DType::U16, "UInt16"},
+      {DType::I32, "Int"},
+      {DType::U32, "UInt32"},
+      {DType::I64, "Long"},
+      {DType::U64, "UInt64"},
+      {DType::F16, "Half"},
+      {DType::BF16, "BFloat16"},
+      {DType::F32, "Float"},
+      {DType::F64, "Double"},
+      {DType::C64, "ComplexFloat"},
+      {DType::F8_E4M3, "Float8_e4m3fn"},
+      {DType::F8_E5M2, "Float8_e5m2"},
+      {DType::F8_E4M3FNUZ, "Float8_e4m3fnuz"},
+      {DType::F8_E5M2FNUZ, "Float8_e5m2fnuz"},
+      {DType::F8_E8M0, "Float8_e8m0fnu"},
+  };
+  auto it = names.find(d);
+  if (it == names.end()) return std::nullopt;
+  for (int i = 0; i < static_cast<int>(at::ScalarType::NumOptions); ++i) {
+    const auto t = static_cast<at::ScalarType>(i);
+    if (it->second == c10::toString(t)) return t;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << at::IntArrayRef(s);
+  return o.str();
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool convertible(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+std::string q(const std::string& name) {
+  return quote_text(name, '\'');
+}
+
+// What does not fit, gathered over every target before plan_load throws one MismatchError.
+struct Mismatches {
+  std::vector<MismatchItem> missing, unexpected, mismatched;
+  bool empty() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+};
+
+// The checkpoint tensor each target takes, by the family's renames (null: none of its own).
+struct Sources {
+  std::vector<const TensorInfo*> info;
+  std::vector<size_t> file;
+  std::vector<std::string> name;
+};
+
+// Step 1: the options make sense, and no two targets share a name.
+std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarget>& targets,
+                                                      const LoadOptions& opt) {
+  if (opt.tp_size < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size) {
+    throw PlanError("tensor-parallel rank " + std::to_string(opt.tp_rank) + " of " +
+                    std::to_string(opt.tp_size) + " does not exist");
+  }
+  if (opt.tp_size > 1 && !opt.names.tp_shard) {
+    throw PlanError("tp_size " + std::to_string(opt.tp_size) +
+                    " needs the model family's TP plan (LoadOptions::names.tp_shard)");
+  }
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!by_name.emplace(targets[i].name, i).second) {
+      throw PlanError("two targets are named " + q(targets[i].name));
+    }
+  }
+  return by_name;
+}
+
+// Step 2: each checkpoint tensor to the target its (renamed) name is; unexpected ones under
+// strict, two tensors for one target a mismatch.
+Sources match_sources(const std::vector<LoadTarget>& targets,
+                      const std::unordered_map<std::string, size_t>& by_name,
+                      const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+  const size_t n_targets = targets.size();
+  Sources src{std::vector<const TensorInfo*>(n_targets, nullptr), std::vector<size_t>(n_targets, 0),
+              std::vector<std::string>(n_targets)};
+  for (const std::string& cname : ckpt.tensor_names()) {
+    std::optional<std::string> mname = cname;
+    if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
+    if (!mname) continue;  // ignored by the family
+    auto it = by_name.find(*mname);
+    if (it != by_name.end() && targets[it->second].computed) it = by_name.end();  // never loaded
+    const TensorRef& ref = ckpt.lookup.at(cname);
+    if (it == by_name.end()) {
+      if (opt.strict) {
+        bad.unexpected.push_back(
+            {cname, (*mname != cname ? " (as " + escape_text(*mname) + ")" : "") + " in " +
+                        escape_text(base_name(ckpt.files[ref.file].path))});
+      }
+      continue;
+    }
+    if (src.info[it->second] != nullptr) {
+      bad.mismatched.push_back({*mname, ": both " + q(src.name[it->second]) + " and " + q(cname) +
+                                            " in the checkpoint map to it"});
+      continue;
+    }
+    src.info[it->second] = &ckpt.tensor(ref);
+    src.file[it->second] = ref.file;
+    src.name[it->second] = cname;
+  }
+  return src;
+}
+
+// Step 3: ties -- targets that are one tensor object, and the family's tied groups. Returns each
+// target's group (-1: undefined tensor) and, per group, a target with a checkpoint tensor.
+std::map<int, size_t> tie_groups(const std::vector<LoadTarget>& targets,
+                                 const std::unordered_map<std::string, size_t>& by_name,
+                                 const Sources& src, const LoadOptions& opt,
+                                 std::vector<int>& group) {
+  group.assign(targets.size(), -1);
+  std::unordered_map<const c10::TensorImpl*, int> impl_group;
+  int groups = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!targets[i].tensor.defined()) continue;
+    auto [it, fresh] = impl_group.emplace(targets[i].tensor.unsafeGetTensorImpl(), groups);
+    if (fresh) ++groups;
+    group[i] = it->second;
+  }
+  for (const std::vector<std::string>& names : opt.names.tied) {
+    int g = -1;
+    for (const std::string& n : names) {
+      auto it = by_name.find(n);
+      if (it == by_name.end()) continue;
+      if (g < 0) {
+        g = group[it->second];
+        continue;
+      }
+      const int old = group[it->second];
+      for (int& x : group) x = x == old ? g : x;
+    }
+  }
+  std::map<int, size_t> group_source;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (src.info[i] != nullptr && group[i] >= 0) group_source.emplace(group[i], i);
+  }
+  return group_source;
+}
+
+// The dtype the slot gets: the module's, or opt.dtype among the convertible float types; nullopt
+// (and a mismatch) when the stored dtype cannot become it.
+std::optional<at::ScalarType> slot_dtype(const LoadTarget& t, at::ScalarType stored,
+                                         const std::string& where, const LoadOptions& opt,
+                                         Mismatches& bad) {
+  at::ScalarType want = t.tensor.scalar_type();
+  if (opt.dtype && convertible(stored)) want = *opt.dtype;
+  if (opt.dtype && !convertible(stored)) want = stored;
+  if (want != stored && !(convertible(want) && convertible(stored))) {
+    bad.mismatched.push_back({t.name, std::string(": dtype ") + c10::toString(want) +
+                                          " in the module but " + where + " is " +
+                                          c10::toString(stored) +
+                                          " (conversions exist among Float, Half and BFloat16)"});
+    return std::nullopt;
+  }
+  return want;
+}
+
+// Under tensor parallelism, this rank's slice of the spec's tensor (spec.shard) and its shape;
+// nullopt (and a mismatch) when the family has none for it.
+std::optional<std::vector<int64_t>> slot_shape(const LoadTarget& t, SlotSpec& spec,
+                                               const LoadOptions& opt, Mismatches& bad) {
+  if (opt.tp_size <= 1) return spec.stored_shape;
+  try {
+    TpShard shard = opt.names.tp_shard(t.name, spec.stored_shape, opt.tp_rank, opt.tp_size);
+    if (shard.dim < 0) return spec.stored_shape;
+    shard_copies(spec.stored_shape, 1, 0, shard, spec.name);  // validates
+    spec.shard = shard;
+    return shard.shape;
+  } catch (const std::exception& e) {
+    bad.mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
+                                          " of " + std::to_string(opt.tp_size) + ": " +
+                                          escape_text(e.what())});
+    return std::nullopt;
+  }
+}
+
+// Step 4: the slot of target t, read from its owner's checkpoint tensor; nullopt (and a
+// mismatch) when dtype, TP shard or shape do not fit.
+std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sources& src,
+                                  const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+  const TensorInfo& info = *src.info[owner];
+  const std::string where =
+      q(src.name[owner]) + " in " + escape_text(base_name(ckpt.files[src.file[owner]].path));
+  const std::optional<at::ScalarType> stored = torch_dtype_of(info.dtype);
+  if (!stored) {
+    bad.mismatched.push_back({t.name, ": " + where + " is " + dtype_name(info.dtype) +
+                                          ", which this libtorch has no dtype for"});
+    return std::nullopt;
+  }
+  const std::optional<at::ScalarType> want = slot_dtype(t, *stored, where, opt, bad);
+  if (!want) return std::nullopt;
+  SlotSpec spec;
+  spec.name = src.name[owner];
+  spec.file = src.file[owner];
+  spec.data_offset = ckpt.files[src.file[owner]].data_start + info.begin;
+  spec.stored_shape = info.shape;
+  spec.stored_dtype = *stored;
+  spec.dtype = *want;
+  const std::optional<std::vector<int64_t>> shape = slot_shape(t, spec, opt, bad);
+  if (!shape) return std::nullopt;
+  if (t.tensor.sizes().vec() != *shape) {
+    bad.mismatched.push_back(
+        {t.name, ": shape " + shape_str(t.tensor.sizes().vec()) + " in the module but " + where +
+                     " gives " + shape_str(*shape) +
+                     (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
+                                            std::to_string(opt.tp_size) + ")"
+                                      : "")});
+    return std::nullopt;
+  }
+  return spec;
+}
+
+// A target tied to one whose slot is planned already shares it; its shape must be the slot's.
+void check_tied_shape(const LoadTarget& t, const LoadTarget& owner, const SlotSpec& s,
+                      Mismatches& bad) {
+  const std::vector<int64_t>& shape = s.shard ? s.shard->shape : s.stored_shape;
+  if (t.tensor.sizes().vec() != shape) {
+    bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                          " but it is tied to " + q(owner.name) + " " +
+                                          shape_str(shape)});
+  }
+}
+
+}  // namespace
+
+LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
+                   const LoadOptions& opt) {
+  const std::unordered_map<std::string, size_t> by_name = index_targets(targets, opt);
+  Mismatches bad;
+  const Sources src = match_sources(targets, by_name, ckpt, opt, bad);
+  std::vector<int> group;
+  const std::map<int, size_t> group_source = tie_groups(targets, by_name, src, opt, group);
+
+  LoadPlan plan;
+  for (const SafetensorsHeader& f : ckpt.files) plan.files.push_back(f.path);
+  plan.spec_of_target.assign(targets.size(), -1);
+  std::map<size_t, int> spec_of_source;  // owner target -> spec
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const LoadTarget& t = targets[i];
+    if (opt.names.skip && opt.names.skip(t.name)) continue;
+    if (!t.tensor.defined()) {
+      bad.mismatched.push_back({t.name, ": undefined tensor in the module"});
+      continue;
+    }
+    if (t.computed) {
+      if (!t.values.defined()) {
+        bad.missing.push_back(
+            {t.name,
+             " " + shape_str(t.tensor.sizes().vec()) +
+                 " (a non-persistent buffer: checkpoints do not hold it, and its values are "
+                 "unknown; build the module under metaload.meta() or on a real device)"});
+      } else if (t.values.sizes() != t.tensor.sizes()) {
+        bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                              " in the module but its values have " +
+                                              shape_str(t.values.sizes().vec())});
+      } else {
+        plan.computed.push_back(i);
+      }
+      continue;
+    }
+    size_t owner = i;
+    if (src.info[i] == nullptr) {  // a target without its own tensor takes its group's
+      auto g = group[i] >= 0 ? group_source.find(group[i]) : group_source.end();
+      if (g == group_source.end()) {
+        bad.missing.push_back({t.name, " " + shape_str(t.tensor.sizes().vec())});
+        continue;
+      }
+      owner = g->second;
+    }
+    auto known = spec_of_source.find(owner);
+    if (known != spec_of_source.end()) {
+      plan.spec_of_target[i] = known->second;
+      check_tied_shape(t, targets[owner], plan.specs[known->second], bad);
+      continue;
+    }
+    std::optional<SlotSpec> spec = make_spec(t, owner, src, ckpt, opt, bad);
+    if (!spec) continue;
+    spec_of_source[owner] = static_cast<int>(plan.specs.size());
+    plan.spec_of_target[i] = static_cast<int>(plan.specs.size());
+    plan.specs.push_back(std::move(*spec));
+  }
+  if (!bad.empty()) {
+    const std::string summary =
+        "checkpoint " + q(ckpt.ref) + " does not fit: " + std::to_string(bad.missing.size()) +
+        " missing, " + std::to_string(bad.unexpected.size()) + " unexpected, " +
+        std::to_string(bad.mismatched.size()) + " mismatched";
+    throw MismatchError(summary, std::move(bad.missing), std::move(bad.unexpected),
+                        std::move(bad.mismatched));
+  }
+  return plan;
+}
+
+LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::string& ref,
+                        const LoadOptions& opt) {
+  checked_loader_threads(opt.threads);  // before any file is opened
+  const Checkpoint ckpt = open_checkpoint(ref, opt.revision);
+  const LoadPlan plan = plan_load(targets, ckpt, opt);
+  EngineOptions eo = opt.engine;
+  if (opt.threads > 0) eo.threads = opt.threads;
+  if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
+  if (opt.progress) eo.progress = opt.progress;
+  eo.map_files = opt.map_files.value_or(
+      eo.map_files || std::all_of(plan.files.begin(), plan.files.end(), is_hf_cache_blob));
+  SlotLoad slots;
+  {
+    // Slots must be real memory even when a meta mode is active on this thread (a DeferredInit
+    // or Fake key included): exclude both while they are made.
+    c10::impl::ExcludeDispatchKeyGuard real(
+        c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
+    slots = load_slots(plan.files, plan.specs, opt.device, eo, opt.staged);
+  }
+  std::vector<at::Tensor> dst, src;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (plan.spec_of_target[i] < 0) continue;
+    dst.push_back(targets[i].tensor);
+    src.push_back(slots.tensors[plan.spec_of_target[i]]);
+    names.push_back(targets[i].name);
+  }
+  {
+    c10::impl::ExcludeDispatchKeyGuard real(
+        c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
+    for (size_t i : plan.computed) {
+      const LoadTarget& t = targets[i];
+      // A fresh copy: the values may be another tensor's (the buffer itself, built on a device).
+      dst.push_back(t.tensor);
+      src.push_back(t.values.to(opt.device, t.tensor.scalar_type(), /*non_blocking=*/false,
+                                /*copy=*/true));
+      names.push_back(t.name);
+    }
+  }
+  swap_in(dst, src, names);
+  return slots.report;
+}
+
+LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOptions& opt) {
+  std::vector<LoadTarget> targets;
+  for (const auto& kv : module.named_parameters(/*recurse=*/true)) {
+    targets.push_back({kv.key(), kv.value()});
+  }
+  for (const auto& kv : module.named_buffers(/*recurse=*/true)) {
+    targets.push_back({kv.key(), kv.value()});
+  }
+  return load_tensors(targets, ref, opt);
+}
+
+namespace {
+
+// Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
+// package passes module.state_dict(keep_vars=True): the Parameters and persistent buffers
+// themselves, so they change in place; and as `computed` the non-persistent buffers to set from
+// their values (computed_values[i]: None when unknown, LoadTarget::computed).
+std::string load_into_op(at::TensorList targets, std::vector<std::string> names, std::string ref,
+                         c10::optional<std::string> revision, c10::optional<at::Device> device,
+                         c10::optional<at::ScalarType> dtype, int64_t tp_rank, int64_t tp_size,
+                         int64_t threads, int64_t staging_bytes, bool strict, bool progress_bar,
+                         c10::optional<bool> map_files, int64_t progress_id,
+                         c10::optional<at::TensorList> computed_opt,
+                         c10::optional<std::vector<std::string>> computed_names_opt,
+                         const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt) {
+  if (targets.size() != names.size()) {
+    throw PlanError(std::to_string(targets.size()) + " tensors but " +
+                    std::to_string(names.size()) + " names");
+  }
+  const at::TensorList computed = computed_opt.value_or(at::TensorList());
+  const std::vector<std::string> computed_names =
+      computed_names_opt.value_or(std::vector<std::string>());
+  const c10::List<c10::optional<at::Tensor>> computed_values =
+      values_opt.value_or(c10::List<c10::optional<at::Tensor>>());
+  if (computed.size() != computed_names.size() || computed.size() != computed_values.size()) {
+    throw PlanError(std::to_string(computed.size()) + " computed tensors but " +
+                    std::to_string(computed_names.size()) + " names and " +
+                    std::to_string(computed_values.size()) + " values");
+  }
+  // Python ints arrive as int64: out-of-range values are errors naming the argument, never
+  // clamped, wrapped or read as "the default".
+  if (staging_bytes < 0) {
+    throw PlanError("staging_bytes must be 0 (the default, " +
+                    std::to_string(EngineOptions().staging_bytes >> 20) +
+                    " MiB) or a positive number of bytes, got " + std::to_string(staging_bytes));
+  }
+  if (tp_size < 1 || tp_size > INT_MAX) {
+    throw PlanError("tp_size must be from 1 to 2^31-1, got " + std::to_string(tp_size));
+  }
+  if (tp_rank < 0 || tp_rank >= tp_size) {
+    throw PlanError("tp_rank must be from 0 to tp_size - 1 (" + std::to_string(tp_size - 1) +
+                    "), got " + std::to_string(tp_rank));
+  }
+  std::vector<LoadTarget> t;
+  for (size_t i = 0; i < targets.size(); ++i) t.push_back({names[i], targets[i]});
+  for (size_t i = 0; i < computed.size(); ++i) {
+    const c10::optional<at::Tensor> v = computed_values.get(i);
+    t.push_back({computed_names[i], computed[i], /*computed=*/true, v ? *v : at::Tensor()});
+  }
+  LoadOptions opt;
+  if (device) opt.device = *device;
+  if (dtype) opt.dtype = *dtype;
+  if (revision) opt.revision = *revision;
+  opt.tp_rank = static_cast<int>(tp_rank);
+  opt.tp_size = static_cast<int>(tp_size);
+  opt.threads = checked_loader_threads(threads);
+  opt.staging_bytes = static_cast<uint64_t>(staging_bytes);
+  opt.strict = strict;
+  opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
+  if (map_files) opt.map_files = *map_files;
+  if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
+  return load_report_json(load_tensors(t, ref, opt));
+}
+
+// Python: the latest {bytes_done, bytes_total} of a load started with `progress_id` (see
+// loader/load/progress_board.h), or [] before its first report.
+std::vector<int64_t> load_progress_op(int64_t progress_id, bool release) {
+  return ProgressBoard::instance().read(progress_id, release);
+}
+
+// Python: the full name lists of a MismatchError just raised, by its message (JSON), or None.
+c10::optional<std::string> mismatch_names_op(std::string message) {
+  std::optional<std::string> j = mismatch_names_json(message);
+  if (!j) return c10::nullopt;
+  return *j;
+}
+
+}  // namespace
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def(
+      "load_into(Tensor(a!)[] targets, str[] names, str ref, str? revision=None, "
+      "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
+      "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
+      "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
+      "Tensor?[]? computed_values=None) -> str",
+      &load_into_op);
+  m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
+  m.def("mismatch_names(str message) -> str?", &mismatch_names_op);
+}
+
+}  // namespace metaload

@@ -1,0 +1,304 @@
+#include "loader/load/slots_torch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "base/checked.h"
+#include "base/text.h"
+#include "base/torch_library.h"
+#include "loader/engine/progress.h"
+#include "loader/engine/slots.h"
+#include "loader/load/swap.h"
+
+namespace metaload {
+
+bool float_format_of(at::ScalarType t, FloatFormat* out) {
+  switch (t) {
+    case at::kFloat:
+      *out = FloatFormat::kF32;
+      return true;
+    case at::kHalf:
+      *out = FloatFormat::kF16;
+      return true;
+    case at::kBFloat16:
+      *out = FloatFormat::kBF16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// The copy jobs of one spec (one per shard range), with destinations as byte offsets into the
+// slot (stored in CopyJob::dst until the slot exists).
+struct SpecPlan {
+  std::vector<CopyJob> jobs;
+  std::vector<int64_t> shape;
+  bool padded = false;
+};
+
+SpecPlan plan_spec(const SlotSpec& s) {
+  const uint64_t elem = c10::elementSize(s.stored_dtype);
+  const uint64_t dst_elem = c10::elementSize(s.dtype);
+  CopyJob base;
+  base.name = s.name;
+  base.file = s.file;
+  base.unit = static_cast<uint32_t>(elem);
+  if (s.dtype != s.stored_dtype) {
+    if (!float_format_of(s.stored_dtype, &base.from) || !float_format_of(s.dtype, &base.to)) {
+      throw PlanError("tensor " + quote_text(s.name, '\'') + ": cannot convert " +
+                      std::string(c10::toString(s.stored_dtype)) + " to " +
+                      std::string(c10::toString(s.dtype)) +
+                      " (conversions exist among Float, Half and BFloat16)");
+    }
+    base.convert = true;
+  }
+  const TpShard shard = s.shard ? *s.shard : even_shard(s.stored_shape, s.slice, s.name);
+  SpecPlan p;
+  p.shape = shard.dim < 0 ? s.stored_shape : shard.shape;
+  p.padded = shard_has_padding(shard);
+  for (const ShardCopy& c : shard_copies(s.stored_shape, elem, s.data_offset, shard, s.name)) {
+    CopyJob j = base;
+    apply_region(j, c.src);
+    // A contiguous slice of a sharded tensor: the bytes around it are other ranks' rows.
+    j.exact = shard.dim >= 0 && j.rows == 1;
+    j.dst = reinterpret_cast<void*>(static_cast<uintptr_t>(c.dst_offset_elems * dst_elem));
+    if (j.rows > 1) j.dst_row_stride = c.dst_row_stride_elems * dst_elem;
+    p.jobs.push_back(j);
+  }
+  return p;
+}
+
+// The specs whose bytes can be used where they lie in the file: one contiguous run, stored dtype,
+// no padding, element-aligned. Those become tensors over copy-on-write file mappings (the rest stay
+// undefined here). Pages are faulted in before returning, in parallel, so read errors surface now.
+std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
+                                  const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
+                                  const EngineOptions& options, LoadReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> out(specs.size());
+  std::vector<std::shared_ptr<FileMapping>> maps(files.size());
+  struct Range {
+    const FileMapping* map;
+    uint64_t offset, length;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SpecPlan& p = plans[i];
+    if (p.jobs.size() != 1 || p.padded) continue;
+    const CopyJob& j = p.jobs[0];
+    const uint64_t elem = c10::elementSize(specs[i].dtype);
+    if (j.convert || (j.rows > 1 && j.stride() != j.row_bytes) || j.offset % elem != 0) continue;
+    if (!maps[j.file]) {
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(files[j.file], ec);
+      if (ec) throw ReadError(files[j.file] + ": " + ec.message());
+      maps[j.file] = FileMapping::open(files[j.file], size);
+    }
+    const uint64_t bytes = j.rows * j.row_bytes;
+    if (j.offset + bytes > maps[j.file]->size()) {
+      throw ReadError(escape_path(files[j.file]) + ": tensor " + quote_text(specs[i].name, '\'') +
+                      " ends at byte " + std::to_string(j.offset + bytes) +
+                      " past the end of the file");
+    }
+    std::shared_ptr<FileMapping> keep = maps[j.file];
+    out[i] = at::from_blob(
+        maps[j.file]->data() + j.offset, p.shape, [keep](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(specs[i].dtype).device(at::kCPU));
+    ranges.push_back({maps[j.file].get(), j.offset, bytes});
+    report->mapped_bytes += bytes;
+  }
+  // Fault the pages in with the engine's threads (page-table work; no copy), in pieces of at most
+  // kPopulateChunk so that progress (the bar, EngineOptions::progress) counts populated bytes as
+  // they come, about 10 times a second on this thread, like the engines.
+  constexpr uint64_t kPopulateChunk = 64ull << 20;
+  std::vector<Range> chunks;
+  for (const Range& r : ranges)
+    for (uint64_t o = 0; o < r.length; o += kPopulateChunk)
+      chunks.push_back({r.map, r.offset + o, std::min(kPopulateChunk, r.length - o)});
+  if (!chunks.empty()) {
+    ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
+    std::atomic<size_t> next{0};
+    run.execute(std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())),
+                [&](int) {
+                  for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
+                    chunks[c].map->populate(chunks[c].offset, chunks[c].length);
+                    run.done += chunks[c].length;
+                  }
+                });
+    // `out` (and with it every mapping) dies with the throw.
+    if (run.error) std::rethrow_exception(run.error);
+  }
+  // A file written in place while it was mapped and populated (no lease kept it whole): the
+  // tensors would hold some of both versions.
+  for (const auto& m : maps)
+    if (m) m->check();
+  report->bytes += report->mapped_bytes;
+  report->slot_bytes += report->mapped_bytes;
+  report->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+// Turns the jobs' slot-relative destinations into addresses.
+void place(SpecPlan& p, void* slot, std::vector<CopyJob>& all) {
+  for (CopyJob& j : p.jobs) {
+    j.dst = static_cast<unsigned char*>(slot) + reinterpret_cast<uintptr_t>(j.dst);
+    all.push_back(j);
+  }
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<FileMapping>> mappings_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::shared_ptr<FileMapping>> out;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) continue;
+    const void* p = t.storage().data_ptr().get();
+    if (p == nullptr) continue;
+    std::shared_ptr<FileMapping> m = FileMapping::containing(p);
+    if (m && std::find(out.begin(), out.end(), m) == out.end()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<FileMapping>> check_mapped(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::shared_ptr<FileMapping>> maps = mappings_of(tensors);
+  for (const auto& m : maps) m->check();
+  return maps;
+}
+
+namespace {
+
+// Where each CPU slot goes in the arena: its size, alignment and file position, and whether it
+// may share a read with its file neighbours.
+std::vector<SlotRequest> slot_requests(const std::vector<SlotSpec>& specs,
+                                       const std::vector<SpecPlan>& plans) {
+  std::vector<SlotRequest> req;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const SpecPlan& p = plans[i];
+    SlotRequest r;
+    r.bytes = checked_product<uint64_t>(p.shape, c10::elementSize(specs[i].dtype),
+                                        "slot bytes of tensor " + quote_text(specs[i].name));
+    r.align = c10::elementSize(specs[i].dtype);
+    r.file = specs[i].file;
+    r.file_offset = p.jobs.empty() ? 0 : p.jobs[0].offset;
+    // One contiguous run copied as it is can share a read with its file neighbours.
+    r.read_direct = p.jobs.size() == 1 && !p.jobs[0].convert &&
+                    (p.jobs[0].rows == 1 || p.jobs[0].stride() == p.jobs[0].row_bytes);
+    req.push_back(r);
+  }
+  return req;
+}
+
+// The CPU engine's run after a zero-copy mapping: progress continues from the mapped bytes
+// (engine.h, Progress), and the report adds them.
+LoadReport run_after_mapping(const std::vector<std::string>& files,
+                             const std::vector<CopyJob>& jobs, const EngineOptions& options,
+                             const LoadReport& mapping) {
+  EngineOptions engine = options;
+  if (options.progress && mapping.mapped_bytes > 0) {
+    engine.progress = [&options, mapped = mapping.mapped_bytes](const Progress& p) {
+      Progress q = p;
+      q.bytes_done += mapped;
+      q.bytes_total += mapped;
+      options.progress(q);
+    };
+  }
+  LoadReport report = run_cpu_engine(files, jobs, engine);
+  report.mapped_bytes = mapping.mapped_bytes;
+  report.bytes += mapping.bytes;
+  report.slot_bytes += mapping.slot_bytes;
+  report.seconds += mapping.seconds;
+  if (mapping.mapped_bytes > 0) report.engine += "+mapped";
+  return report;
+}
+
+SlotLoad load_cpu_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
+                        std::vector<SpecPlan>& plans, const EngineOptions& options) {
+  SlotLoad out;
+  out.tensors.reserve(specs.size());
+  // Zero-copy where asked and possible; those specs are then done.
+  std::vector<at::Tensor> mapped = options.map_files
+                                       ? map_slots(files, specs, plans, options, &out.report)
+                                       : std::vector<at::Tensor>(specs.size());
+  uint64_t total = 0;
+  const std::vector<uint64_t> offsets = layout_slots(slot_requests(specs, plans), &total);
+  // Fresh anonymous memory is zero, so shard padding needs no fill. The tensors hold the arena;
+  // if anything throws, `out` dies and with it the last reference.
+  std::shared_ptr<HostArena> arena =
+      HostArena::create(total, resolve_slot_pages(options.slot_pages) == SlotPages::kHuge);
+  std::vector<CopyJob> jobs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (mapped[i].defined()) {
+      out.tensors.push_back(std::move(mapped[i]));
+      continue;
+    }
+    out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
+    place(plans[i], arena->data() + offsets[i], jobs);
+  }
+  arena.reset();
+  out.report = run_after_mapping(files, jobs, options, out.report);
+  return out;
+}
+
+SlotLoad load_staged_slots(const std::vector<std::string>& files,
+                           const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
+                           at::Device device, const EngineOptions& options, DeviceOps* staged) {
+  std::unique_ptr<DeviceOps> owned;
+  DeviceOps* ops = staged;
+  if (ops == nullptr) {
+    if (!device.is_cuda()) {
+      throw PlanError("cannot load onto device " + device.str() +
+                      ": only cpu and cuda are supported");
+    }
+    owned = make_cuda_device_ops(device.has_index() ? device.index() : 0);
+    ops = owned.get();
+  }
+  SlotLoad out;
+  out.tensors.reserve(specs.size());
+  std::vector<CopyJob> jobs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto opts = at::TensorOptions().dtype(specs[i].dtype).device(device);
+    // Padding rows (a vocabulary padded for TP) are zero, as the families' shards say.
+    out.tensors.push_back(plans[i].padded ? at::zeros(plans[i].shape, opts)
+                                          : at::empty(plans[i].shape, opts));
+    place(plans[i], out.tensors.back().data_ptr(), jobs);
+  }
+  out.report = run_staged_engine(files, jobs, *ops, options);
+  return out;
+}
+
+}  // namespace
+
+SlotLoad load_slots(const std::vector<std::string>& files, const std::vector<SlotSpec>& specs,
+                    at::Device device, const EngineOptions& options, DeviceOps* staged) {
+  std::vector<SpecPlan> plans;
+  plans.reserve(specs.size());
+  for (const SlotSpec& s : specs) plans.push_back(plan_spec(s));
+  if (staged == nullptr && device.is_cpu()) return load_cpu_slots(files, specs, plans, options);
+  return load_staged_slots(files, specs, plans, device, options, staged);
+}
+
+namespace {
+
+// Python: metaload.check_mapped_files(...) -> [{"path", "guard"}] of the files checked.
+std::string check_mapped_op(at::TensorList tensors) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : check_mapped(tensors.vec()))
+    out.push_back({{"path", m->path()}, {"guard", mapping_guard_name(m->guard())}});
+  return out.dump();
+}
+
+}  // namespace
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def("check_mapped_files(Tensor[] tensors) -> str", &check_mapped_op);
+}
+
+}  // namespace metaload

@@ -1,0 +1,34 @@
+// The all-or-nothing swap of filled slots into a module's existing tensors.
+//
+// `Tensor::set_data` refuses meta -> cpu (its _has_compatible_shallow_copy_type check wants the
+// same backend), so the swap goes one level lower: TensorImpl::shallow_copy_from, which is what
+// set_data does after its check. The target keeps its TensorImpl (so every reference to the
+// Parameter, C++ or Python, sees the new data), its AutogradMeta (requires_grad, hooks, .grad) and
+// its version counter; it takes the source's storage, sizes, strides, dtype, device and dispatch
+// keys. As set_data does, a cached gradient accumulator is dropped when the device or dtype
+// changes.
+//
+// Every pair is checked before the first swap; if a swap still throws, the ones already done are
+// undone from snapshots, so the targets end exactly as they were.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/engine/engine.h"
+#include "loader/engine/slots.h"
+
+namespace metaload {
+
+// names[i] (optional, same length) is used in error messages.
+void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,
+             const std::vector<std::string>& names = {});
+
+// A CPU tensor over arena bytes [offset, offset + numel * itemsize); it keeps the arena alive.
+at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset,
+                        at::IntArrayRef sizes, at::ScalarType dtype);
+
+}  // namespace metaload
