@@ -177,3 +177,35 @@ def test_module_bazel_has_the_version_of_base_version_h():
     with open(os.path.join(ROOT, "MODULE.bazel")) as f:
         module = f.read()
     assert re.search(r'module\(\s*name = "metaload",\s*version = "([^"]+)"', module).group(1) == version
+
+
+# tests/fuzz builds the torch-free format and identity code on its own (clang, sanitizers): its
+# source list must be exactly the sources of the CMake components it names, or a source added to
+# them breaks only tools/fuzz's link (as the reference resolver's split once did).
+FUZZ_COMPONENTS = {"loader_errors": "loader", "loader_format": "loader/format",
+                   "model_identity": "model"}
+
+
+def _component_sources(folder, name):
+    with open(os.path.join(ROOT, folder, "CMakeLists.txt")) as f:
+        text = f.read()
+    m = re.search(r"metaload_component\(\s*" + name + r"\b(.*?)\)", text, re.S)
+    assert m, f"{folder}/CMakeLists.txt defines no component {name}"
+    words = m.group(1).split()
+    files = words[words.index("SOURCES") + 1:]
+    files = files[:files.index("DEPS")] if "DEPS" in files else files
+    return {os.path.join(folder, f) for f in files}
+
+
+def test_the_fuzz_build_compiles_the_torch_free_components_it_names():
+    with open(os.path.join(ROOT, "tests", "fuzz", "CMakeLists.txt")) as f:
+        text = f.read()
+    m = re.search(r"set\(FORMAT_SOURCES(.*?)\)", text, re.S)
+    assert m, "tests/fuzz/CMakeLists.txt has no FORMAT_SOURCES list"
+    fuzz = {w.replace("${ROOT}/", "") for w in m.group(1).split()}
+    for name in FUZZ_COMPONENTS:  # the comment above the list names them
+        assert "metaload_" + name in text, name
+    want = set().union(*(_component_sources(folder, name)
+                         for name, folder in FUZZ_COMPONENTS.items()))
+    assert fuzz == want, (f"only in tests/fuzz: {sorted(fuzz - want)}; "
+                          f"missing there: {sorted(want - fuzz)}")
