@@ -35,6 +35,23 @@ def reset_forcing_stats():
     _lib.load().reset_forcing_stats()
 
 
+_scope_calls = None
+
+
+def _calls():
+    """(enter_meta, enter_real, exit_scope) as the dispatcher's own callables: an OpOverloadPacket
+    resolves its overload in Python at every call, which was a third of an empty scope's cost."""
+    global _scope_calls
+    if _scope_calls is None:
+        ops = _lib.load()
+
+        def direct(packet):
+            overload = packet.default
+            return getattr(overload, "_op", overload)
+        _scope_calls = (direct(ops.enter_meta), direct(ops.enter_real), direct(ops.exit_scope))
+    return _scope_calls
+
+
 class _Scope(contextlib.ContextDecorator):
     """One C++ scope (MetaMode or RealGuard) entered and exited on the same thread."""
 
@@ -48,9 +65,9 @@ class _Scope(contextlib.ContextDecorator):
         if getattr(self, "_thread", None) is not None:
             raise _lib.ModeError(f"this metaload.{self._name}() object is already open; "
                                  f"each `with` needs a fresh metaload.{self._name}()")
-        ops = _lib.load()
+        enter_meta, enter_real, _ = _calls()
         try:
-            self._token = ops.enter_meta() if self._forcing else ops.enter_real()
+            self._token = enter_meta() if self._forcing else enter_real()
         except RuntimeError as e:
             raise (_lib.translate(e) or e) from None
         self._thread = threading.get_ident()
@@ -68,7 +85,7 @@ class _Scope(contextlib.ContextDecorator):
                 f"thread {threading.get_ident()}: a scope belongs to the thread that entered it "
                 "(tensors created on that thread stay forced until it exits the scope there)")
         try:
-            _lib.load().exit_scope(self._token)
+            _calls()[2](self._token)
         except RuntimeError as e:
             raise (_lib.translate(e) or e) from None
         finally:
