@@ -1,6 +1,6 @@
 // Meta kernels for the LAPACK-backed linear algebra ops whose CPU kernels have no Meta twin in
 // libtorch 1.13: cholesky (+ inverse, solve), geqrf, ormqr, householder_product, eig, symeig,
-// eigvals, solve_triangular, matrix_exp and lstsq.
+// solve_triangular, matrix_exp and lstsq.
 //
 // LAPACK works on column-major ("Fortran contiguous") matrices, so the CPU kernels hand back
 // their results batched column major: the batch dimensions contiguous, each matrix stored column
@@ -196,12 +196,6 @@ std::tuple<Tensor, Tensor> linalg_eig(const Tensor& self) {
   const ScalarType complex = c10::toComplexType(self.scalar_type());
   return {new_meta(self.sizes().slice(0, self.dim() - 1), complex),
           new_column_major(self.sizes(), complex)};
-}
-
-// The eigenvalues alone: linalg_eig's first output. (The CPU kernel reads the LAPACK status to
-// refuse a failed decomposition: a value, left to real runs, as for linalg_eig.)
-Tensor linalg_eigvals(const Tensor& self) {
-  return std::get<0>(meta::linalg_eig(self));
 }
 
 // symeig (composite, deprecated) checks that its input is square before the helper (which does
@@ -444,7 +438,6 @@ const std::vector<KernelDef>& linalg_kernels() {
       METALOAD_META_KERNEL("linalg_householder_product", householder_product),
       METALOAD_META_KERNEL("ormqr", ormqr),
       METALOAD_META_KERNEL("linalg_eig", linalg_eig),
-      METALOAD_META_KERNEL("linalg_eigvals", linalg_eigvals),
       METALOAD_META_KERNEL("_symeig_helper", symeig_helper),
       METALOAD_META_KERNEL("linalg_solve_triangular", solve_triangular),
       METALOAD_META_KERNEL("linalg_matrix_exp", matrix_exp),
