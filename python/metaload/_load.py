@@ -62,6 +62,27 @@ def _report(text: str, missing_keys: Optional[List[str]] = None,
                       computed_keys=list(computed_keys or []))
 
 
+def _transformers_renames(module) -> Dict[str, str]:
+    """The plain renames transformers applies to this model's checkpoint names on load (its
+    conversion mapping's WeightRenaming entries, by class name then model type, as
+    from_pretrained looks them up), as a key_mapping; {} for a module that is no transformers
+    model. Its WeightConverters (merging several tensors into one) are not renames: not here."""
+    import sys
+    tf = sys.modules.get("transformers")  # never imported here: only a module it made has any
+    if tf is None or not isinstance(module, getattr(tf, "PreTrainedModel", ())):
+        return {}
+    try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # a transformers without conversion mappings renames nothing on load
+        return {}
+    out: Dict[str, str] = {}
+    for t in extract_weight_conversions_for_model(module) or []:
+        if type(t) is WeightRenaming and len(t.source_patterns) == len(t.target_patterns) == 1:
+            out[t.source_patterns[0]] = t.target_patterns[0]
+    return out
+
+
 def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str, str]:
     """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
     pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them)."""
@@ -161,9 +182,10 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     the load either way (metaload.MismatchError). Tied tensors (one object under two names) need
     one name in the checkpoint.
     key_mapping: {regex: replacement} renaming checkpoint names to module names, the first
-    pattern that matches (as transformers' from_pretrained(key_mapping=...)): e.g.
-    {r"^embed_out\\.": "lm_head."} for GPT-NeoX checkpoints, which transformers 5 renames on load.
-    Errors name a renamed tensor by its checkpoint name. Conversions that merge several checkpoint
+    pattern that matches (as transformers' from_pretrained(key_mapping=...)). A transformers
+    model's own renames (its conversion mapping, e.g. GPT-NeoX's {r"^embed_out\\.": "lm_head."})
+    apply after the given ones, as from_pretrained applies them. Errors name a renamed tensor by
+    its checkpoint name. Conversions that merge several checkpoint
     tensors into one (transformers 5 fuses Mixtral's and Qwen2-MoE's per-expert weights into 3-D
     parameters) are not done: such a checkpoint fails with a MismatchError naming the fused
     parameters missing and the per-expert tensors unexpected.
@@ -188,6 +210,8 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
         computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
     renamed: Dict[str, str] = {}
     in_checkpoint: List[str] = []
+    key_mapping = {**(key_mapping or {}), **{k: v for k, v in _transformers_renames(module).items()
+                                             if k not in (key_mapping or {})}}
     if not strict or key_mapping:
         in_checkpoint = checkpoint_tensor_names(ref, revision)
     if key_mapping:

@@ -11,8 +11,8 @@ from the values the constructor computed under metaload.meta()) equal, ties stay
 stays on meta. Then dtypes: a bfloat16 config builds and loads in bfloat16 as
 from_pretrained(dtype=torch.bfloat16) does, and a bfloat16 checkpoint converts into float32 slots.
 
-Checkpoint names transformers 5 changes on load: GPT-NeoX's embed_out (a rename: load_into's
-key_mapping, checked against transformers' own mapping); Mixtral's and Qwen2-MoE's per-expert
+Checkpoint names transformers 5 changes on load: GPT-NeoX's embed_out (a rename, in
+transformers' own conversion mapping, which load_into applies too); Mixtral's and Qwen2-MoE's per-expert
 tensors, which transformers fuses into 3-D parameters (a merge load_into does not do: a
 MismatchError naming them, tested). The mixture-of-experts architecture that loads is GPT-OSS,
 whose checkpoints hold the fused 3-D expert tensors themselves.
@@ -47,7 +47,7 @@ ARCHS = {
     "qwen2": (dict(SMALL, tie_word_embeddings=True), None),
     "gemma2": (dict(SMALL, head_dim=8, sliding_window=16), None),
     "phi3": (dict(SMALL, pad_token_id=0), None),
-    "gpt_neox": (dict(SMALL, num_key_value_heads=None), {r"^embed_out\.": "lm_head."}),
+    "gpt_neox": (dict(SMALL, num_key_value_heads=None), None),  # transformers' own rename
     # mixture of experts, 4 experts of which 2 per token, stored as 3-D tensors
     "gpt_oss": (dict(SMALL, intermediate_size=32, head_dim=8, num_local_experts=4,
                      num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"],
@@ -187,17 +187,24 @@ def test_rope_variants(variant, tmp_path):
 
 
 def test_gpt_neox_rename_is_transformers_own(checkpoints):
-    """The key_mapping GPT-NeoX needs is the rename transformers 5 applies on load; without it the
-    checkpoint's embed_out has no place in the module."""
+    """GPT-NeoX checkpoints name the head embed_out, which transformers 5 renames to lm_head on
+    load (its conversion mapping): load_into applies the same rename by itself, and a plain module
+    of the same names gets no rename (a MismatchError naming both sides, nothing half-applied)."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     renames = get_checkpoint_conversion_mapping("GPTNeoXForCausalLM")
     assert [(r.source_patterns, r.target_patterns) for r in renames] == [
         ([r"^embed_out\."], ["lm_head."])]
     model = meta_build(make_config("gpt_neox"))
+    metaload.load_into(model, checkpoints["gpt_neox"]["one"], progress=False)
+    assert not model.lm_head.weight.is_meta
+
+    plain = torch.nn.Module()
+    plain.lm_head = torch.nn.Linear(*reversed(model.lm_head.weight.shape), bias=False,
+                                    device="meta")
     with pytest.raises(metaload.MismatchError) as e:
-        metaload.load_into(model, checkpoints["gpt_neox"]["one"], progress=False)
-    assert e.value.missing == ["lm_head.weight"] and e.value.unexpected == ["embed_out.weight"]
-    assert all(t.is_meta for t in model.parameters())  # nothing was half-applied
+        metaload.load_into(plain, checkpoints["gpt_neox"]["one"], progress=False)
+    assert "lm_head.weight" in e.value.missing and "embed_out.weight" in e.value.unexpected
+    assert plain.lm_head.weight.is_meta  # nothing was half-applied
 
 
 @pytest.mark.parametrize("model_type,kwargs,fused", [
