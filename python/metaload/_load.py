@@ -67,9 +67,10 @@ def _transformers_renames(module) -> Dict[str, str]:
     conversion mapping's WeightRenaming entries, by class name then model type, as
     from_pretrained looks them up), as a key_mapping; {} for a module that is no transformers
     model. Its WeightConverters (merging several tensors into one) are not renames: not here."""
-    import sys
-    tf = sys.modules.get("transformers")  # never imported here: only a module it made has any
-    if tf is None or not isinstance(module, getattr(tf, "PreTrainedModel", ())):
+    # By the class's ancestry: asking transformers (a lazy module) for PreTrainedModel would
+    # import its modeling code into programs that only use its tokenizers.
+    if not any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
+               for c in type(module).__mro__):
         return {}
     try:
         from transformers.conversion_mapping import extract_weight_conversions_for_model
