@@ -211,8 +211,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
         computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
     renamed: Dict[str, str] = {}
     in_checkpoint: List[str] = []
-    key_mapping = {**(key_mapping or {}), **{k: v for k, v in _transformers_renames(module).items()
-                                             if k not in (key_mapping or {})}}
+    key_mapping = dict(key_mapping or {})  # the given patterns first, then transformers' own
+    for pattern, replacement in _transformers_renames(module).items():
+        key_mapping.setdefault(pattern, replacement)
     if not strict or key_mapping:
         in_checkpoint = checkpoint_tensor_names(ref, revision)
     if key_mapping:
