@@ -483,13 +483,17 @@ struct DirectFactory;
 
 template <class Op, bool kMayShadow, class Size, class... Rest>
 struct DirectFactory<Op, kMayShadow, at::Tensor(Size, Rest...)> {
-  static at::Tensor call(c10::DispatchKeySet, Size size, Rest... rest) {
+  static at::Tensor call(c10::DispatchKeySet ks, Size size, Rest... rest) {
     if (!(kMayShadow && size.size() == 1) && !torch_fake_mode_is_on()) {
       bool requested_meta = false;
       at::Tensor t;
       {
+        // Redispatched, not called again from the top: the keys below (BackendSelect first)
+        // pick the Meta kernel from the rewritten device, and a second dispatcher entry per
+        // factory was most of what a build under MetaMode cost over one with device="meta".
         c10::impl::ExcludeDispatchKeyGuard guard(kMetaModeKey);  // as call_below
-        t = Op::call(size, to_meta(rest, &requested_meta)...);
+        t = Op::redispatch(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMetaModeKey),
+                           size, to_meta(rest, &requested_meta)...);
       }
       if (!requested_meta) count_forced(t, /*saved_bytes=*/true);
       return t;
