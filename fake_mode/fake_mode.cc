@@ -317,6 +317,32 @@ void wrap_results(const c10::OperatorHandle& op, torch::jit::Stack& s, const Res
   }
 }
 
+// A value read (item, equal, is_nonzero, ...) whose tensors are all real: a real run reads the
+// same values, so the read runs for real (narrow's start or tensor_split's sections given as a
+// cpu tensor, as op_db's samples do, are read with item()). Reads that return tensors (nonzero,
+// unique) stay typed errors: their results would be real tensors among fake ones.
+bool real_read(const c10::OperatorHandle& op, const torch::jit::Stack& s, size_t base,
+               size_t n_args) {
+  for (const auto& r : op.schema().returns()) {
+    if (r.type()->kind() != c10::TypeKind::IntType &&
+        r.type()->kind() != c10::TypeKind::FloatType &&
+        r.type()->kind() != c10::TypeKind::BoolType &&
+        r.type()->kind() != c10::TypeKind::NumberType &&
+        r.type()->kind() != c10::TypeKind::ComplexType) {
+      return false;
+    }
+  }
+  bool any = false, all_real = true;
+  for (size_t i = 0; i < n_args; ++i) {
+    for_each_tensor(s[base + i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      any = true;
+      all_real = all_real && needs_stand_in(t);
+    });
+  }
+  return any && all_real;
+}
+
 void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
   if (info.own) {
@@ -324,7 +350,13 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     return op.callBoxed(stack);
   }
   const size_t n_args = op.schema().arguments().size();
-  if (info.reads_values) raise_data_dependent(op, stack);
+  if (info.reads_values) {
+    if (real_read(op, *stack, stack->size() - n_args, n_args)) {
+      c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+      return op.callBoxed(stack);
+    }
+    raise_data_dependent(op, stack);
+  }
   if (info.mask_index && indexes_with_a_mask(*stack, n_args)) raise_data_dependent(op, stack);
   const size_t base = stack->size() - n_args;
   const ResultPlan plan = plan_results(info, op, *stack, base, n_args);

@@ -112,6 +112,26 @@ def test_reading_values_is_a_typed_error(read):
             read(t)
 
 
+def test_reads_of_real_tensors_inside_fake_read_them_and_fake_ones_stay_typed():
+    # A real run on cuda reads a cpu tensor's value (narrow's start, tensor_split's sections):
+    # inside fake() the same read of a real tensor gives the value; of a fake one, the typed error.
+    start, sections = torch.tensor(2), torch.tensor(3)
+    with metaload.fake("cuda"):
+        x = torch.randn(4, 6)
+        n = torch.narrow(x, 1, start, 3)
+        parts = torch.tensor_split(x, sections, dim=1)
+        assert start.item() == 2 and sections.tolist() == 3
+        fake_start = torch.tensor(2)
+        assert metaload.is_fake(fake_start)
+        with pytest.raises(metaload.DataDependentError):
+            torch.narrow(x, 1, fake_start, 3)
+        with pytest.raises(metaload.DataDependentError):  # returns a tensor: stays typed
+            torch.nonzero(start)
+    assert n.shape == (4, 3) and n.device == torch.device("cuda", 0) and metaload.is_fake(n)
+    assert [p.shape for p in parts] == [(4, 2), (4, 2), (4, 2)]
+    assert all(p.device == torch.device("cuda", 0) for p in parts)
+
+
 def test_repeat_interleave_without_output_size_is_a_typed_error_on_meta_too():
     with metaload.meta():
         t = torch.empty(4, 2)
