@@ -42,6 +42,16 @@ enum class ProgressBar { kAuto, kOn, kOff };
 //  kAuto: kSmall when this kernel reports free pages to a hypervisor, else kHuge.
 enum class SlotPages { kAuto, kHuge, kSmall };
 
+// When a zero-copy load (EngineOptions::map_files) faults its mapped pages in.
+//  kAuto: where the mapping holds a read lease (no writer can change the file unseen, see
+//    file_mapping.h), only the pages not in the page cache, in parallel (a cold load reads now,
+//    and its read errors surface as ReadError now); cached pages map lazily at first touch, as
+//    safetensors' and torch.load(mmap=True)'s do, so a warm load returns in milliseconds. Without
+//    a lease, every page (kAlways).
+//  kAlways: every page, in parallel, before the load returns.
+//  kLazy: none: each page at first touch (a read error is then a SIGBUS naming the file).
+enum class MapPopulate { kAuto, kAlways, kLazy };
+
 // The most reader threads a load may ask for (EngineOptions::threads, LoadOptions::threads).
 inline constexpr int kMaxLoaderThreads = 1024;
 
@@ -71,6 +81,7 @@ struct EngineOptions {
   // slice) point into a copy-on-write mapping of the checkpoint file instead of being read into
   // fresh memory (FileMapping in slots.h). The rest goes through the engine as usual.
   bool map_files = false;
+  MapPopulate map_populate = MapPopulate::kAuto;
   // Called on the calling thread, about 10 times a second and once at the end.
   std::function<void(const Progress&)> progress;
   ProgressBar bar = ProgressBar::kAuto;  // kAuto: a bar on stderr when it is a terminal

@@ -463,4 +463,31 @@ void FileMapping::populate(uint64_t offset, uint64_t length) const {
   (void)sink;
 }
 
+uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const uint64_t end = std::min(size_, offset + length);
+  if (end <= start) return 0;
+  const uint64_t n_pages = (end - start + page - 1) / page;
+  std::vector<unsigned char> resident(n_pages);
+  if (::mincore(data_ + start, end - start, resident.data()) != 0) {
+    populate(start, end - start);
+    return end - start;
+  }
+  uint64_t faulted = 0;
+  for (uint64_t i = 0; i < n_pages;) {
+    if (resident[i] & 1) {
+      ++i;
+      continue;
+    }
+    uint64_t j = i;
+    while (j < n_pages && !(resident[j] & 1)) ++j;
+    const uint64_t a = start + i * page, b = std::min(end, start + j * page);
+    populate(a, b - a);
+    faulted += b - a;
+    i = j;
+  }
+  return faulted;
+}
+
 }  // namespace metaload

@@ -59,6 +59,9 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // Faults [offset, offset + length) in now, so that a read error surfaces here as a ReadError
   // rather than as SIGBUS later (MADV_POPULATE_READ; older kernels: one read per page).
   void populate(uint64_t offset, uint64_t length) const;
+  // populate() for the pages of [offset, offset + length) that are not in the page cache (mincore;
+  // where it cannot tell, all of them). Returns the bytes it faulted in.
+  uint64_t populate_uncached(uint64_t offset, uint64_t length) const;
 
   // Throws FileChangedError naming the file when it was truncated or written in place since it
   // was mapped (its size or mtime differ). A file deleted or replaced by rename is fine, and so is

@@ -77,7 +77,8 @@ SpecPlan plan_spec(const SlotSpec& s) {
 
 // The specs whose bytes can be used where they lie in the file: one contiguous run, stored dtype,
 // no padding, element-aligned. Those become tensors over copy-on-write file mappings (the rest stay
-// undefined here). Pages are faulted in before returning, in parallel, so read errors surface now.
+// undefined here). Pages are faulted in before returning, in parallel, so read errors surface now
+// (EngineOptions::map_populate: by default only those not cached, where a lease guards the file).
 std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
                                   const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
                                   const EngineOptions& options, LoadReport* report) {
@@ -122,16 +123,22 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
   for (const Range& r : ranges)
     for (uint64_t o = 0; o < r.length; o += kPopulateChunk)
       chunks.push_back({r.map, r.offset + o, std::min(kPopulateChunk, r.length - o)});
-  if (!chunks.empty()) {
+  const MapPopulate populate = options.map_populate;
+  if (!chunks.empty() && populate != MapPopulate::kLazy) {
     ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
     std::atomic<size_t> next{0};
-    run.execute(std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())),
-                [&](int) {
-                  for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
-                    chunks[c].map->populate(chunks[c].offset, chunks[c].length);
-                    run.done += chunks[c].length;
-                  }
-                });
+    run.execute(
+        std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())), [&](int) {
+          for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
+            const Range& r = chunks[c];
+            if (populate == MapPopulate::kAlways || r.map->guard() != MappingGuard::kLease) {
+              r.map->populate(r.offset, r.length);
+            } else {
+              r.map->populate_uncached(r.offset, r.length);
+            }
+            run.done += r.length;
+          }
+        });
     // `out` (and with it every mapping) dies with the throw.
     if (run.error) std::rethrow_exception(run.error);
   }

@@ -194,7 +194,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
     called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
     the checkpoint files instead of being copied (no fresh memory); default: on for checkpoints in
-    the Hugging Face cache (immutable blobs), off for other files. Mapped files may be deleted or
+    the Hugging Face cache (immutable blobs), off for other files. Pages in the page cache map
+    lazily (first touch) where the file is leased; the rest are read during the call, so a read
+    error is a ReadError there. Mapped files may be deleted or
     replaced by rename, never truncated or written in place while the module uses them (see
     check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
     changes unless every tensor loaded.

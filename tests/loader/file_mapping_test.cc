@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -268,6 +269,44 @@ TEST(FileMappingTest, PastAQuarterOfTheOpenFileLimitFilesAreCheckedByPath) {
         std::_Exit(7);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// Pages of the mapping in the page cache (mincore), as a count.
+uint64_t cached_pages(const FileMapping& m) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((m.size() + page - 1) / page);
+  if (::mincore(m.data(), m.size(), v.data()) != 0) return 0;
+  uint64_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
+// populate_uncached faults in only what the page cache lacks: nothing for a cached file, the
+// evicted pages (and then they are cached) for one the kernel dropped.
+TEST(FileMappingPopulate, FaultsInOnlyThePagesTheCacheLacks) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  const std::string bytes = pattern(3);
+  write_file(path, bytes);
+  auto m = FileMapping::open(path, kSize);
+  ASSERT_TRUE(holds(*m, bytes));  // every page read: cached
+  EXPECT_EQ(m->populate_uncached(0, kSize), 0u);
+  m.reset();
+  // Drop the file's pages (clean after fsync); some filesystems keep them anyway.
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  m = FileMapping::open(path, kSize);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t before = cached_pages(*m);
+  if (before * page >= kSize) GTEST_SKIP() << "the kernel kept the file's pages cached";
+  const uint64_t faulted = m->populate_uncached(4096, kSize - 8192);
+  EXPECT_GT(faulted, 0u);
+  EXPECT_LE(faulted, kSize - before * page);
+  EXPECT_GT(cached_pages(*m), before);
+  EXPECT_TRUE(holds(*m, bytes));
 }
 
 }  // namespace

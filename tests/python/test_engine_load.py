@@ -178,6 +178,28 @@ def same(model, ref):
                                                   ref.state_dict().values()))
 
 
+def rss_file_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_zero_copy_warm_load_maps_lazily_and_pages_arrive_at_first_touch(small):
+    # A leased file whose pages are cached: the load faults none in (a warm load returns at once,
+    # as safetensors' does); reading the weights does. Cold pages are read during the load
+    # (tests/loader/file_mapping_test.cc: FileMappingPopulate).
+    ref, path = small
+    mapped(path)  # first call: the library's own code pages fault in here, not below
+    before = rss_file_kib()
+    model = mapped(path)
+    if metaload.check_mapped_files(model) != {path: "lease"}:
+        pytest.skip("no read lease here: every page is populated during the load")
+    loaded = rss_file_kib()
+    assert same(model, ref)  # touches every page of the weights (1 MiB)
+    touched = rss_file_kib()
+    assert loaded - before < 256, (before, loaded, touched)
+    assert touched - loaded > 900, (before, loaded, touched)
+
+
 @pytest.mark.parametrize("change", ["truncate", "overwrite"])
 def test_zero_copy_leased_file_changed_in_place_keeps_the_loaded_weights(small, change):
     ref, path = small
