@@ -324,12 +324,15 @@ void wrap_results(const c10::OperatorHandle& op, torch::jit::Stack& s, const Res
 bool real_read(const c10::OperatorHandle& op, const torch::jit::Stack& s, size_t base,
                size_t n_args) {
   for (const auto& r : op.schema().returns()) {
-    if (r.type()->kind() != c10::TypeKind::IntType &&
-        r.type()->kind() != c10::TypeKind::FloatType &&
-        r.type()->kind() != c10::TypeKind::BoolType &&
-        r.type()->kind() != c10::TypeKind::NumberType &&
-        r.type()->kind() != c10::TypeKind::ComplexType) {
-      return false;
+    switch (r.type()->kind()) {
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::FloatType:
+      case c10::TypeKind::BoolType:
+      case c10::TypeKind::NumberType:
+      case c10::TypeKind::ComplexType:
+        continue;
+      default:
+        return false;
     }
   }
   bool any = false, all_real = true;
@@ -350,15 +353,15 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
     return op.callBoxed(stack);
   }
   const size_t n_args = op.schema().arguments().size();
+  const size_t base = stack->size() - n_args;
   if (info.reads_values) {
-    if (real_read(op, *stack, stack->size() - n_args, n_args)) {
+    if (real_read(op, *stack, base, n_args)) {
       c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
       return op.callBoxed(stack);
     }
     raise_data_dependent(op, stack);
   }
   if (info.mask_index && indexes_with_a_mask(*stack, n_args)) raise_data_dependent(op, stack);
-  const size_t base = stack->size() - n_args;
   const ResultPlan plan = plan_results(info, op, *stack, base, n_args);
   run_meta_kernel(info, op, stack, base, n_args, plan.has_real);
   if (plan.wrap) wrap_results(op, *stack, plan);
