@@ -24,8 +24,13 @@ def test_the_picture_holds_the_numbers_the_run_measured(tmp_path):
     for row in rows:
         held, peak = re.search(r"held\s+([\d.]+) MiB\s+peak\s+([\d.]+) MiB", row).groups()
         assert f"held after: {held} MiB" in text and f"peak: {peak} MiB" in text, row
-    # The meta build and the scan hold no weights; the dispatch holds the 475 MiB checkpoint.
+    # The meta build and the scan hold no weights. A warm zero-copy dispatch maps the 475 MiB
+    # checkpoint without faulting it in (its pages are cached: the script just wrote or read them);
+    # the forward touches every weight, so by its end the process holds them all.
     held = [float(re.search(r"held\s+([\d.]+)", l).group(1)) for l in rows]
     assert held[0] < 16 and held[1] < 64, rows
-    assert held[2] > 400, rows
+    if "zero-copy" in rows[2]:
+        assert held[3] > 400 and held[3] > held[2], rows
+    else:
+        assert held[2] > 400, rows
     assert "124M parameters on meta" in text and "475 MiB" in text
