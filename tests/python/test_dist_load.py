@@ -1,0 +1,178 @@
+"""metaload.load_into across processes over torch.distributed (gloo on loopback): each rank's
+slice equals the single-process TP load of that rank bitwise, bytes read per rank are its share
+plus the replicated tensors, broadcast mode serves receivers whose path does not exist, and a rank
+that dies, fails or disagrees is a DistributedError on every survivor within 30 s with its weights
+unchanged. Every rank is a process (tests/python/scripts/dist_load_worker.py); every wait is
+bounded."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import metaload
+from dist_load_util import (GPT2_12, LLAMA_GQA, header_bytes, make_fixture, reference,
+                            run_ranks, saved, skeleton_spec)
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="this torch has no torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpt2")
+    ckpt = make_fixture(tmp, "gpt2-12", GPT2_12, shards=2)
+    return ckpt, skeleton_spec(ckpt, str(tmp / "gpt2.skeleton.json"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llama")
+    ckpt = make_fixture(tmp, "llama-gqa", LLAMA_GQA)
+    return ckpt, skeleton_spec(ckpt, str(tmp / "llama.skeleton.json"))
+
+
+def check_equal_to_reference(out, step, ckpt, size):
+    for r in range(size):
+        got = saved(out, r, step)
+        want = reference(ckpt, r, size)
+        assert set(got) <= set(want), sorted(set(got) - set(want))
+        for n, t in got.items():
+            assert t.shape == want[n].shape and t.dtype == want[n].dtype, n
+            assert torch.equal(t, want[n]), f"rank {r} of {size}: {n} differs"
+
+
+def check_bytes(results, step, ckpt, size):
+    """Bytes read per rank: its share plus the replicated tensors, counted from the headers."""
+    headers = header_bytes(ckpt)
+    rank0 = reference(ckpt, 0, size)
+    total = sum(b for _, b in headers.values())
+    replicated = sum(b for n, (shape, b) in headers.items() if list(rank0[n].shape) == shape)
+    split = total - replicated
+    got = [res[step]["distributed"]["bytes_read"] for res in results]
+    assert sum(got) == total + (size - 1) * replicated, (got, total, replicated)
+    for r, b in enumerate(got):
+        assert replicated < b < replicated + split, (r, b)
+        # every rank's report carries every rank's bytes (from the vote)
+        assert results[r][step]["distributed"]["rank_bytes_read"] == got
+    return got
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_gpt2_tp_loads_equal_single_process_tp_loads_and_broadcast_serves_each_its_slice(
+        gpt2, tmp_path, size):
+    ckpt, spec = gpt2
+    steps = [
+        {"ref": ckpt, "save": True},  # shared: every rank reads its own slice
+        # broadcast: rank 0 reads, the others' path does not exist
+        {"ref": {"0": ckpt, "*": str(tmp_path / "no-such-checkpoint")}, "source_rank": 0,
+         "buffer_bytes": 4096, "save": True},
+    ]
+    results, out, logs = run_ranks(tmp_path, size, steps, spec)
+    for r, res in enumerate(results):
+        assert [e["ok"] for e in res] == [True, True], (r, res, logs[r])
+        assert res[0]["distributed"]["mode"] == "shared" and res[0]["distributed"]["tp_rank"] == r
+        assert res[0]["meta_left"] == []
+    check_equal_to_reference(out, 0, ckpt, size)
+    check_equal_to_reference(out, 1, ckpt, size)
+    shared = check_bytes(results, 0, ckpt, size)
+    # Broadcast: the source read every rank's slice (what the ranks read themselves above), each
+    # receiver read nothing and received exactly what it holds, through 4 KiB buffers.
+    d = [res[1]["distributed"] for res in results]
+    assert d[0]["bytes_read"] == sum(shared) and d[0]["mode"] == "broadcast"
+    assert d[0]["bytes_sent"] == sum(x["held_bytes"] for x in d[1:])
+    for x in d[1:]:
+        assert x["bytes_read"] == 0 and x["bytes_received"] == x["held_bytes"] > 4096
+        assert x["buffer_bytes"] == 4096
+    assert d[0]["buffer_bytes"] == 4096
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_llama_gqa_tp_loads_equal_single_process_tp_loads(llama, tmp_path, size):
+    ckpt, spec = llama
+    steps = [{"ref": ckpt, "save": True},
+             {"ref": {"0": ckpt, "*": str(tmp_path / "absent")}, "source_rank": 0,
+              "save": True}]
+    results, out, logs = run_ranks(tmp_path, size, steps, spec)
+    for r, res in enumerate(results):
+        assert [e["ok"] for e in res] == [True, True], (r, res, logs[r])
+    check_equal_to_reference(out, 0, ckpt, size)
+    check_equal_to_reference(out, 1, ckpt, size)
+    check_bytes(results, 0, ckpt, size)
+
+
+def check_failed_everywhere(results, step, world, dead=(), within=30.0):
+    """Every surviving rank raised a DistributedError within `within` s, its weights as before
+    (those of the step before, all real)."""
+    for r in range(world):
+        res = results[r]
+        if r in dead:
+            assert res is None or len(res) == step, f"rank {r} should have died: {res}"
+            continue
+        e = res[step]
+        assert not e["ok"] and e["is_distributed_error"] and e["is_metaload_error"], e
+        assert e["seconds"] < within, e
+        assert e["unchanged"] and e["meta_left"] == [], e
+    return [results[r][step] for r in range(world) if r not in dead]
+
+
+def test_rank_killed_mid_load_is_an_error_on_every_survivor(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "fault": "2:mid_load", "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(3)), logs
+    for e in check_failed_everywhere(results, 1, 3, dead={2}):
+        assert "the vote failed" in e["message"], e["message"]
+
+
+def test_receiver_killed_mid_broadcast_is_an_error_on_every_survivor(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt},
+             {"ref": {"0": ckpt, "*": str(tmp_path / "absent")}, "source_rank": 0,
+              "buffer_bytes": 1024, "fault": "1:mid_load", "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(3)), logs
+    check_failed_everywhere(results, 1, 3, dead={1})
+
+
+def test_a_shard_missing_on_one_rank_is_an_error_on_every_rank(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    broken = str(tmp_path / "broken")
+    shutil.copytree(ckpt, broken)
+    shard = sorted(f for f in os.listdir(broken) if f.endswith(".safetensors"))[-1]
+    os.remove(os.path.join(broken, shard))
+    steps = [{"ref": ckpt}, {"ref": {"0": ckpt, "1": broken}, "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    for e in check_failed_everywhere(results, 1, 2):
+        assert list(e["failures"]) == ["1"], e  # rank 1 failed, rank 0 had staged its slice
+        assert "rank 1:" in e["message"] and shard in e["message"], e["message"]
+
+
+def test_mismatched_tp_size_is_an_error_on_every_rank_before_anything_is_read(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "tp_size": {"0": 2, "1": 3}, "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    for e in check_failed_everywhere(results, 1, 2):
+        assert "tp_size differs (rank 0: 2, rank 1: 3)" in e["message"], e["message"]
+
+
+def test_single_process_tp_load_into_a_module_takes_the_family_plan(gpt2):
+    """Without a process group, load_into(tp_rank=r, tp_size=n) loads rank r's slice (the
+    family's plan, the checkpoint's config.json) into a meta module, as a TransformersModel
+    dispatch of that rank does."""
+    import json
+    from scripts.dist_load_worker import skeleton
+    ckpt, spec = gpt2
+    m = skeleton(json.load(open(spec)))
+    rep = metaload.load_into(m, ckpt, tp_rank=1, tp_size=4, progress=False)
+    want = reference(ckpt, 1, 4)
+    for n, t in m.named_parameters():
+        assert torch.equal(t, want[n]), n
+    assert rep.bytes > 0 and rep.distributed is None
+    # A rank that does not exist changes nothing.
+    m2 = skeleton(json.load(open(spec)))
+    with pytest.raises(metaload.PlanError, match="tp_rank must be from 0 to tp_size - 1"):
+        metaload.load_into(m2, ckpt, tp_rank=4, tp_size=4, progress=False)
+    assert all(t.is_meta for t in m2.parameters())
