@@ -477,23 +477,36 @@ def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=No
     bytes_read, received, pairs, report = 0, 0, [], None
     targets = None
     try:
-        targets = _targets(module)
         where = f"rank {rank} of {size}"
-        if source_rank is None or g.rank == source_rank:
+        if source_rank is None:
+            targets = _targets(module)
             _fault(g.rank, "fail_stage")
             mine = _stage_from_files(targets, ref, device, dtype, rank, size, threads, revision,
                                      strict, mmap)
             bytes_read, report = mine.bytes_read, mine.report
             pairs = _match(targets, mine.tensors, strict, dtype, where)
-            if source_rank is None:
-                _fault(g.rank, "mid_load")
-        if source_rank is not None and g.rank == source_rank:
+            _fault(g.rank, "mid_load")
+        elif g.rank == source_rank:
+            # The source serves every rank even when its own slice failed (they get the error
+            # at once instead of waiting out the timeout); its own failure is raised after.
+            own, own_error = None, None
+            try:
+                targets = _targets(module)
+                _fault(g.rank, "fail_stage")
+                own = _stage_from_files(targets, ref, device, dtype, rank, size, threads,
+                                        revision, strict, mmap)
+                bytes_read, report = own.bytes_read, own.report
+                pairs = _match(targets, own.tensors, strict, dtype, where)
+            except Exception as e:
+                own_error = e
             bytes_read += _serve_all(g, peers, ref, dtype, threads, revision, strict, mmap,
-                                     targets, buffer_bytes, progress, mine)
-        elif source_rank is not None:
+                                     targets, buffer_bytes, progress, own, own_error)
+            if own_error is not None:
+                raise own_error
+        else:
             _fault(g.rank, "fail_stage")
             staged, received, progress["buffer"] = _receive(g, source_rank, device, g.rank)
-            pairs = _match(targets, staged, strict, dtype, where)
+            pairs = _match(_targets(module), staged, strict, dtype, where)
     except _Lost as e:
         status = {"ok": False, "error": f"lost contact: {e}"}
     except Exception as e:  # a failed stage is this rank's "no" in the vote
@@ -557,11 +570,14 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
 
 
 def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
-               buffer_bytes, progress, own: _Staged) -> int:
+               buffer_bytes, progress, own: Optional[_Staged],
+               own_error: Optional[BaseException]) -> int:
     """The source's part of a broadcast: each other rank's slice, read and sent in turn (one
     slice in memory at a time). Returns the bytes read. A failure sends the ranks not yet served
     the error, so they vote at once instead of waiting out the timeout; it is raised after."""
     read, error = 0, None
+    if own_error is not None:
+        error = f"reading its own slice: {_describe(own_error)}"
     for r in range(g.size):
         if r == g.rank:
             continue
@@ -587,6 +603,6 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
             error = f"serving rank {r}: {e}"
         del staged
         _fault(g.rank, "mid_load")
-    if error is not None:
+    if error is not None and own_error is None:
         raise _lib.LoadError(error)
     return read
