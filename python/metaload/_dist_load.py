@@ -431,6 +431,32 @@ def _local_tp_load(module, ref, *, device, dtype, tp_rank, tp_size, threads, str
     return staged.report
 
 
+def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_rank,
+          distributed, **kw):
+    """load_into's tensor-parallel and distributed cases (its report), or None: a plain load."""
+    if distributed is None:
+        distributed = process_group is not None or source_rank is not None or (
+            (tp_size or 1) > 1 and torch.distributed.is_available()
+            and torch.distributed.is_initialized())
+    if not distributed and (tp_size or 1) == 1:
+        return None
+    if key_mapping:
+        raise _lib.PlanError("key_mapping is not supported with tensor parallelism or a process "
+                             "group")
+    if distributed:
+        return load_distributed(module, ref, tp_rank=tp_rank, tp_size=tp_size,
+                                process_group=process_group, source_rank=source_rank, **kw)
+    tp_rank = tp_rank or 0
+    if tp_size > 2 ** 31 - 1:
+        raise _lib.PlanError(f"tp_size must be from 1 to 2^31-1, got {tp_size}")
+    if not 0 <= tp_rank < tp_size:
+        raise _lib.PlanError(f"tp_rank must be from 0 to tp_size - 1 ({tp_size - 1}), got "
+                             f"{tp_rank}")
+    kw.pop("buffer_bytes", None)
+    kw.pop("timeout", None)
+    return _local_tp_load(module, ref, tp_rank=tp_rank, tp_size=tp_size, **kw)
+
+
 def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=None,
                      tp_rank: Optional[int] = None, tp_size: Optional[int] = None,
                      process_group=None, source_rank: Optional[int] = None,
@@ -439,104 +465,125 @@ def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=No
     """metaload.load_into with a process group (see the module's docstring); returns the rank's
     LoadReport with .distributed set."""
     import torch.distributed as dist
-    from ._load import LoadReport
     t0 = time.monotonic()
     if not dist.is_available() or not dist.is_initialized():
         raise DistributedError("a distributed load_into needs torch.distributed initialised "
                                "(init_process_group) on every rank")
-    g = _Group(process_group, _timeout_s(timeout))
-    if buffer_bytes < 0:
-        raise ValueError(f"buffer_bytes must be 0 (the default, {DEFAULT_BUFFER_BYTES >> 20} MiB)"
-                         f" or a positive number of bytes, got {buffer_bytes}")
-    buffer_bytes = buffer_bytes or DEFAULT_BUFFER_BYTES
-    size = tp_size if tp_size is not None else g.size
-    rank = tp_rank if tp_rank is not None else (g.rank if size > 1 else 0)
-
-    def lost(e: _Lost, step: str):
-        return DistributedError(f"rank {g.rank} of {g.size}: {step} failed, so nothing was "
-                                f"loaded (the weights are as before; the process group must be "
-                                f"made again): {e}")
-
-    # 1. handshake: every rank checks what every rank asked for, and all decide alike.
-    hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
-                        "source_rank": source_rank})
-    try:
-        peers = [json.loads(x) for x in g.all_gather_text(hello, "the handshake")]
-    except _Lost as e:
-        raise lost(e, "the handshake") from None
-    problems = _handshake_problems(peers, g.size)
-    if problems:
-        raise DistributedError(f"the ranks of the process group disagree, nothing was loaded: "
-                               f"{'; '.join(problems)}", {})
-    mode = "shared" if source_rank is None else "broadcast"
-
-    # 2. staging: nothing in the module changes here.
+    job = _Job(_Group(process_group, _timeout_s(timeout)), module, ref, device, dtype, threads,
+               strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES)
+    size = tp_size if tp_size is not None else job.g.size
+    rank = tp_rank if tp_rank is not None else (job.g.rank if size > 1 else 0)
+    job.handshake(rank, size, buffer_bytes)  # 1: all agree, or all raise
     t_stage = time.monotonic()
-    status: Dict[str, Any] = {"ok": True}
-    progress = {"sent": 0, "buffer": 0}
-    bytes_read, received, pairs, report = 0, 0, [], None
-    targets = None
-    try:
-        where = f"rank {rank} of {size}"
-        if source_rank is None:
-            targets = _targets(module)
-            _fault(g.rank, "fail_stage")
-            mine = _stage_from_files(targets, ref, device, dtype, rank, size, threads, revision,
-                                     strict, mmap)
-            bytes_read, report = mine.bytes_read, mine.report
-            pairs = _match(targets, mine.tensors, strict, dtype, where)
-            _fault(g.rank, "mid_load")
-        elif g.rank == source_rank:
-            # The source serves every rank even when its own slice failed (they get the error
-            # at once instead of waiting out the timeout); its own failure is raised after.
-            own, own_error = None, None
-            try:
-                targets = _targets(module)
-                _fault(g.rank, "fail_stage")
-                own = _stage_from_files(targets, ref, device, dtype, rank, size, threads,
-                                        revision, strict, mmap)
-                bytes_read, report = own.bytes_read, own.report
-                pairs = _match(targets, own.tensors, strict, dtype, where)
-            except Exception as e:
-                own_error = e
-            bytes_read += _serve_all(g, peers, ref, dtype, threads, revision, strict, mmap,
-                                     targets, buffer_bytes, progress, own, own_error)
-            if own_error is not None:
-                raise own_error
-        else:
-            _fault(g.rank, "fail_stage")
-            staged, received, progress["buffer"] = _receive(g, source_rank, device, g.rank)
-            pairs = _match(_targets(module), staged, strict, dtype, where)
-    except _Lost as e:
-        status = {"ok": False, "error": f"lost contact: {e}"}
-    except Exception as e:  # a failed stage is this rank's "no" in the vote
-        status = {"ok": False, "error": _describe(e)}
+    status = job.stage(rank, size)  # 2: nothing in the module changes here
     stage_seconds = time.monotonic() - t_stage
-    held = _held(pairs)
-    status.update(bytes_read=bytes_read, held_bytes=held)
+    votes = job.vote(status)  # 3: all said yes, or all raise
+    _swap(job.pairs)
+    return job.report(rank, size, votes, stage_seconds, time.monotonic() - t0)
 
-    # 3. vote: the module changes only after every rank said yes.
-    try:
-        votes = [json.loads(x) for x in g.all_gather_text(json.dumps(status), "the vote")]
-    except _Lost as e:
-        raise lost(e, "the vote") from None
-    failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
-    if failures:
-        lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
-        raise DistributedError(f"{len(failures)} of {g.size} ranks failed to load {_lib.quote(ref)}"
-                               f" ({mode}); every rank keeps its previous weights:\n{lines}",
-                               failures)
-    _swap(pairs)
-    seconds = time.monotonic() - t0
-    d = DistReport(g.rank, g.size, rank, size, mode, source_rank, bytes_read, held,
-                   progress["sent"], received, progress["buffer"], stage_seconds, seconds,
-                   [int(v["bytes_read"]) for v in votes], [int(v["held_bytes"]) for v in votes])
-    if report is None:  # a receiver: nothing read from files
-        report = LoadReport(bytes=0, slot_bytes=held, seconds=stage_seconds,
-                            peak_staging_bytes=progress["buffer"], peak_device_staging_bytes=0,
-                            reads=0, direct_bytes=0, mapped_bytes=0, threads=0,
-                            engine="received", files=[])
-    return report._replace(distributed=d)
+
+class _Job:
+    """One distributed load on one rank: its steps, each a collective every rank takes part in
+    (a local failure is a "no" in the vote, never a rank that leaves the others waiting)."""
+
+    def __init__(self, g: _Group, module, ref, device, dtype, threads, strict, revision, mmap,
+                 source_rank, buffer_bytes):
+        self.g, self.module, self.ref, self.device, self.dtype = g, module, ref, device, dtype
+        self.threads, self.strict, self.revision, self.mmap = threads, strict, revision, mmap
+        self.source_rank, self.buffer_bytes = source_rank, buffer_bytes
+        self.mode = "shared" if source_rank is None else "broadcast"
+        self.peers: List[dict] = []
+        self.pairs: List[Tuple[torch.Tensor, torch.Tensor, str]] = []
+        self.bytes_read, self.received, self.load_report = 0, 0, None
+        self.progress = {"sent": 0, "buffer": 0}
+
+    def lost(self, e: _Lost, step: str) -> DistributedError:
+        return DistributedError(f"rank {self.g.rank} of {self.g.size}: {step} failed, so nothing "
+                                f"was loaded (the weights are as before; the process group must "
+                                f"be made again): {e}")
+
+    def handshake(self, rank: int, size: int, buffer_bytes: int):
+        hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
+                            "source_rank": self.source_rank, "buffer_bytes": buffer_bytes})
+        try:
+            self.peers = [json.loads(x) for x in self.g.all_gather_text(hello, "the handshake")]
+        except _Lost as e:
+            raise self.lost(e, "the handshake") from None
+        problems = _handshake_problems(self.peers, self.g.size)
+        if problems:
+            raise DistributedError(f"the ranks of the process group disagree, nothing was "
+                                   f"loaded: {'; '.join(problems)}", {})
+
+    def _own_slice(self, targets, rank, size):
+        _fault(self.g.rank, "fail_stage")
+        mine = _stage_from_files(targets, self.ref, self.device, self.dtype, rank, size,
+                                 self.threads, self.revision, self.strict, self.mmap)
+        self.bytes_read, self.load_report = mine.bytes_read, mine.report
+        self.pairs = _match(targets, mine.tensors, self.strict, self.dtype,
+                            f"rank {rank} of {size}")
+        return mine
+
+    def stage(self, rank: int, size: int) -> Dict[str, Any]:
+        g = self.g
+        try:
+            if self.source_rank is None:
+                self._own_slice(_targets(self.module), rank, size)
+                _fault(g.rank, "mid_load")
+            elif g.rank == self.source_rank:
+                # The source serves every rank even when its own slice failed (they learn it at
+                # once instead of waiting out the timeout); its own failure is raised after.
+                own, own_error, targets = None, None, None
+                try:
+                    targets = _targets(self.module)
+                    own = self._own_slice(targets, rank, size)
+                except Exception as e:
+                    own_error = e
+                self.bytes_read += _serve_all(g, self.peers, self.ref, self.dtype, self.threads,
+                                              self.revision, self.strict, self.mmap, targets,
+                                              self.buffer_bytes, self.progress, own, own_error)
+                if own_error is not None:
+                    raise own_error
+            else:
+                _fault(g.rank, "fail_stage")
+                staged, self.received, self.progress["buffer"] = _receive(
+                    g, self.source_rank, self.device, g.rank)
+                self.pairs = _match(_targets(self.module), staged, self.strict, self.dtype,
+                                    f"rank {rank} of {size}")
+            status: Dict[str, Any] = {"ok": True}
+        except _Lost as e:
+            status = {"ok": False, "error": f"lost contact: {e}"}
+        except Exception as e:  # a failed stage is this rank's "no" in the vote
+            status = {"ok": False, "error": _describe(e)}
+        status.update(bytes_read=self.bytes_read, held_bytes=_held(self.pairs))
+        return status
+
+    def vote(self, status: Dict[str, Any]) -> List[dict]:
+        try:
+            votes = [json.loads(x) for x in self.g.all_gather_text(json.dumps(status), "the vote")]
+        except _Lost as e:
+            raise self.lost(e, "the vote") from None
+        failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
+        if failures:
+            lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
+            raise DistributedError(f"{len(failures)} of {self.g.size} ranks failed to load "
+                                   f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its "
+                                   f"previous weights:\n{lines}", failures)
+        return votes
+
+    def report(self, rank, size, votes, stage_seconds, seconds):
+        from ._load import LoadReport
+        held = _held(self.pairs)
+        d = DistReport(self.g.rank, self.g.size, rank, size, self.mode, self.source_rank,
+                       self.bytes_read, held, self.progress["sent"], self.received,
+                       self.progress["buffer"], stage_seconds, seconds,
+                       [int(v["bytes_read"]) for v in votes], [int(v["held_bytes"]) for v in votes])
+        report = self.load_report
+        if report is None:  # a receiver: nothing read from files
+            report = LoadReport(bytes=0, slot_bytes=held, seconds=stage_seconds,
+                                peak_staging_bytes=self.progress["buffer"],
+                                peak_device_staging_bytes=0, reads=0, direct_bytes=0,
+                                mapped_bytes=0, threads=0, engine="received", files=[])
+        return report._replace(distributed=d)
 
 
 def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
@@ -559,6 +606,10 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
             problems.append(f"tp_rank must be 0..{size - 1}, once each ({each('tp_rank')})")
         elif size == 1 and any(p["tp_rank"] != 0 for p in peers):
             problems.append(f"tp_size 1 has only tp_rank 0 ({each('tp_rank')})")
+    bad = [f"rank {i}: {p['buffer_bytes']}" for i, p in enumerate(peers) if p["buffer_bytes"] < 0]
+    if bad:
+        problems.append(f"buffer_bytes must be 0 (the default, {DEFAULT_BUFFER_BYTES >> 20} MiB) "
+                        f"or a positive number of bytes ({', '.join(bad)})")
     sources = {p["source_rank"] for p in peers}
     if len(sources) != 1:
         problems.append(f"source_rank differs ({each('source_rank')})")

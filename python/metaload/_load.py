@@ -207,45 +207,30 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
     changes unless every tensor loaded.
 
-    Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of every tensor by the model
-    family's TP plan (vLLM's layouts; the checkpoint's config.json names the family); a module
-    tensor on meta takes its slice's shape. Across processes (metaload._dist_load has the
-    details): with process_group (a torch.distributed group; None with distributed=True or
-    tp_size > 1 under an initialised torch.distributed: the default group) every rank of the
-    group calls load_into; tp_size defaults to the group's size and tp_rank to the rank. Each
-    rank reads its own slice from `ref`, or with source_rank=r rank r reads every slice and sends
-    each rank its own (through buffers of buffer_bytes; the others never open `ref`). The module
-    changes only after every rank staged its tensors (a vote); otherwise every rank raises
-    metaload.DistributedError naming what failed where and keeps its previous weights. timeout:
-    seconds any rank waits for the others at each step (default 600). distributed=False: a
-    single-process load of one rank's slice even under torch.distributed. The report's
-    .distributed holds the rank's bytes read, sent and received and every rank's bytes read.
+    Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of each tensor by the family's
+    TP plan (vLLM's layouts); a meta tensor takes its slice's shape. With process_group (or
+    source_rank, or tp_size > 1 under torch.distributed) every rank of the group calls it: each
+    reads its slice (or rank source_rank reads and sends each rank its own through buffer_bytes
+    buffers), and the module changes only after all staged theirs, else a
+    metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
+    .distributed has each rank's bytes).
     """
-    if distributed is None:
-        distributed = process_group is not None or source_rank is not None or (
-            (tp_size or 1) > 1 and torch.distributed.is_available()
-            and torch.distributed.is_initialized())
-    if distributed or (tp_size or 1) > 1:
-        from . import _dist_load
-        if key_mapping:
-            raise _lib.PlanError("key_mapping is not supported with tensor parallelism or a "
-                                 "process group")
-        if distributed:
-            return _dist_load.load_distributed(
-                module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
-                process_group=process_group, source_rank=source_rank, buffer_bytes=buffer_bytes,
-                timeout=timeout, threads=threads, strict=strict, revision=revision, mmap=mmap)
-        tp_rank = tp_rank or 0
-        if tp_size > 2 ** 31 - 1:
-            raise _lib.PlanError(f"tp_size must be from 1 to 2^31-1, got {tp_size}")
-        if not 0 <= tp_rank < tp_size:
-            raise _lib.PlanError(f"tp_rank must be from 0 to tp_size - 1 ({tp_size - 1}), got "
-                                 f"{tp_rank}")
-        return _dist_load._local_tp_load(module, ref, device=device, dtype=dtype,
-                                         tp_rank=tp_rank, tp_size=tp_size, threads=threads,
-                                         strict=strict, revision=revision, mmap=mmap)
-    tp_rank = 0 if tp_rank is None else tp_rank
-    tp_size = 1 if tp_size is None else tp_size
+    from . import _dist_load
+    routed = _dist_load.route(module, ref, device=device, dtype=dtype, tp_rank=tp_rank,
+                              tp_size=tp_size, threads=threads, strict=strict, revision=revision,
+                              mmap=mmap, key_mapping=key_mapping, process_group=process_group,
+                              source_rank=source_rank, buffer_bytes=buffer_bytes,
+                              timeout=timeout, distributed=distributed)
+    if routed is not None:
+        return routed
+    return _load_plain(module, ref, device, dtype, 0 if tp_rank is None else tp_rank,
+                       1 if tp_size is None else tp_size, threads, staging_bytes, strict,
+                       revision, progress, mmap, key_mapping)
+
+
+def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
+                revision, progress, mmap, key_mapping) -> LoadReport:
+    """load_into in one process, without a TP plan."""
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
         from ._mode import real
