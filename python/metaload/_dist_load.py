@@ -45,7 +45,8 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_BUFFER_BYTES = 64 << 20
 # Test hook: "RANK:POINT" kills group rank RANK with SIGKILL at POINT ("mid_load": after it has
 # staged some bytes and before the vote; a broadcast receiver after its first chunk, the source
-# after serving its first rank) or makes it raise ("fail_stage": a failure while staging).
+# after serving its first rank), makes it raise ("fail_stage": a failure while staging) or go
+# silent before the vote ("hang": sleeps twice $METALOAD_TEST_DIST_FAULT_TIMEOUT seconds).
 _FAULT_ENV = "METALOAD_TEST_DIST_FAULT"
 
 DistributedError = _lib.error_kinds().get("DistributedError")
@@ -166,6 +167,9 @@ def _fault(rank: int, point: str):
         return
     if point == "fail_stage":
         raise _lib.LoadError(f"injected failure on rank {rank} ({_FAULT_ENV})")
+    if point == "hang":  # alive but silent for twice the others' timeout, then carries on
+        time.sleep(2 * float(os.environ.get(_FAULT_ENV + "_TIMEOUT", "10")))
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -272,6 +276,10 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
                 mismatched.append(f"{n}: shape {list(t.shape)} in the module but {where} holds "
                                   f"{list(s.shape)}")
                 continue
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            # what swap_tensors would refuse after the vote, refused before it
+            mismatched.append(f"{n}: a {type(t).__name__} ({t.layout}), not a plain dense tensor")
+            continue
         if t.requires_grad and not s.is_floating_point():
             mismatched.append(f"{n}: requires grad but loads as {s.dtype}")
             continue
@@ -529,6 +537,7 @@ class _Job:
             if self.source_rank is None:
                 self._own_slice(_targets(self.module), rank, size)
                 _fault(g.rank, "mid_load")
+                _fault(g.rank, "hang")
             elif g.rank == self.source_rank:
                 # The source serves every rank even when its own slice failed (they learn it at
                 # once instead of waiting out the timeout); its own failure is raised after.

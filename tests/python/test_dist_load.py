@@ -160,6 +160,34 @@ def test_rank_killed_mid_load_is_an_error_on_every_survivor(gpt2, tmp_path):
         assert "the vote failed" in e["message"], e["message"]
 
 
+def test_a_silent_rank_is_an_error_on_the_others_after_the_timeout(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "fault": "1:hang", "timeout": 3}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec,
+                                 extra_env={1: {"METALOAD_TEST_DIST_FAULT_TIMEOUT": "3"}})
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    # rank 0 waited 3 s for the vote; rank 1 woke after 6 s to a closed group: both raise
+    for e in check_failed_everywhere(results, 1, 2):
+        assert "the vote" in e["message"], e["message"]
+    e = results[0][1]
+    assert 2.5 < e["seconds"] < 15 and "no answer within 3 s" in e["message"], e
+
+
+def test_broadcast_over_a_subgroup(gpt2, tmp_path):
+    """Group ranks are not global ranks: the subgroup {1, 2}, its rank 0 (global 1) the source."""
+    ckpt, spec = gpt2
+    steps = [{"ref": {"1": ckpt, "*": str(tmp_path / "absent")}, "group": [1, 2],
+              "source_rank": 0, "buffer_bytes": 2048, "save": True}]
+    results, out, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert results[0][0].get("skipped") and results[0][0]["ok"], logs
+    for r, tp_rank in ((1, 0), (2, 1)):
+        e = results[r][0]
+        assert e["ok"] and e["distributed"]["tp_rank"] == tp_rank, (e, logs[r])
+        want = reference(ckpt, tp_rank, 2)
+        for n, t in saved(out, r, 0).items():
+            assert torch.equal(t, want[n]), (r, n)
+
+
 def test_receiver_killed_mid_broadcast_is_an_error_on_every_survivor(gpt2, tmp_path):
     ckpt, spec = gpt2
     steps = [{"ref": ckpt},

@@ -5,7 +5,7 @@
 JOB.json: {"world": N, "addr": host, "port": p, "skeleton": spec.json, "out": dir,
            "steps": [{"ref": path or {rank: path}, "tp_size": n or {rank: n}, "source_rank": r,
                       "buffer_bytes": b, "timeout": s, "expect": "ok" | "error",
-                      "fault": "RANK:POINT", "save": true}, ...]}
+                      "fault": "RANK:POINT", "save": true, "group": [global ranks]}, ...]}
 Each step loads into the same module (a skeleton on meta made from the spec: the parameters and
 buffers a TransformersModel of the checkpoint has, with its ties), so a failing step finds the
 weights of the step before. The rank writes OUT/rank{R}.json (one entry per step) and, for steps
@@ -82,7 +82,14 @@ def main():
                 os.environ["METALOAD_TEST_DIST_FAULT"] = fault
             else:
                 os.environ.pop("METALOAD_TEST_DIST_FAULT", None)
-            kw = dict(process_group=dist.group.WORLD, timeout=step.get("timeout", 20),
+            group = dist.group.WORLD
+            if step.get("group"):  # a subgroup (every rank makes it; only its members load)
+                group = dist.new_group(step["group"])
+                if rank not in step["group"]:
+                    results.append({"step": i, "ok": True, "skipped": True})
+                    flush()
+                    continue
+            kw = dict(process_group=group, timeout=step.get("timeout", 20),
                       tp_size=per_rank(step.get("tp_size"), rank), progress=False)
             if step.get("source_rank") is not None:
                 kw.update(source_rank=step["source_rank"], buffer_bytes=step.get("buffer_bytes", 0))
@@ -109,6 +116,8 @@ def main():
             flush()
             if not entry["ok"]:
                 break  # the group may be broken now
+        else:  # all went well: leave together (rank 0 holds the rendezvous store)
+            dist.barrier()
     except Exception:
         results.append({"crash": traceback.format_exc()})
         flush()
