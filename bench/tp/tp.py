@@ -40,7 +40,9 @@ def skeleton(ckpt):
     """A meta module with the names, shapes and ties of the checkpoint's model (its config.json;
     what a user builds under metaload.meta())."""
     import metaload
-    m = metaload.TransformersModel(ckpt, progress=False)
+    with open(os.path.join(ckpt, "config.json")) as f:
+        dtype = json.load(f).get("torch_dtype")  # as stored: no conversion, no doubled memory
+    m = metaload.TransformersModel(ckpt, dtype=dtype, progress=False)
     root, made = torch.nn.Module(), {}
     for is_param, items in ((True, m.named_parameters()), (False, m.named_buffers())):
         for name, t in items.items():

@@ -1,10 +1,12 @@
-"""load_into across processes and hosts, on torch.distributed (c10d: gloo on CPU, NCCL's group
-works too: only CPU tensors travel here).
+"""load_into across processes and hosts, on torch.distributed (c10d). The messages are CPU
+tensors: the group must be a gloo one (with NCCL for the forward, make a second group for the
+load: dist.new_group(backend="gloo")); the weights still go to `device`.
 
     dist.init_process_group("gloo", ...)          # torchrun, mp.spawn, or by hand
-    report = metaload.load_into(model, ckpt, tp_size=dist.get_world_size(),
-                                process_group=None)          # None: the default group
-    report.distributed.bytes_read                             # this rank's share + replicated
+    report = metaload.load_into(model, ckpt, tp_size=dist.get_world_size())  # the default group
+    report.distributed.bytes_read      # this rank's share + the replicated tensors, and the holes
+                                       # (<= 64 KiB) between the rows of strided slices that the
+                                       # engine reads through rather than issue many small reads
 
 Every rank of the group calls load_into with the same tp_size. The steps, each bounded by
 `timeout` seconds (a rank that dies or hangs is an error on the others, never a hang):
@@ -15,7 +17,9 @@ Every rank of the group calls load_into with the same tp_size. The steps, each b
    untouched). Default ("shared"): every rank reads its own slice from the checkpoint path, which
    every host sees. Broadcast (source_rank=r): rank r reads each rank's slice in turn and sends it
    to that rank alone (point-to-point, never the whole checkpoint) through a buffer of
-   buffer_bytes; the other ranks never open the files (their path need not exist).
+   buffer_bytes; the other ranks never open the files (their path need not exist). The source
+   holds its own slice, the one slice it is sending and the buffer; a receiver its slice and the
+   buffer.
 3. vote: every rank tells the others whether it staged everything (an all_gather of a status; a
    failure carries its error). The module's tensors take the staged ones only after a unanimous
    yes; otherwise every rank raises DistributedError naming each failed rank and its error, and
