@@ -235,11 +235,22 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
                 uniq[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="meta")
             names.append(n)
             shadows.append(uniq[id(t)])
+        # Non-persistent buffers take the values their constructor computed, where known (as
+        # load_into's computed_keys); unknown ones are left as they are.
+        comp = [(n, t, ops.values_of(t) if t.is_meta else t)
+                for n, t in zip(targets.names, targets.tensors)
+                if n not in targets.strict_names and id(t) not in uniq]
+        comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
+                for n, t, v in comp if v is not None]
         with real():
             out = ops.load_into(shadows, names, str(ref), revision, dev, dtype, 0, 1, threads, 0,
-                                strict, False, mmap)
+                                strict, False, mmap, computed=[c[1] for c in comp],
+                                computed_names=[c[0] for c in comp],
+                                computed_values=[c[2] for c in comp])
         rep = _report(out)
-        return _Staged(dict(zip(names, shadows)), rep.bytes, rep)
+        staged = dict(zip(names, shadows))
+        staged.update((n, t) for n, t, _ in comp)
+        return _Staged(staged, rep.bytes, rep)
     # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
     from .model import TransformersModel
     want = dtype if dtype is not None else _single_dtype(targets)

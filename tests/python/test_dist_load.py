@@ -173,11 +173,15 @@ def test_a_silent_rank_is_an_error_on_the_others_after_the_timeout(gpt2, tmp_pat
     assert 2.5 < e["seconds"] < 15 and "no answer within 3 s" in e["message"], e
 
 
-def test_broadcast_over_a_subgroup(gpt2, tmp_path):
-    """Group ranks are not global ranks: the subgroup {1, 2}, its rank 0 (global 1) the source."""
+def test_broadcast_over_a_subgroup_and_to_replicas(gpt2, tmp_path):
+    """Group ranks are not global ranks: the subgroup {1, 2}, its rank 0 (global 1) the source.
+    Then tp_size 1 over all three (replicas): rank 0 sends the whole model to each."""
     ckpt, spec = gpt2
-    steps = [{"ref": {"1": ckpt, "*": str(tmp_path / "absent")}, "group": [1, 2],
-              "source_rank": 0, "buffer_bytes": 2048, "save": True}]
+    absent = str(tmp_path / "absent")
+    steps = [{"ref": {"1": ckpt, "*": absent}, "group": [1, 2], "source_rank": 0,
+              "buffer_bytes": 2048, "save": True},
+             {"ref": {"0": ckpt, "*": absent}, "tp_size": 1, "source_rank": 0, "fresh": True,
+              "save": True}]
     results, out, logs = run_ranks(tmp_path, 3, steps, spec)
     assert results[0][0].get("skipped") and results[0][0]["ok"], logs
     for r, tp_rank in ((1, 0), (2, 1)):
@@ -186,6 +190,14 @@ def test_broadcast_over_a_subgroup(gpt2, tmp_path):
         want = reference(ckpt, tp_rank, 2)
         for n, t in saved(out, r, 0).items():
             assert torch.equal(t, want[n]), (r, n)
+    whole = reference(ckpt, 0, 1)
+    for r in range(3):
+        e = results[r][1]
+        assert e["ok"] and e["meta_left"] == [] and e["distributed"]["tp_size"] == 1, (e, logs[r])
+        assert e["distributed"]["bytes_read"] == (e["distributed"]["held_bytes"] if r == 0 else 0)
+        for n, t in saved(out, r, 1).items():
+            if n in whole and not t.is_meta:  # buffers without known values stay on meta
+                assert torch.equal(t, whole[n]), (r, n)
 
 
 def test_receiver_killed_mid_broadcast_is_an_error_on_every_survivor(gpt2, tmp_path):

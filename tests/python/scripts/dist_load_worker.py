@@ -5,7 +5,8 @@
 JOB.json: {"world": N, "addr": host, "port": p, "skeleton": spec.json, "out": dir,
            "steps": [{"ref": path or {rank: path}, "tp_size": n or {rank: n}, "source_rank": r,
                       "buffer_bytes": b, "timeout": s, "expect": "ok" | "error",
-                      "fault": "RANK:POINT", "save": true, "group": [global ranks]}, ...]}
+                      "fault": "RANK:POINT", "save": true, "group": [global ranks],
+                      "fresh": true}, ...]}
 Each step loads into the same module (a skeleton on meta made from the spec: the parameters and
 buffers a TransformersModel of the checkpoint has, with its ties), so a failing step finds the
 weights of the step before. The rank writes OUT/rank{R}.json (one entry per step) and, for steps
@@ -76,6 +77,8 @@ def main():
                                 timeout=datetime.timedelta(seconds=60))
         module = skeleton(json.load(open(job["skeleton"])))
         for i, step in enumerate(job["steps"]):
+            if step.get("fresh"):  # a new skeleton, all on meta
+                module = skeleton(json.load(open(job["skeleton"])))
             before = {n: t.clone() for n, t in module.state_dict().items() if not t.is_meta}
             fault = per_rank(step.get("fault", ""), rank) or ""
             if fault:
