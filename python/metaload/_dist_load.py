@@ -212,9 +212,14 @@ class _Staged(NamedTuple):
     report: Any  # the LoadReport of the files read for this slice, or None
 
 
-def _single_dtype(targets: _Targets) -> Optional[torch.dtype]:
-    floats = {t.dtype for t in targets.tensors if t.is_floating_point()}
-    return floats.pop() if len(floats) == 1 else None
+def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
+    """The floating dtype of most of the module's elements (bf16 weights beside a float32
+    inv_freq buffer: bf16), which the slice is read in; the few others convert afterwards."""
+    count: Dict[torch.dtype, int] = {}
+    for t in {id(t): t for t in targets.tensors}.values():
+        if t.is_floating_point():
+            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
+    return max(count, key=count.get) if count else None
 
 
 def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, tp_size: int,
@@ -253,7 +258,7 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
         return _Staged(staged, rep.bytes, rep)
     # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
     from .model import TransformersModel
-    want = dtype if dtype is not None else _single_dtype(targets)
+    want = dtype if dtype is not None else _main_dtype(targets)
     with real():
         m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
                               tp_rank=tp_rank, tp_size=tp_size, threads=threads, dispatch=True,
