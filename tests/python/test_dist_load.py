@@ -260,3 +260,39 @@ def test_single_process_tp_load_into_a_module_takes_the_family_plan(gpt2):
     with pytest.raises(metaload.PlanError, match="tp_rank must be from 0 to tp_size - 1"):
         metaload.load_into(m2, ckpt, tp_rank=4, tp_size=4, progress=False)
     assert all(t.is_meta for t in m2.parameters())
+
+
+def test_the_handshake_names_every_disagreement():
+    from metaload._dist_load import _handshake_problems
+
+    def hello(tp_rank, tp_size, source_rank=None, buffer_bytes=0, protocol=1):
+        return dict(protocol=protocol, tp_rank=tp_rank, tp_size=tp_size, source_rank=source_rank,
+                    buffer_bytes=buffer_bytes)
+
+    assert _handshake_problems([hello(0, 2), hello(1, 2)], 2) == []
+    assert _handshake_problems([hello(0, 1), hello(0, 1)], 2) == []  # replicas
+    assert _handshake_problems([hello(0, 2), hello(1, 3)], 2) == [
+        "tp_size differs (rank 0: 2, rank 1: 3)"]
+    assert _handshake_problems([hello(0, 3), hello(1, 3)], 2) == [
+        "tp_size 3 is neither 1 nor the process group's size 2"]
+    assert _handshake_problems([hello(1, 2), hello(1, 2)], 2) == [
+        "tp_rank must be 0..1, once each (rank 0: 1, rank 1: 1)"]
+    assert _handshake_problems([hello(0, 2, 0), hello(1, 2, 1)], 2) == [
+        "source_rank differs (rank 0: 0, rank 1: 1)"]
+    assert _handshake_problems([hello(0, 2, 2), hello(1, 2, 2)], 2) == [
+        "source_rank 2 is not a rank of the group (0..1)"]
+    assert "buffer_bytes must be 0" in _handshake_problems([hello(0, 2), hello(1, 2, None, -1)],
+                                                           2)[0]
+    assert "metaload versions differ" in _handshake_problems([hello(0, 2), hello(1, 2, protocol=2)],
+                                                             2)[0]
+
+
+def test_distributed_error_is_a_metaload_error_and_pickles():
+    import pickle
+    e = metaload.DistributedError("2 of 3 ranks failed", {1: "ReadError: x", 2: "lost"})
+    assert isinstance(e, metaload.Error) and isinstance(e, RuntimeError)
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is metaload.DistributedError and back.failures == e.failures
+    assert str(back) == str(e)
+    with pytest.raises(metaload.DistributedError, match="needs torch.distributed initialised"):
+        metaload.load_into(torch.nn.Linear(2, 2), "x", process_group=None, distributed=True)
