@@ -260,10 +260,16 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
     from .model import TransformersModel
     want = dtype if dtype is not None else _main_dtype(targets)
     with real():
-        m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
-                              tp_rank=tp_rank, tp_size=tp_size, threads=threads, dispatch=True,
-                              progress=False)
-        rep = m.dispatch()  # the report of the load above (dispatch is idempotent)
+        _lib.typed_errors(ops.open_checkpoint)(str(ref), revision)  # ResolveError: nothing there
+        try:
+            m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
+                                  tp_rank=tp_rank, tp_size=tp_size, threads=threads,
+                                  progress=False)
+        except _lib.Error as e:  # no config.json, or a family without a TP plan
+            raise _lib.PlanError(f"tp_size {tp_size} needs the model family's TP plan (GPT-2, "
+                                 f"Llama, Mistral, Qwen2: the checkpoint's config.json names "
+                                 f"it): {e}") from None
+        rep = m.dispatch()
     staged = dict(m.named_parameters())
     staged.update(m.named_buffers())
     return _Staged(staged, rep.bytes, rep)
