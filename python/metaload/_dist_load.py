@@ -74,6 +74,13 @@ if DistributedError is None:  # until a C++ kind of that name exists (then _lib 
     DistributedError.__module__ = "metaload"
 
 
+def _error(message: str, failures: Optional[Dict[int, str]] = None):
+    """A DistributedError with .failures, whichever module defines the class."""
+    e = DistributedError(message)
+    e.failures = dict(failures or {})
+    return e
+
+
 class DistReport(NamedTuple):
     """What a distributed load_into did on this rank (LoadReport.distributed)."""
     rank: int  # in the process group
@@ -501,8 +508,8 @@ def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=No
     import torch.distributed as dist
     t0 = time.monotonic()
     if not dist.is_available() or not dist.is_initialized():
-        raise DistributedError("a distributed load_into needs torch.distributed initialised "
-                               "(init_process_group) on every rank")
+        raise _error("a distributed load_into needs torch.distributed initialised "
+                     "(init_process_group) on every rank")
     job = _Job(_Group(process_group, _timeout_s(timeout)), module, ref, device, dtype, threads,
                strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES)
     size = tp_size if tp_size is not None else job.g.size
@@ -532,9 +539,9 @@ class _Job:
         self.progress = {"sent": 0, "buffer": 0}
 
     def lost(self, e: _Lost, step: str) -> DistributedError:
-        return DistributedError(f"rank {self.g.rank} of {self.g.size}: {step} failed, so nothing "
-                                f"was loaded (the weights are as before; the process group must "
-                                f"be made again): {e}")
+        return _error(f"rank {self.g.rank} of {self.g.size}: {step} failed, so nothing was "
+                      f"loaded (the weights are as before; the process group must be made "
+                      f"again): {e}")
 
     def handshake(self, rank: int, size: int, buffer_bytes: int):
         hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
@@ -545,8 +552,8 @@ class _Job:
             raise self.lost(e, "the handshake") from None
         problems = _handshake_problems(self.peers, self.g.size)
         if problems:
-            raise DistributedError(f"the ranks of the process group disagree, nothing was "
-                                   f"loaded: {'; '.join(problems)}", {})
+            raise _error(f"the ranks of the process group disagree, nothing was loaded: "
+                         f"{'; '.join(problems)}")
 
     def _own_slice(self, targets, rank, size):
         _fault(self.g.rank, "fail_stage")
@@ -600,9 +607,9 @@ class _Job:
         failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
         if failures:
             lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
-            raise DistributedError(f"{len(failures)} of {self.g.size} ranks failed to load "
-                                   f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its "
-                                   f"previous weights:\n{lines}", failures)
+            raise _error(f"{len(failures)} of {self.g.size} ranks failed to load "
+                         f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its previous "
+                         f"weights:\n{lines}", failures)
         return votes
 
     def report(self, rank, size, votes, stage_seconds, seconds):
