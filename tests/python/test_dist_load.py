@@ -296,3 +296,20 @@ def test_distributed_error_is_a_metaload_error_and_pickles():
     assert str(back) == str(e)
     with pytest.raises(metaload.DistributedError, match="needs torch.distributed initialised"):
         metaload.load_into(torch.nn.Linear(2, 2), "x", process_group=None, distributed=True)
+
+
+def test_single_process_tp_load_into_a_transformers_model(tmp_path):
+    """A transformers GPT-2 built under metaload.meta() takes rank 1 of 2's slices (Conv1D
+    weights split along dim 1), as the TransformersModel dispatch of that rank holds them."""
+    transformers = pytest.importorskip("transformers", reason="transformers is in the torch 2.x "
+                                       "environment only")
+    ck = metaload.make_checkpoint(str(tmp_path / "g"), config="gpt2-tiny", layout="saved")["dir"]
+    with metaload.meta():
+        m = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(ck))
+    metaload.load_into(m, ck, tp_rank=1, tp_size=2, progress=False)
+    want = reference(ck, 1, 2)
+    assert m.transformer.h[0].attn.c_attn.weight.shape == (64, 96)
+    for n, t in m.named_parameters():
+        assert torch.equal(t, want[n]), n
+    assert not any(t.is_meta for t in m.state_dict().values())
