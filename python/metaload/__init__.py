@@ -18,6 +18,7 @@ from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, check_mapped_files, load_into
+from ._dist_load import DistReport, DistributedError
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
 from ._safetensors import load_file, safe_open, save_file
@@ -32,6 +33,7 @@ __version__ = build_info()[0]
 __all__ = [
     "__version__",
     "CheckpointInfo",
+    "DistReport",
     "FileReport",
     "LoadReport",
     "ModuleShape",
@@ -70,6 +72,7 @@ __all__ = [
     "ConversionError",
     "DataDependentError",
     "DeviceError",
+    "DistributedError",
     "DTypeError",
     "FamilyError",
     "FileChangedError",

@@ -46,6 +46,9 @@ class LoadReport(NamedTuple):
     # that the load set from the values their constructor computed (a meta tensor built under
     # metaload.meta() keeps them), or moved to `device` from where they were.
     computed_keys: List[str] = []
+    # A load with a process group (metaload._dist_load.DistReport): the rank, its mode, the bytes
+    # read, sent and received, and every rank's bytes; None otherwise.
+    distributed: Any = None
 
     @property
     def gb_per_s(self) -> float:
@@ -159,11 +162,14 @@ def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[st
 
 @_lib.typed_errors
 def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device, None] = None,
-              dtype: Optional[torch.dtype] = None, *, tp_rank: int = 0, tp_size: int = 1,
-              threads: int = 0, staging_bytes: int = 0, strict: bool = True,
-              revision: Optional[str] = None, progress: _progress.Progress = True,
-              mmap: Optional[bool] = None,
-              key_mapping: Optional[Dict[str, str]] = None) -> LoadReport:
+              dtype: Optional[torch.dtype] = None, *, tp_rank: Optional[int] = None,
+              tp_size: Optional[int] = None, threads: int = 0, staging_bytes: int = 0,
+              strict: bool = True, revision: Optional[str] = None,
+              progress: _progress.Progress = True, mmap: Optional[bool] = None,
+              key_mapping: Optional[Dict[str, str]] = None, process_group=None,
+              source_rank: Optional[int] = None, buffer_bytes: int = 0,
+              timeout: Optional[float] = None,
+              distributed: Optional[bool] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
@@ -200,7 +206,31 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     replaced by rename, never truncated or written in place while the module uses them (see
     check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
     changes unless every tensor loaded.
+
+    Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of each tensor by the family's
+    TP plan (vLLM's layouts); a meta tensor takes its slice's shape. With process_group (or
+    source_rank, or tp_size > 1 under torch.distributed) every rank of the group calls it: each
+    reads its slice (or rank source_rank reads and sends each rank its own through buffer_bytes
+    buffers), and the module changes only after all staged theirs, else a
+    metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
+    .distributed has each rank's bytes).
     """
+    from . import _dist_load
+    routed = _dist_load.route(module, ref, device=device, dtype=dtype, tp_rank=tp_rank,
+                              tp_size=tp_size, threads=threads, strict=strict, revision=revision,
+                              mmap=mmap, key_mapping=key_mapping, process_group=process_group,
+                              source_rank=source_rank, buffer_bytes=buffer_bytes,
+                              timeout=timeout, distributed=distributed)
+    if routed is not None:
+        return routed
+    return _load_plain(module, ref, device, dtype, 0 if tp_rank is None else tp_rank,
+                       1 if tp_size is None else tp_size, threads, staging_bytes, strict,
+                       revision, progress, mmap, key_mapping)
+
+
+def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
+                revision, progress, mmap, key_mapping) -> LoadReport:
+    """load_into in one process, without a TP plan."""
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
         from ._mode import real

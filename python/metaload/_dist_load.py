@@ -1,0 +1,701 @@
+"""load_into across processes and hosts, on torch.distributed (c10d). The messages are CPU
+tensors: the group must be a gloo one (with NCCL for the forward, make a second group for the
+load: dist.new_group(backend="gloo")); the weights still go to `device`.
+
+    dist.init_process_group("gloo", ...)          # torchrun, mp.spawn, or by hand
+    report = metaload.load_into(model, ckpt, tp_size=dist.get_world_size())  # the default group
+    report.distributed.bytes_read      # this rank's share + the replicated tensors, and the holes
+                                       # (<= 64 KiB) between the rows of strided slices that the
+                                       # engine reads through rather than issue many small reads
+
+Every rank of the group calls load_into with the same tp_size. The steps, each bounded by
+`timeout` seconds (a rank that dies or hangs is an error on the others, never a hang):
+
+1. handshake: every rank tells the others its tp_rank, tp_size and source_rank (an all_gather);
+   a disagreement is a DistributedError on every rank before anything is read.
+2. staging: the rank's tensors are loaded into fresh tensors beside the module (the module is
+   untouched). Default ("shared"): every rank reads its own slice from the checkpoint path, which
+   every host sees. Broadcast (source_rank=r): rank r reads each rank's slice in turn and sends it
+   to that rank alone (point-to-point, never the whole checkpoint) through a buffer of
+   buffer_bytes; the other ranks never open the files (their path need not exist). The source
+   holds its own slice, the one slice it is sending and the buffer; a receiver its slice and the
+   buffer.
+3. vote: every rank tells the others whether it staged everything (an all_gather of a status; a
+   failure carries its error). The module's tensors take the staged ones only after a unanimous
+   yes; otherwise every rank raises DistributedError naming each failed rank and its error, and
+   keeps its previous weights.
+
+A rank's slice comes from the model family's TP plan (vLLM's layouts; metaload.TransformersModel's
+families: GPT-2, Llama, Mistral, Qwen2), read by a per-rank TransformersModel dispatch; tp_size 1
+(every rank a whole replica) works for any module, as load_into does.
+
+After a DistributedError raised because a rank died or did not answer, the process group is
+broken (gloo keeps the failed operation): destroy it and make a new one before the next load.
+"""
+import contextlib
+import datetime
+import json
+import os
+import signal
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from . import _lib
+
+_PROTOCOL = 1
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_BUFFER_BYTES = 64 << 20
+# Test hook: "RANK:POINT" kills group rank RANK with SIGKILL at POINT ("mid_load": after it has
+# staged some bytes and before the vote; a broadcast receiver after its first chunk, the source
+# after serving its first rank), makes it raise ("fail_stage": a failure while staging) or go
+# silent before the vote ("hang": sleeps twice $METALOAD_TEST_DIST_FAULT_TIMEOUT seconds).
+_FAULT_ENV = "METALOAD_TEST_DIST_FAULT"
+
+DistributedError = _lib.error_kinds().get("DistributedError")
+if DistributedError is None:  # until a C++ kind of that name exists (then _lib defines it)
+
+    class DistributedError(_lib.Error):
+        """A load (or a run) across the ranks of a process group failed on some rank, or a rank
+        died, disagreed or did not answer within the timeout. `.failures` maps group ranks to
+        what went wrong there (empty when the rank is unknown); every rank raises it and keeps
+        its previous weights."""
+
+        kind = "DistributedError"
+
+        def __init__(self, message: str = "", failures: Optional[Dict[int, str]] = None):
+            super().__init__(message)
+            self.failures = dict(failures or {})
+
+        def __reduce__(self):
+            return (type(self), (str(self), self.failures))
+
+    DistributedError.__module__ = "metaload"
+
+
+def _error(message: str, failures: Optional[Dict[int, str]] = None):
+    """A DistributedError with .failures, whichever module defines the class."""
+    e = DistributedError(message)
+    e.failures = dict(failures or {})
+    return e
+
+
+class DistReport(NamedTuple):
+    """What a distributed load_into did on this rank (LoadReport.distributed)."""
+    rank: int  # in the process group
+    world_size: int
+    tp_rank: int
+    tp_size: int
+    mode: str  # "shared" (every rank read its own slice) or "broadcast"
+    source_rank: Optional[int]
+    bytes_read: int  # checkpoint bytes this rank read (its slice, or every slice on the source)
+    held_bytes: int  # bytes of the tensors this rank now holds
+    bytes_sent: int
+    bytes_received: int
+    buffer_bytes: int  # the largest transfer buffer this rank used
+    stage_seconds: float
+    seconds: float
+    rank_bytes_read: List[int]  # bytes_read of every rank, by group rank (from the vote)
+    rank_held_bytes: List[int]
+
+
+# -- the process group, with a timeout on every wait --------------------------------------------
+
+
+class _Lost(Exception):
+    """A collective or a transfer failed (a peer died) or timed out."""
+
+
+class _Group:
+    def __init__(self, group, timeout_s: float):
+        import torch.distributed as dist
+        self.dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.timeout_s = timeout_s
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+
+    def _wait(self, work, what: str):
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            text = str(e).split("\nException raised from")[0].strip()
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise _Lost(f"{what}: no answer within {self.timeout_s:g} s ({text})") from None
+            raise _Lost(f"{what}: {text}") from None
+
+    def global_rank(self, r: int) -> int:
+        if self.group is None or self.group is self.dist.group.WORLD:
+            return r
+        get = getattr(self.dist, "get_global_rank", None)  # torch 2.x
+        if get is None:
+            get = self.dist.distributed_c10d._get_global_rank  # torch 1.13
+        return get(self.group, r)
+
+    def all_gather_text(self, text: str, what: str) -> List[str]:
+        data = text.encode()
+        lens = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self._wait(self.dist.all_gather(lens, torch.tensor([len(data)], dtype=torch.int64),
+                                        group=self.group, async_op=True), what)
+        longest = max(1, max(int(x) for x in lens))
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        if data:
+            mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.size)]
+        self._wait(self.dist.all_gather(out, mine, group=self.group, async_op=True), what)
+        return [bytes(out[i][:int(lens[i])].tolist()).decode() for i in range(self.size)]
+
+    def send(self, t: torch.Tensor, dst: int, what: str):
+        self._wait(self.dist.isend(t, self.global_rank(dst), group=self.group), what)
+
+    def recv(self, t: torch.Tensor, src: int, what: str):
+        self._wait(self.dist.irecv(t, self.global_rank(src), group=self.group), what)
+
+    def send_text(self, text: str, dst: int, what: str):
+        data = text.encode()
+        self.send(torch.tensor([len(data)], dtype=torch.int64), dst, what)
+        if data:
+            self.send(torch.tensor(list(data), dtype=torch.uint8), dst, what)
+
+    def recv_text(self, src: int, what: str) -> str:
+        n = torch.zeros(1, dtype=torch.int64)
+        self.recv(n, src, what)
+        if int(n) == 0:
+            return ""
+        buf = torch.zeros(int(n), dtype=torch.uint8)
+        self.recv(buf, src, what)
+        return bytes(buf.tolist()).decode()
+
+
+def _fault(rank: int, point: str):
+    spec = os.environ.get(_FAULT_ENV, "")
+    if not spec:
+        return
+    r, _, p = spec.partition(":")
+    if p != point or int(r) != rank:
+        return
+    if point == "fail_stage":
+        raise _lib.LoadError(f"injected failure on rank {rank} ({_FAULT_ENV})")
+    if point == "hang":  # alive but silent for twice the others' timeout, then carries on
+        time.sleep(2 * float(os.environ.get(_FAULT_ENV + "_TIMEOUT", "10")))
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _describe(e: BaseException) -> str:
+    kind = getattr(e, "kind", None) or type(e).__name__
+    return f"{kind}: {e}"
+
+
+# -- the module's side: targets, staging, the swap ----------------------------------------------
+
+
+class _Targets(NamedTuple):
+    names: List[str]  # every name (tied tensors under each of their names)
+    tensors: List[torch.Tensor]
+    strict_names: List[str]  # names that must be filled (state_dict's)
+
+
+def _targets(module: torch.nn.Module) -> _Targets:
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"a distributed load_into takes a torch.nn.Module, got {type(module).__name__} (a "
+            "metaload.TransformersModel loads its own rank's slice when it dispatches)")
+    state = module.state_dict(keep_vars=True)
+    names, tensors = list(state.keys()), list(state.values())
+    seen = {id(t) for t in tensors}
+    for n, b in module.named_buffers():  # non-persistent: filled when the staged model has them
+        if n not in state and id(b) not in seen:
+            names.append(n)
+            tensors.append(b)
+    return _Targets(names, tensors, list(state.keys()))
+
+
+class _Staged(NamedTuple):
+    tensors: Dict[str, torch.Tensor]  # by module name; tied names share one tensor
+    bytes_read: int
+    report: Any  # the LoadReport of the files read for this slice, or None
+
+
+def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
+    """The floating dtype of most of the module's elements (bf16 weights beside a float32
+    inv_freq buffer: bf16), which the slice is read in; the few others convert afterwards."""
+    count: Dict[torch.dtype, int] = {}
+    for t in {id(t): t for t in targets.tensors}.values():
+        if t.is_floating_point():
+            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
+    return max(count, key=count.get) if count else None
+
+
+def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, tp_size: int,
+                      threads: int, revision, strict: bool, mmap) -> _Staged:
+    """Rank tp_rank's tensors of `ref`, loaded into fresh tensors (the module is not touched)."""
+    from ._load import _report
+    from ._mode import real
+    ops = _lib.load()
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if tp_size == 1:
+        # Any module: the plain load into meta stand-ins of the module's tensors.
+        uniq: Dict[int, torch.Tensor] = {}
+        names, shadows = [], []
+        for n, t in zip(targets.names, targets.tensors):
+            if n not in targets.strict_names:
+                continue
+            if id(t) not in uniq:
+                uniq[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            names.append(n)
+            shadows.append(uniq[id(t)])
+        # Non-persistent buffers take the values their constructor computed, where known (as
+        # load_into's computed_keys); unknown ones are left as they are.
+        comp = [(n, t, ops.values_of(t) if t.is_meta else t)
+                for n, t in zip(targets.names, targets.tensors)
+                if n not in targets.strict_names and id(t) not in uniq]
+        comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
+                for n, t, v in comp if v is not None]
+        with real():
+            out = ops.load_into(shadows, names, str(ref), revision, dev, dtype, 0, 1, threads, 0,
+                                strict, False, mmap, computed=[c[1] for c in comp],
+                                computed_names=[c[0] for c in comp],
+                                computed_values=[c[2] for c in comp])
+        rep = _report(out)
+        staged = dict(zip(names, shadows))
+        staged.update((n, t) for n, t, _ in comp)
+        return _Staged(staged, rep.bytes, rep)
+    # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
+    from .model import TransformersModel
+    want = dtype if dtype is not None else _main_dtype(targets)
+    with real():
+        _lib.typed_errors(ops.open_checkpoint)(str(ref), revision)  # ResolveError: nothing there
+        try:
+            m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
+                                  tp_rank=tp_rank, tp_size=tp_size, threads=threads,
+                                  progress=False)
+        except _lib.Error as e:  # no config.json, or a family without a TP plan
+            raise _lib.PlanError(f"tp_size {tp_size} needs the model family's TP plan (GPT-2, "
+                                 f"Llama, Mistral, Qwen2: the checkpoint's config.json names "
+                                 f"it): {e}") from None
+        rep = m.dispatch()
+    staged = dict(m.named_parameters())
+    staged.update(m.named_buffers())
+    return _Staged(staged, rep.bytes, rep)
+
+
+def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dtype,
+           where: str) -> List[Tuple[torch.Tensor, torch.Tensor, str]]:
+    """(target, staged tensor, name) once per target tensor; MismatchError listing every problem
+    (raised before any tensor changes)."""
+    missing, mismatched = [], []
+    known = set(targets.names)
+    pairs: Dict[int, Tuple[torch.Tensor, torch.Tensor, str]] = {}
+    by_id: Dict[int, List[str]] = {}
+    for n, t in zip(targets.names, targets.tensors):
+        by_id.setdefault(id(t), []).append(n)
+    for n, t in zip(targets.names, targets.tensors):
+        if id(t) in pairs:
+            continue
+        s = next((staged[x] for x in by_id[id(t)] if x in staged), None)
+        if s is None:
+            if strict and n in targets.strict_names:  # strict=False: left as it is
+                missing.append(f"{n} {list(t.shape)}")
+            continue
+        if s.shape != t.shape:
+            # A meta target takes its rank's shard shape (one dimension split); a real one must
+            # already have it (a reload).
+            differ = [d for d in range(t.dim()) if t.shape[d] != s.shape[d]] \
+                if s.dim() == t.dim() else None
+            if not t.is_meta or differ is None or len(differ) > 1:
+                mismatched.append(f"{n}: shape {list(t.shape)} in the module but {where} holds "
+                                  f"{list(s.shape)}")
+                continue
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            # what swap_tensors would refuse after the vote, refused before it
+            mismatched.append(f"{n}: a {type(t).__name__} ({t.layout}), not a plain dense tensor")
+            continue
+        if t.requires_grad and not s.is_floating_point():
+            mismatched.append(f"{n}: requires grad but loads as {s.dtype}")
+            continue
+        if dtype is None and t.is_floating_point() and s.is_floating_point() and s.dtype != t.dtype:
+            s = s.to(t.dtype)
+        pairs[id(t)] = (t, s, n)
+    unexpected = []
+    if strict:
+        unexpected = [n for n, s in staged.items()
+                      if n not in known and isinstance(s, torch.nn.Parameter)]
+    problems = ([f"  missing: {x}" for x in missing] + [f"  unexpected: {x}" for x in unexpected] +
+                [f"  mismatched: {x}" for x in mismatched])
+    if problems:
+        raise _lib.MismatchError(f"{where} does not fit the module: {len(problems)} problems\n" +
+                                 "\n".join(problems))
+    return list(pairs.values())
+
+
+def _swap(pairs: List[Tuple[torch.Tensor, torch.Tensor, str]]):
+    """All or nothing: meta targets take their shard shapes, then one swap_tensors; undone if it
+    fails."""
+    reshaped = []
+    try:
+        with torch.no_grad():
+            for t, s, _ in pairs:
+                if t.shape != s.shape:
+                    reshaped.append((t, t.data))
+                    t.data = torch.empty(s.shape, dtype=t.dtype, device="meta")
+        _lib.typed_errors(_lib.load().swap_tensors)([p[0] for p in pairs],
+                                                    [p[1] for p in pairs])
+    except BaseException:
+        with torch.no_grad():
+            for t, old in reshaped:
+                t.data = old
+        raise
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _held(pairs) -> int:
+    return sum(_nbytes(s) for _, s, _ in pairs)
+
+
+# -- broadcast mode: the source serves each rank its slice --------------------------------------
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _manifest(staged: Dict[str, torch.Tensor]) -> Tuple[dict, List[torch.Tensor]]:
+    entries: Dict[int, dict] = {}
+    order: List[torch.Tensor] = []
+    for n, t in staged.items():
+        if id(t) in entries:
+            entries[id(t)]["names"].append(n)
+            continue
+        entries[id(t)] = {"names": [n], "dtype": str(t.dtype).replace("torch.", ""),
+                          "shape": list(t.shape), "nbytes": _nbytes(t)}
+        order.append(t)
+    return {"tensors": list(entries.values())}, order
+
+
+def _chunks(total: int, size: int):
+    at = 0
+    while at < total:
+        yield at, min(size, total - at)
+        at += size
+
+
+def _serve(g: _Group, dst: int, staged: Dict[str, torch.Tensor], buffer_bytes: int,
+           progress: Dict[str, int]):
+    """Sends rank dst its staged tensors: a manifest, then their bytes in buffer_bytes chunks."""
+    manifest, order = _manifest(staged)
+    total = sum(e["nbytes"] for e in manifest["tensors"])
+    chunk = max(1, min(buffer_bytes, total))
+    manifest["chunk"] = chunk
+    g.send_text(json.dumps(manifest), dst, f"sending rank {dst} its manifest")
+    buf = torch.empty(chunk, dtype=torch.uint8)
+    progress["buffer"] = max(progress["buffer"], chunk if total else 0)
+    views = [_as_bytes(t) for t in order]
+    ti, off = 0, 0  # the tensor and the byte within it that the next chunk starts at
+    for _, n in _chunks(total, chunk):
+        filled = 0
+        while filled < n:
+            v = views[ti]
+            take = min(n - filled, v.numel() - off)
+            buf[filled:filled + take].copy_(v[off:off + take])
+            filled += take
+            off += take
+            if off == v.numel():
+                ti, off = ti + 1, 0
+        g.send(buf[:n], dst, f"sending rank {dst} its weights")
+        progress["sent"] += n
+
+
+def _receive(g: _Group, src: int, device, rank: int) -> Tuple[Dict[str, torch.Tensor], int, int]:
+    """(staged tensors, bytes received, buffer size) from the source; raises the source's error."""
+    text = g.recv_text(src, f"waiting for rank {src}'s manifest")
+    manifest = json.loads(text)
+    if "error" in manifest:
+        raise _lib.LoadError(f"the source rank {src} could not serve this rank: "
+                             f"{manifest['error']}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    tensors, views, staged = [], [], {}
+    for e in manifest["tensors"]:
+        # Received into CPU memory (gloo moves CPU tensors), then moved to `device`.
+        t = torch.empty(e["shape"], dtype=getattr(torch, e["dtype"]))
+        tensors.append(t)
+        views.append(_as_bytes(t))
+    total = sum(e["nbytes"] for e in manifest["tensors"])
+    chunk = int(manifest.get("chunk", 1))
+    buf = torch.empty(chunk if total else 0, dtype=torch.uint8)
+    ti, off, got = 0, 0, 0
+    for _, n in _chunks(total, chunk):
+        g.recv(buf[:n], src, f"receiving weights from rank {src}")
+        got += n
+        _fault(rank, "mid_load")
+        used = 0
+        while used < n:
+            v = views[ti]
+            take = min(n - used, v.numel() - off)
+            v[off:off + take].copy_(buf[used:used + take])
+            used += take
+            off += take
+            if off == v.numel():
+                ti, off = ti + 1, 0
+    for e, t in zip(manifest["tensors"], tensors):
+        t = t.to(dev) if t.device != dev else t
+        for n in e["names"]:
+            staged[n] = t
+    return staged, got, buf.numel()
+
+
+# -- the load -------------------------------------------------------------------------------------
+
+
+def _timeout_s(timeout) -> float:
+    if timeout is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _local_tp_load(module, ref, *, device, dtype, tp_rank, tp_size, threads, strict, revision,
+                   mmap):
+    """One process's TP slice, by the family's plan (no process group): stage, then swap."""
+    targets = _targets(module)
+    staged = _stage_from_files(targets, ref, device, dtype, tp_rank, tp_size, threads, revision,
+                               strict, mmap)
+    _swap(_match(targets, staged.tensors, strict, dtype, f"rank {tp_rank} of {tp_size}"))
+    return staged.report
+
+
+def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_rank,
+          distributed, **kw):
+    """load_into's tensor-parallel and distributed cases (its report), or None: a plain load."""
+    if distributed is None:
+        distributed = process_group is not None or source_rank is not None or (
+            (tp_size or 1) > 1 and torch.distributed.is_available()
+            and torch.distributed.is_initialized())
+    if not distributed and (tp_size or 1) == 1:
+        return None
+    if key_mapping:
+        raise _lib.PlanError("key_mapping is not supported with tensor parallelism or a process "
+                             "group")
+    if distributed:
+        return load_distributed(module, ref, tp_rank=tp_rank, tp_size=tp_size,
+                                process_group=process_group, source_rank=source_rank, **kw)
+    tp_rank = tp_rank or 0
+    if tp_size > 2 ** 31 - 1:
+        raise _lib.PlanError(f"tp_size must be from 1 to 2^31-1, got {tp_size}")
+    if not 0 <= tp_rank < tp_size:
+        raise _lib.PlanError(f"tp_rank must be from 0 to tp_size - 1 ({tp_size - 1}), got "
+                             f"{tp_rank}")
+    kw.pop("buffer_bytes", None)
+    kw.pop("timeout", None)
+    return _local_tp_load(module, ref, tp_rank=tp_rank, tp_size=tp_size, **kw)
+
+
+def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=None,
+                     tp_rank: Optional[int] = None, tp_size: Optional[int] = None,
+                     process_group=None, source_rank: Optional[int] = None,
+                     buffer_bytes: int = 0, timeout=None, threads: int = 0, strict: bool = True,
+                     revision: Optional[str] = None, mmap: Optional[bool] = None):
+    """metaload.load_into with a process group (see the module's docstring); returns the rank's
+    LoadReport with .distributed set."""
+    import torch.distributed as dist
+    t0 = time.monotonic()
+    if not dist.is_available() or not dist.is_initialized():
+        raise _error("a distributed load_into needs torch.distributed initialised "
+                     "(init_process_group) on every rank")
+    job = _Job(_Group(process_group, _timeout_s(timeout)), module, ref, device, dtype, threads,
+               strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES)
+    size = tp_size if tp_size is not None else job.g.size
+    rank = tp_rank if tp_rank is not None else (job.g.rank if size > 1 else 0)
+    job.handshake(rank, size, buffer_bytes)  # 1: all agree, or all raise
+    t_stage = time.monotonic()
+    status = job.stage(rank, size)  # 2: nothing in the module changes here
+    stage_seconds = time.monotonic() - t_stage
+    votes = job.vote(status)  # 3: all said yes, or all raise
+    _swap(job.pairs)
+    return job.report(rank, size, votes, stage_seconds, time.monotonic() - t0)
+
+
+class _Job:
+    """One distributed load on one rank: its steps, each a collective every rank takes part in
+    (a local failure is a "no" in the vote, never a rank that leaves the others waiting)."""
+
+    def __init__(self, g: _Group, module, ref, device, dtype, threads, strict, revision, mmap,
+                 source_rank, buffer_bytes):
+        self.g, self.module, self.ref, self.device, self.dtype = g, module, ref, device, dtype
+        self.threads, self.strict, self.revision, self.mmap = threads, strict, revision, mmap
+        self.source_rank, self.buffer_bytes = source_rank, buffer_bytes
+        self.mode = "shared" if source_rank is None else "broadcast"
+        self.peers: List[dict] = []
+        self.pairs: List[Tuple[torch.Tensor, torch.Tensor, str]] = []
+        self.bytes_read, self.received, self.load_report = 0, 0, None
+        self.progress = {"sent": 0, "buffer": 0}
+
+    def lost(self, e: _Lost, step: str) -> DistributedError:
+        return _error(f"rank {self.g.rank} of {self.g.size}: {step} failed, so nothing was "
+                      f"loaded (the weights are as before; the process group must be made "
+                      f"again): {e}")
+
+    def handshake(self, rank: int, size: int, buffer_bytes: int):
+        hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
+                            "source_rank": self.source_rank, "buffer_bytes": buffer_bytes})
+        try:
+            self.peers = [json.loads(x) for x in self.g.all_gather_text(hello, "the handshake")]
+        except _Lost as e:
+            raise self.lost(e, "the handshake") from None
+        problems = _handshake_problems(self.peers, self.g.size)
+        if problems:
+            raise _error(f"the ranks of the process group disagree, nothing was loaded: "
+                         f"{'; '.join(problems)}")
+
+    def _own_slice(self, targets, rank, size):
+        _fault(self.g.rank, "fail_stage")
+        mine = _stage_from_files(targets, self.ref, self.device, self.dtype, rank, size,
+                                 self.threads, self.revision, self.strict, self.mmap)
+        self.bytes_read, self.load_report = mine.bytes_read, mine.report
+        self.pairs = _match(targets, mine.tensors, self.strict, self.dtype,
+                            f"rank {rank} of {size}")
+        return mine
+
+    def stage(self, rank: int, size: int) -> Dict[str, Any]:
+        g = self.g
+        try:
+            if self.source_rank is None:
+                self._own_slice(_targets(self.module), rank, size)
+                _fault(g.rank, "mid_load")
+                _fault(g.rank, "hang")
+            elif g.rank == self.source_rank:
+                # The source serves every rank even when its own slice failed (they learn it at
+                # once instead of waiting out the timeout); its own failure is raised after.
+                own, own_error, targets = None, None, None
+                try:
+                    targets = _targets(self.module)
+                    own = self._own_slice(targets, rank, size)
+                except Exception as e:
+                    own_error = e
+                self.bytes_read += _serve_all(g, self.peers, self.ref, self.dtype, self.threads,
+                                              self.revision, self.strict, self.mmap, targets,
+                                              self.buffer_bytes, self.progress, own, own_error)
+                if own_error is not None:
+                    raise own_error
+            else:
+                _fault(g.rank, "fail_stage")
+                staged, self.received, self.progress["buffer"] = _receive(
+                    g, self.source_rank, self.device, g.rank)
+                self.pairs = _match(_targets(self.module), staged, self.strict, self.dtype,
+                                    f"rank {rank} of {size}")
+            status: Dict[str, Any] = {"ok": True}
+        except _Lost as e:
+            status = {"ok": False, "error": f"lost contact: {e}"}
+        except Exception as e:  # a failed stage is this rank's "no" in the vote
+            status = {"ok": False, "error": _describe(e)}
+        status.update(bytes_read=self.bytes_read, held_bytes=_held(self.pairs))
+        return status
+
+    def vote(self, status: Dict[str, Any]) -> List[dict]:
+        try:
+            votes = [json.loads(x) for x in self.g.all_gather_text(json.dumps(status), "the vote")]
+        except _Lost as e:
+            raise self.lost(e, "the vote") from None
+        failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
+        if failures:
+            lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
+            raise _error(f"{len(failures)} of {self.g.size} ranks failed to load "
+                         f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its previous "
+                         f"weights:\n{lines}", failures)
+        return votes
+
+    def report(self, rank, size, votes, stage_seconds, seconds):
+        from ._load import LoadReport
+        held = _held(self.pairs)
+        d = DistReport(self.g.rank, self.g.size, rank, size, self.mode, self.source_rank,
+                       self.bytes_read, held, self.progress["sent"], self.received,
+                       self.progress["buffer"], stage_seconds, seconds,
+                       [int(v["bytes_read"]) for v in votes], [int(v["held_bytes"]) for v in votes])
+        report = self.load_report
+        if report is None:  # a receiver: nothing read from files
+            report = LoadReport(bytes=0, slot_bytes=held, seconds=stage_seconds,
+                                peak_staging_bytes=self.progress["buffer"],
+                                peak_device_staging_bytes=0, reads=0, direct_bytes=0,
+                                mapped_bytes=0, threads=0, engine="received", files=[])
+        return report._replace(distributed=d)
+
+
+def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
+    def each(key):
+        return ", ".join(f"rank {i}: {p.get(key)}" for i, p in enumerate(peers))
+
+    problems = []
+    if len({p.get("protocol") for p in peers}) != 1:
+        problems.append(f"metaload versions differ (protocol {each('protocol')})")
+        return problems
+    sizes = {p["tp_size"] for p in peers}
+    if len(sizes) != 1:
+        problems.append(f"tp_size differs ({each('tp_size')})")
+    else:
+        size = sizes.pop()
+        if size not in (1, group_size):
+            problems.append(f"tp_size {size} is neither 1 nor the process group's size "
+                            f"{group_size}")
+        elif size > 1 and sorted(p["tp_rank"] for p in peers) != list(range(size)):
+            problems.append(f"tp_rank must be 0..{size - 1}, once each ({each('tp_rank')})")
+        elif size == 1 and any(p["tp_rank"] != 0 for p in peers):
+            problems.append(f"tp_size 1 has only tp_rank 0 ({each('tp_rank')})")
+    bad = [f"rank {i}: {p['buffer_bytes']}" for i, p in enumerate(peers) if p["buffer_bytes"] < 0]
+    if bad:
+        problems.append(f"buffer_bytes must be 0 (the default, {DEFAULT_BUFFER_BYTES >> 20} MiB) "
+                        f"or a positive number of bytes ({', '.join(bad)})")
+    sources = {p["source_rank"] for p in peers}
+    if len(sources) != 1:
+        problems.append(f"source_rank differs ({each('source_rank')})")
+    else:
+        s = sources.pop()
+        if s is not None and not 0 <= s < group_size:
+            problems.append(f"source_rank {s} is not a rank of the group (0..{group_size - 1})")
+    return problems
+
+
+def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
+               buffer_bytes, progress, own: Optional[_Staged],
+               own_error: Optional[BaseException]) -> int:
+    """The source's part of a broadcast: each other rank's slice, read and sent in turn (one
+    slice in memory at a time). Returns the bytes read. A failure sends the ranks not yet served
+    the error, so they vote at once instead of waiting out the timeout; it is raised after."""
+    read, error = 0, None
+    if own_error is not None:
+        error = f"reading its own slice: {_describe(own_error)}"
+    for r in range(g.size):
+        if r == g.rank:
+            continue
+        if error is not None:
+            with contextlib.suppress(_Lost):
+                g.send_text(json.dumps({"error": error}), r, f"telling rank {r}")
+            continue
+        try:
+            if peers[r]["tp_size"] == 1:  # replicas: every rank gets what the source holds
+                staged = _Staged(own.tensors, 0, None)
+            else:
+                staged = _stage_from_files(targets, ref, "cpu", dtype, peers[r]["tp_rank"],
+                                           peers[r]["tp_size"], threads, revision, strict, mmap)
+        except Exception as e:
+            error = f"reading rank {r}'s slice: {_describe(e)}"
+            with contextlib.suppress(_Lost):
+                g.send_text(json.dumps({"error": error}), r, f"telling rank {r}")
+            continue
+        read += staged.bytes_read
+        try:
+            _serve(g, r, staged.tensors, buffer_bytes, progress)
+        except _Lost as e:
+            error = f"serving rank {r}: {e}"
+        del staged
+        _fault(g.rank, "mid_load")
+    if error is not None and own_error is None:
+        raise _lib.LoadError(error)
+    return read

@@ -1,0 +1,315 @@
+"""metaload.load_into across processes over torch.distributed (gloo on loopback): each rank's
+slice equals the single-process TP load of that rank bitwise, bytes read per rank are its share
+plus the replicated tensors, broadcast mode serves receivers whose path does not exist, and a rank
+that dies, fails or disagrees is a DistributedError on every survivor within 30 s with its weights
+unchanged. Every rank is a process (tests/python/scripts/dist_load_worker.py); every wait is
+bounded."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import metaload
+from dist_load_util import (GPT2_12, LLAMA_GQA, header_bytes, make_fixture, reference,
+                            run_ranks, saved, skeleton_spec)
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="this torch has no torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpt2")
+    ckpt = make_fixture(tmp, "gpt2-12", GPT2_12, shards=2)
+    return ckpt, skeleton_spec(ckpt, str(tmp / "gpt2.skeleton.json"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llama")
+    ckpt = make_fixture(tmp, "llama-gqa", LLAMA_GQA)
+    return ckpt, skeleton_spec(ckpt, str(tmp / "llama.skeleton.json"))
+
+
+def check_equal_to_reference(out, step, ckpt, size):
+    for r in range(size):
+        got = saved(out, r, step)
+        want = reference(ckpt, r, size)
+        assert set(got) <= set(want), sorted(set(got) - set(want))
+        for n, t in got.items():
+            assert t.shape == want[n].shape and t.dtype == want[n].dtype, n
+            assert torch.equal(t, want[n]), f"rank {r} of {size}: {n} differs"
+
+
+def reference_buffers(ckpt, rank, size):
+    m = metaload.TransformersModel(ckpt, tp_rank=rank, tp_size=size, dispatch=True,
+                                   progress=False)
+    return list({id(t): t for t in m.named_buffers().values()}.values())  # shared ones once
+
+
+def shares(ckpt, size):
+    """Per rank, from the headers and the single-process TP loads' shapes: (payload: the
+    checkpoint bytes of its slice, its share plus the replicated tensors; padding: the bytes of
+    the zero rows a padded vocabulary adds; buffer bytes), and (total, replicated) bytes."""
+    headers = header_bytes(ckpt)
+    total = sum(b for _, b in headers.values())
+    out, replicated = [], 0
+    for r in range(size):
+        ref = reference(ckpt, r, size)
+        payload = padding = 0
+        for n, (shape, b) in headers.items():
+            s = list(ref[n].shape)
+            if s == shape:
+                payload += b
+                replicated += b if r == 0 else 0
+                continue
+            (d,) = [i for i in range(len(s)) if s[i] != shape[i]]
+            real = min(s[d], max(0, shape[d] - r * s[d]))  # rows past the vocabulary: padding
+            payload += b * real // shape[d]
+            padding += b * (s[d] - real) // shape[d]
+        buffers = sum(t.numel() * t.element_size() for t in reference_buffers(ckpt, r, size))
+        out.append((payload, padding, buffers))
+    return out, total, replicated
+
+
+def check_bytes(results, step, ckpt, size):
+    """Bytes per rank: it holds its share plus the replicated tensors (and a padded vocabulary's
+    zero rows), and reads at least that; the engine reads through holes of up to 64 KiB between
+    the rows of a strided slice (EngineOptions::merge_gap), so it reads what a single-process TP
+    load of that rank reads, no more; every rank's report lists every rank's bytes."""
+    per_rank, total, replicated = shares(ckpt, size)
+    assert sum(p for p, _, _ in per_rank) == total + (size - 1) * replicated
+    got = [res[step]["distributed"]["bytes_read"] for res in results]
+    for r, (payload, padding, buffers) in enumerate(per_rank):
+        d = results[r][step]["distributed"]
+        assert payload <= d["bytes_read"] <= total, (r, d, payload, total)
+        assert d["held_bytes"] == payload + padding + buffers, (r, d, payload, padding, buffers)
+        assert d["rank_bytes_read"] == got and d["rank_held_bytes"][r] == d["held_bytes"]
+        single = metaload.TransformersModel(ckpt, tp_rank=r, tp_size=size, dispatch=True,
+                                            progress=False).dispatch()
+        assert d["bytes_read"] == single.bytes, (r, d, single)
+    assert replicated < min(got) and max(got) < total
+    return got
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_gpt2_tp_loads_equal_single_process_tp_loads_and_broadcast_serves_each_its_slice(
+        gpt2, tmp_path, size):
+    ckpt, spec = gpt2
+    steps = [
+        {"ref": ckpt, "save": True},  # shared: every rank reads its own slice
+        # broadcast: rank 0 reads, the others' path does not exist
+        {"ref": {"0": ckpt, "*": str(tmp_path / "no-such-checkpoint")}, "source_rank": 0,
+         "buffer_bytes": 4096, "save": True},
+    ]
+    results, out, logs = run_ranks(tmp_path, size, steps, spec)
+    for r, res in enumerate(results):
+        assert [e["ok"] for e in res] == [True, True], (r, res, logs[r])
+        assert res[0]["distributed"]["mode"] == "shared" and res[0]["distributed"]["tp_rank"] == r
+        assert res[0]["meta_left"] == []
+    check_equal_to_reference(out, 0, ckpt, size)
+    check_equal_to_reference(out, 1, ckpt, size)
+    shared = check_bytes(results, 0, ckpt, size)
+    # Broadcast: the source read every rank's slice (what the ranks read themselves above), each
+    # receiver read nothing and received exactly what it holds, through 4 KiB buffers.
+    d = [res[1]["distributed"] for res in results]
+    assert d[0]["bytes_read"] == sum(shared) and d[0]["mode"] == "broadcast"
+    assert d[0]["bytes_sent"] == sum(x["held_bytes"] for x in d[1:])
+    for x in d[1:]:
+        assert x["bytes_read"] == 0 and x["bytes_received"] == x["held_bytes"] > 4096
+        assert x["buffer_bytes"] == 4096
+    assert d[0]["buffer_bytes"] == 4096
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_llama_gqa_tp_loads_equal_single_process_tp_loads(llama, tmp_path, size):
+    ckpt, spec = llama
+    steps = [{"ref": ckpt, "save": True},
+             {"ref": {"0": ckpt, "*": str(tmp_path / "absent")}, "source_rank": 0,
+              "save": True}]
+    results, out, logs = run_ranks(tmp_path, size, steps, spec)
+    for r, res in enumerate(results):
+        assert [e["ok"] for e in res] == [True, True], (r, res, logs[r])
+    check_equal_to_reference(out, 0, ckpt, size)
+    check_equal_to_reference(out, 1, ckpt, size)
+    check_bytes(results, 0, ckpt, size)
+
+
+def check_failed_everywhere(results, step, world, dead=(), within=30.0):
+    """Every surviving rank raised a DistributedError within `within` s, its weights as before
+    (those of the step before, all real)."""
+    for r in range(world):
+        res = results[r]
+        if r in dead:
+            assert res is None or len(res) == step, f"rank {r} should have died: {res}"
+            continue
+        e = res[step]
+        assert not e["ok"] and e["is_distributed_error"] and e["is_metaload_error"], e
+        assert e["seconds"] < within, e
+        assert e["unchanged"] and e["meta_left"] == [], e
+    return [results[r][step] for r in range(world) if r not in dead]
+
+
+def test_rank_killed_mid_load_is_an_error_on_every_survivor(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "fault": "2:mid_load", "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(3)), logs
+    for e in check_failed_everywhere(results, 1, 3, dead={2}):
+        assert "the vote failed" in e["message"], e["message"]
+
+
+def test_a_silent_rank_is_an_error_on_the_others_after_the_timeout(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "fault": "1:hang", "timeout": 3}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec,
+                                 extra_env={1: {"METALOAD_TEST_DIST_FAULT_TIMEOUT": "3"}})
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    # rank 0 waited 3 s for the vote; rank 1 woke after 6 s to a closed group: both raise
+    for e in check_failed_everywhere(results, 1, 2):
+        assert "the vote" in e["message"], e["message"]
+    e = results[0][1]
+    assert 2.5 < e["seconds"] < 15 and "no answer within 3 s" in e["message"], e
+
+
+def test_broadcast_over_a_subgroup_and_to_replicas(gpt2, tmp_path):
+    """Group ranks are not global ranks: the subgroup {1, 2}, its rank 0 (global 1) the source.
+    Then tp_size 1 over all three (replicas): rank 0 sends the whole model to each."""
+    ckpt, spec = gpt2
+    absent = str(tmp_path / "absent")
+    steps = [{"ref": {"1": ckpt, "*": absent}, "group": [1, 2], "source_rank": 0,
+              "buffer_bytes": 2048, "save": True},
+             {"ref": {"0": ckpt, "*": absent}, "tp_size": 1, "source_rank": 0, "fresh": True,
+              "save": True}]
+    results, out, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert results[0][0].get("skipped") and results[0][0]["ok"], logs
+    for r, tp_rank in ((1, 0), (2, 1)):
+        e = results[r][0]
+        assert e["ok"] and e["distributed"]["tp_rank"] == tp_rank, (e, logs[r])
+        want = reference(ckpt, tp_rank, 2)
+        for n, t in saved(out, r, 0).items():
+            assert torch.equal(t, want[n]), (r, n)
+    whole = reference(ckpt, 0, 1)
+    for r in range(3):
+        e = results[r][1]
+        assert e["ok"] and e["meta_left"] == [] and e["distributed"]["tp_size"] == 1, (e, logs[r])
+        assert e["distributed"]["bytes_read"] == (e["distributed"]["held_bytes"] if r == 0 else 0)
+        for n, t in saved(out, r, 1).items():
+            if n in whole and not t.is_meta:  # buffers without known values stay on meta
+                assert torch.equal(t, whole[n]), (r, n)
+
+
+def test_receiver_killed_mid_broadcast_is_an_error_on_every_survivor(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt},
+             {"ref": {"0": ckpt, "*": str(tmp_path / "absent")}, "source_rank": 0,
+              "buffer_bytes": 1024, "fault": "1:mid_load", "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 3, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(3)), logs
+    check_failed_everywhere(results, 1, 3, dead={1})
+
+
+@pytest.mark.parametrize("mode", ["shared", "broadcast"])
+def test_a_shard_missing_on_one_rank_is_an_error_on_every_rank(gpt2, tmp_path, mode):
+    ckpt, spec = gpt2
+    broken = str(tmp_path / "broken")
+    shutil.copytree(ckpt, broken)
+    shard = sorted(f for f in os.listdir(broken) if f.endswith(".safetensors"))[-1]
+    os.remove(os.path.join(broken, shard))
+    if mode == "shared":  # rank 1's copy lacks a shard
+        step = {"ref": {"0": ckpt, "1": broken}, "timeout": 20}
+    else:  # the source's copy lacks it: the receivers are told at once, not left waiting
+        step = {"ref": {"0": broken, "*": str(tmp_path / "absent")}, "source_rank": 0,
+                "timeout": 20}
+    results, _, logs = run_ranks(tmp_path, 2, [{"ref": ckpt}, step], spec)
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    for e in check_failed_everywhere(results, 1, 2, within=10):
+        assert "ShardError" in e["message"] and shard in e["message"], e["message"]
+        if mode == "shared":  # rank 1 failed; rank 0 had staged its slice
+            assert list(e["failures"]) == ["1"] and "rank 1: ShardError" in e["message"], e
+        else:
+            assert sorted(e["failures"]) == ["0", "1"], e
+            assert "the source rank 0 could not serve this rank" in e["failures"]["1"], e
+
+
+def test_mismatched_tp_size_is_an_error_on_every_rank_before_anything_is_read(gpt2, tmp_path):
+    ckpt, spec = gpt2
+    steps = [{"ref": ckpt}, {"ref": ckpt, "tp_size": {"0": 2, "1": 3}, "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec)
+    assert all(results[r][0]["ok"] for r in range(2)), logs
+    for e in check_failed_everywhere(results, 1, 2):
+        assert "tp_size differs (rank 0: 2, rank 1: 3)" in e["message"], e["message"]
+
+
+def test_single_process_tp_load_into_a_module_takes_the_family_plan(gpt2):
+    """Without a process group, load_into(tp_rank=r, tp_size=n) loads rank r's slice (the
+    family's plan, the checkpoint's config.json) into a meta module, as a TransformersModel
+    dispatch of that rank does."""
+    import json
+    from scripts.dist_load_worker import skeleton
+    ckpt, spec = gpt2
+    m = skeleton(json.load(open(spec)))
+    rep = metaload.load_into(m, ckpt, tp_rank=1, tp_size=4, progress=False)
+    want = reference(ckpt, 1, 4)
+    for n, t in m.named_parameters():
+        assert torch.equal(t, want[n]), n
+    assert rep.bytes > 0 and rep.distributed is None
+    # A rank that does not exist changes nothing.
+    m2 = skeleton(json.load(open(spec)))
+    with pytest.raises(metaload.PlanError, match="tp_rank must be from 0 to tp_size - 1"):
+        metaload.load_into(m2, ckpt, tp_rank=4, tp_size=4, progress=False)
+    assert all(t.is_meta for t in m2.parameters())
+
+
+def test_the_handshake_names_every_disagreement():
+    from metaload._dist_load import _handshake_problems
+
+    def hello(tp_rank, tp_size, source_rank=None, buffer_bytes=0, protocol=1):
+        return dict(protocol=protocol, tp_rank=tp_rank, tp_size=tp_size, source_rank=source_rank,
+                    buffer_bytes=buffer_bytes)
+
+    assert _handshake_problems([hello(0, 2), hello(1, 2)], 2) == []
+    assert _handshake_problems([hello(0, 1), hello(0, 1)], 2) == []  # replicas
+    assert _handshake_problems([hello(0, 2), hello(1, 3)], 2) == [
+        "tp_size differs (rank 0: 2, rank 1: 3)"]
+    assert _handshake_problems([hello(0, 3), hello(1, 3)], 2) == [
+        "tp_size 3 is neither 1 nor the process group's size 2"]
+    assert _handshake_problems([hello(1, 2), hello(1, 2)], 2) == [
+        "tp_rank must be 0..1, once each (rank 0: 1, rank 1: 1)"]
+    assert _handshake_problems([hello(0, 2, 0), hello(1, 2, 1)], 2) == [
+        "source_rank differs (rank 0: 0, rank 1: 1)"]
+    assert _handshake_problems([hello(0, 2, 2), hello(1, 2, 2)], 2) == [
+        "source_rank 2 is not a rank of the group (0..1)"]
+    assert "buffer_bytes must be 0" in _handshake_problems([hello(0, 2), hello(1, 2, None, -1)],
+                                                           2)[0]
+    assert "metaload versions differ" in _handshake_problems([hello(0, 2), hello(1, 2, protocol=2)],
+                                                             2)[0]
+
+
+def test_distributed_error_is_a_metaload_error_and_pickles():
+    import pickle
+    e = metaload.DistributedError("2 of 3 ranks failed", {1: "ReadError: x", 2: "lost"})
+    assert isinstance(e, metaload.Error) and isinstance(e, RuntimeError)
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is metaload.DistributedError and back.failures == e.failures
+    assert str(back) == str(e)
+    with pytest.raises(metaload.DistributedError, match="needs torch.distributed initialised"):
+        metaload.load_into(torch.nn.Linear(2, 2), "x", process_group=None, distributed=True)
+
+
+def test_single_process_tp_load_into_a_transformers_model(tmp_path):
+    """A transformers GPT-2 built under metaload.meta() takes rank 1 of 2's slices (Conv1D
+    weights split along dim 1), as the TransformersModel dispatch of that rank holds them."""
+    transformers = pytest.importorskip("transformers", reason="transformers is in the torch 2.x "
+                                       "environment only")
+    ck = metaload.make_checkpoint(str(tmp_path / "g"), config="gpt2-tiny", layout="saved")["dir"]
+    with metaload.meta():
+        m = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(ck))
+    metaload.load_into(m, ck, tp_rank=1, tp_size=2, progress=False)
+    want = reference(ck, 1, 2)
+    assert m.transformer.h[0].attn.c_attn.weight.shape == (64, 96)
+    for n, t in m.named_parameters():
+        assert torch.equal(t, want[n]), n
+    assert not any(t.is_meta for t in m.state_dict().values())
