@@ -46,6 +46,9 @@ class LoadReport(NamedTuple):
     # that the load set from the values their constructor computed (a meta tensor built under
     # metaload.meta() keeps them), or moved to `device` from where they were.
     computed_keys: List[str] = []
+    # load_into(dequantize=...): the weights filled by dequantizing a quantized checkpoint weight
+    # (GPTQ, AWQ, bitsandbytes NF4/FP4/int8, FP8 blocks), by module name.
+    dequantized_keys: List[str] = []
 
     @property
     def gb_per_s(self) -> float:
@@ -147,6 +150,41 @@ def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
     return {n: t for n, t in state.items() if n not in gone}, missing, unexpected
 
 
+def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
+    """The quantized weights of checkpoint `ref`, from its headers, config.json and quant_state
+    blobs: {"method": config.json's quant_method or "", "weights": [{"weight": "P.weight",
+    "scheme": "gptq" | "awq" | "bnb4" | "bnb8" | "fp8", "shape": [out, in], "parts": {role:
+    tensor name}}]}. Raises metaload.DequantError for a malformed quantized checkpoint."""
+    return json.loads(_lib.load().quant_layout(str(ref), revision))
+
+
+_TP_STYLES = {"colwise": (0, 0), "rowwise": (1, -1)}  # (weight dim, bias dim)
+
+
+def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
+    """Per state name, the dim tp_plan splits (-1: whole). Keys name modules as transformers'
+    tp plans do: layer numbers as "*" ("model.layers.*.mlp.up_proj"), or a suffix of the name
+    ("layers.*.mlp.up_proj")."""
+    for style in tp_plan.values():
+        if style not in _TP_STYLES:
+            raise _lib.PlanError(f"tp_plan style {style!r} is not one of {sorted(_TP_STYLES)}")
+    out = []
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        generic = re.sub(r"\d+", "*", module)
+        style = None
+        for key, s in tp_plan.items():
+            if key in (module, generic) or generic.endswith("." + key) or module.endswith("." + key):
+                style = s
+                break
+        if style is None:
+            out.append(-1)
+        else:
+            w, b = _TP_STYLES[style]
+            out.append(w if leaf != "bias" else b)
+    return out
+
+
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
     """Every tensor name of checkpoint `ref`, from its headers (no tensor data is read)."""
     ops = _lib.load()
@@ -163,7 +201,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               threads: int = 0, staging_bytes: int = 0, strict: bool = True,
               revision: Optional[str] = None, progress: _progress.Progress = True,
               mmap: Optional[bool] = None,
-              key_mapping: Optional[Dict[str, str]] = None) -> LoadReport:
+              key_mapping: Optional[Dict[str, str]] = None,
+              dequantize: Optional[torch.dtype] = None,
+              tp_plan: Optional[Dict[str, str]] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
@@ -198,8 +238,19 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     lazily (first touch) where the file is leased; the rest are read during the call, so a read
     error is a ReadError there. Mapped files may be deleted or
     replaced by rename, never truncated or written in place while the module uses them (see
-    check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
-    changes unless every tensor loaded.
+    check_mapped_files and the README's Reliability section).
+    dequantize: torch.bfloat16, torch.float16 or torch.float32: a quantized checkpoint (GPTQ, AWQ
+    GEMM, bitsandbytes NF4/FP4 with or without double quantization, bitsandbytes int8, FP8 e4m3
+    with block scales; config.json's quantization_config selects the scheme where present) loads
+    into the module's ordinary weights (an unquantized nn.Linear's [out, in]) dequantized to that
+    dtype, on `device` (CUDA kernels there); the report's dequantized_keys name them. A malformed
+    quantized weight (parts of the wrong shape or dtype, a broken quant_state blob, a scheme
+    config.json contradicts) raises metaload.DequantError naming file, tensor and rule.
+    tp_plan: {module: "colwise" | "rowwise"} (transformers' spelling; layer numbers as "*"), the
+    split of each module's weight (dim 0 / dim 1) and bias (dim 0 / whole) across tp_size ranks;
+    this rank (tp_rank) loads its slice only. Quantized weights split on their pack and group
+    boundaries: a degree that cannot raises DequantError (rule tp-boundary) naming the degrees
+    that can. Returns a LoadReport; nothing changes unless every tensor loaded.
     """
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
@@ -218,6 +269,13 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
         key_mapping.setdefault(pattern, replacement)
     if not strict or key_mapping:
         in_checkpoint = checkpoint_tensor_names(ref, revision)
+        if dequantize is not None:  # a quantized weight's parts stand for the weight
+            parts = set()
+            weights = []
+            for w in quant_layout(ref, revision)["weights"]:
+                parts.update(w["parts"].values())
+                weights.append(w["weight"])
+            in_checkpoint = [n for n in in_checkpoint if n not in parts] + weights
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
     missing: List[str] = []
@@ -226,11 +284,13 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
         state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
     names = [renamed.get(n, n) for n in state.keys()]
     tensors = list(state.values())
+    tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
     args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
             staging_bytes, strict, bar, mmap]
     with real(), _progress.Watch(callback) as watch:
         out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
-                            computed_names=computed.names, computed_values=computed.values)
+                            computed_names=computed.names, computed_values=computed.values,
+                            dequantize=dequantize, tp_dims=tp_dims)
     return _report(out, missing, unexpected, computed.names)
 
 
