@@ -179,8 +179,8 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
   const QuantPart& qz = f.need(w, "zeros", prefix + ".qzeros", qw, "GPTQ/AWQ");
   f.dtype(qz, {DType::I32}, "qzeros");
   f.dims(qz, 2, "zeros-shape");
+  // scales are [groups, out] in both layouts; GPTQ's qweight has `out` columns, AWQ's out / 8.
   const int64_t cols = qw.info->shape[1], out = sc.info->shape[1];
-  // GPTQ's qweight has `out` columns, AWQ's out / 8.
   QuantScheme s;
   if (c.method == "gptq" || c.method == "awq") {
     s = c.method == "gptq" ? QuantScheme::kGptq : QuantScheme::kAwq;
@@ -198,63 +198,44 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
     contradiction(c, qw, "the tensors are " + scheme_method(s) + "'s");
   }
   w.scheme = s;
-  w.groups = sc.info->shape[0];
   w.out = out;
-  if (w.groups < 1) f.fail(sc, "scale-shape", "no groups: shape " + shape_str(sc.info->shape));
-  if (s == QuantScheme::kGptq) {
+  const bool gptq = s == QuantScheme::kGptq;
+  int64_t pack = 8;
+  if (gptq) {
     std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path);
-    int64_t pack = qz.info->shape[1] > 0 ? out / qz.info->shape[1] : 0;
     if (bits) {
       if (*bits != 2 && *bits != 4 && *bits != 8) {
         f.fail(qw, "unsupported",
                "GPTQ with " + std::to_string(*bits) + " bits (2, 4 and 8 have kernels)");
       }
       pack = 32 / *bits;
-    } else if (pack != 4 && pack != 8 && pack != 16) {
-      f.fail(qz, "zeros-shape",
-             "shape " + shape_str(qz.info->shape) + " packs " + prefix + ".scales' " +
-                 std::to_string(out) + " columns into no 2, 4 or 8-bit fields");
+    } else {  // without config.json: the zeros' packing says
+      pack = qz.info->shape[1] > 0 ? out / qz.info->shape[1] : 0;
+      if (pack != 4 && pack != 8 && pack != 16) {
+        f.fail(qz, "zeros-shape",
+               "shape " + shape_str(qz.info->shape) + " packs " + prefix + ".scales' " +
+                   std::to_string(out) + " columns into no 2, 4 or 8-bit fields");
+      }
     }
     w.bits = static_cast<int>(32 / pack);
-    if (cols != out) {
-      f.fail(qw, "packed-shape",
-             "shape " + shape_str(qw.info->shape) + ": GPTQ's qweight has the " +
-                 std::to_string(out) + " output columns of " + prefix + ".scales");
-    }
-    w.in = qw.info->shape[0] * pack;
-    if (out % pack != 0) {
-      f.fail(sc, "scale-shape",
-             std::to_string(out) + " output columns do not pack into " + std::to_string(w.bits) +
-                 "-bit qzeros");
-    }
-    f.shape(qz, {w.groups, out / pack}, "zeros-shape",
-            "(groups x out / " + std::to_string(pack) + ")");
-    if (std::optional<QuantPart> g = f.find(prefix + ".g_idx")) {
+    // The logical input dim: g_idx has one entry per input row; else the packed rows say.
+    std::optional<QuantPart> g = f.find(prefix + ".g_idx");
+    if (g) {
       w.parts["g_idx"] = *g;
       f.dtype(*g, {DType::I32}, "g_idx");
-      f.shape(*g, {w.in}, "g_idx-shape", "(one group per input row)");
+      f.dims(*g, 1, "g_idx-shape");
+      w.in = g->info->shape[0];
+    } else {
+      w.in = qw.info->shape[0] * pack;
     }
-    std::optional<int64_t> gs = config_int(c.qc, "group_size", c.config_path);
-    w.group_size = gs && *gs > 0 ? *gs : (gs ? w.in : ceil_div(w.in, w.groups));
-    if (ceil_div(w.in, w.group_size) != w.groups) {
-      const std::string what = std::to_string(w.groups) + " groups of scales, but " +
-                               std::to_string(w.in) + " input rows in groups of " +
-                               std::to_string(w.group_size) + " make " +
-                               std::to_string(ceil_div(w.in, w.group_size));
-      if (gs) contradiction(c, sc, what);
-      f.fail(sc, "scale-shape", what);
+    if (w.in % pack != 0 || out % pack != 0) {
+      f.fail(qw, "packed-shape",
+             "logical shape " + shape_str({out, w.in}) + " does not pack into int32 words of " +
+                 std::to_string(pack) + " " + std::to_string(w.bits) + "-bit values");
     }
-    std::string format = "gptq";
-    if (c.qc.is_object() && c.qc.contains("checkpoint_format") &&
-        c.qc["checkpoint_format"].is_string()) {
-      format = c.qc["checkpoint_format"].get<std::string>();
-    }
-    if (format != "gptq" && format != "gptq_v2") {
-      f.fail(
-          qw, "unsupported",
-          "GPTQ checkpoint_format '" + escape_text(format) + "' (gptq and gptq_v2 have kernels)");
-    }
-    w.zero_offset = format == "gptq" ? 1 : 0;
+    f.shape(qw, {w.in / pack, out}, "packed-shape",
+            "(" + std::to_string(w.in) + " input rows, " + std::to_string(pack) + " per int32, x " +
+                std::to_string(out) + " outputs)");
   } else {
     if (c.qc.is_object()) {
       if (std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path);
@@ -278,17 +259,38 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
                  std::to_string(out) + " output columns of " + prefix + ".scales 8 to an int32");
     }
     w.in = qw.info->shape[0];
-    f.shape(qz, {w.groups, out / 8}, "zeros-shape", "(groups x out / 8)");
-    std::optional<int64_t> gs = config_int(c.qc, "group_size", c.config_path);
-    w.group_size = gs && *gs > 0 ? *gs : (gs ? w.in : ceil_div(w.in, w.groups));
-    if (ceil_div(w.in, w.group_size) != w.groups) {
-      const std::string what = std::to_string(w.groups) + " groups of scales, but " +
-                               std::to_string(w.in) + " input rows in groups of " +
-                               std::to_string(w.group_size) + " make " +
-                               std::to_string(ceil_div(w.in, w.group_size));
-      if (gs) contradiction(c, sc, what);
-      f.fail(sc, "scale-shape", what);
+  }
+  // Groups: config.json's group_size (-1: one group), else what the scales' rows imply.
+  std::optional<int64_t> gs = config_int(c.qc, "group_size", c.config_path);
+  const int64_t rows = sc.info->shape[0];
+  if (gs) {
+    w.group_size = *gs > 0 ? *gs : std::max<int64_t>(w.in, 1);
+  } else {
+    if (rows < 1 || w.in % rows != 0) {
+      f.fail(sc, "scale-shape",
+             "shape " + shape_str(sc.info->shape) + ": " + std::to_string(w.in) +
+                 " input rows do not divide into " + std::to_string(rows) + " groups");
     }
+    w.group_size = std::max<int64_t>(w.in / rows, 1);
+  }
+  w.groups = ceil_div(w.in, w.group_size);
+  f.shape(sc, {w.groups, out}, "scale-shape",
+          "(" + std::to_string(w.in) + " input rows in groups of " + std::to_string(w.group_size) +
+              (gs ? " (config.json)" : "") + " x " + std::to_string(out) + " outputs)");
+  f.shape(qz, {w.groups, out / pack}, "zeros-shape",
+          "(groups x " + std::to_string(out) + " outputs / " + std::to_string(pack) + ")");
+  if (gptq) {
+    std::string format = "gptq";
+    if (c.qc.is_object() && c.qc.contains("checkpoint_format") &&
+        c.qc["checkpoint_format"].is_string()) {
+      format = c.qc["checkpoint_format"].get<std::string>();
+    }
+    if (format != "gptq" && format != "gptq_v2") {
+      f.fail(
+          qw, "unsupported",
+          "GPTQ checkpoint_format '" + escape_text(format) + "' (gptq and gptq_v2 have kernels)");
+    }
+    w.zero_offset = format == "gptq" ? 1 : 0;
   }
   return w;
 }
