@@ -456,3 +456,38 @@ def test_ops_with_windows():
     w8 = torch.from_numpy(np.frombuffer(t8["y.weight"][2], dtype=np.int8).reshape(8, 16).copy())
     s8 = torch.from_numpy(np.frombuffer(t8["y.SCB"][2], dtype=np.float32).copy())
     assert torch.equal(torch.ops.metaload.dequant_bnb8(w8, s8, torch.float32), torch.from_numpy(r8))
+
+
+# ---- CUDA (where a GPU is lent: tools/gpu_check) -------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("scheme", ["gptq", "awq", "bnb4", "bnb8", "fp8"])
+def test_cuda_equals_cpu(tmp_path, scheme):
+    """The CUDA kernels write the CPU kernels' bits, full weights and TP windows."""
+    rng = np.random.default_rng(10)
+    tensors = norms(rng)
+    config = None
+    for p in linears():
+        if scheme == "gptq":
+            tensors.update(gptq_tensors(rng, p, OUT, IN, act_order=True)[0])
+        elif scheme == "awq":
+            tensors.update(awq_tensors(rng, p, OUT, IN)[0])
+        elif scheme == "bnb4":
+            tensors.update(bnb4_tensors(rng, p, OUT, IN, nested=True, nested_block=4)[0])
+        elif scheme == "bnb8":
+            tensors.update(bnb8_tensors(rng, p, OUT, IN)[0])
+        else:
+            tensors.update(fp8_tensors(rng, p, OUT, IN, (16, 32))[0])
+            config = {"quant_method": "fp8", "weight_block_size": [16, 32]}
+    path = write(tmp_path, tensors, config)
+    for tp in ({}, dict(tp_rank=1, tp_size=2, tp_plan=PLAN)):
+        for dtype in (torch.bfloat16, torch.float32):
+            models = []
+            for device in ("cpu", "cuda"):
+                m = tp_model(tp.get("tp_rank", 0), tp.get("tp_size", 1), bias=False)
+                r = metaload.load_into(m, path, device=device, dequantize=dtype, strict=False,
+                                       progress=False, **tp)
+                assert len(r.dequantized_keys) == 4
+                models.append(m)
+            for (n, a), (_, b) in zip(models[0].state_dict().items(), models[1].state_dict().items()):
+                assert b.device.type == "cuda" and torch.equal(a, b.cpu()), (scheme, tp, n)
