@@ -48,6 +48,10 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
     throw PlanError(std::string("dequantize must be float32, float16 or bfloat16, not ") +
                     c10::toString(want));
   }
+  if (opt.tp_size > 1 && !opt.names.tp_shard) {
+    throw PlanError("tp_size " + std::to_string(opt.tp_size) +
+                    " needs the model family's TP plan (LoadOptions::names.tp_shard)");
+  }
   DequantPlan plan;
   plan.layout = find_quant_layout(ckpt);
   plan.dequantized.assign(targets.size(), false);
