@@ -182,11 +182,15 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
   // scales are [groups, out] in both layouts; GPTQ's qweight has `out` columns, AWQ's out / 8.
   const int64_t cols = qw.info->shape[1], out = sc.info->shape[1];
   QuantScheme s;
+  const bool gptq_shape = cols == out, awq_shape = cols * 8 == out;
   if (c.method == "gptq" || c.method == "awq") {
     s = c.method == "gptq" ? QuantScheme::kGptq : QuantScheme::kAwq;
-  } else if (cols == out) {
+    // Shapes that fit only the other layout: the config is what is wrong.
+    if (s == QuantScheme::kGptq && awq_shape && !gptq_shape) s = QuantScheme::kAwq;
+    if (s == QuantScheme::kAwq && gptq_shape && !awq_shape) s = QuantScheme::kGptq;
+  } else if (gptq_shape) {
     s = QuantScheme::kGptq;
-  } else if (cols * 8 == out) {
+  } else if (awq_shape) {
     s = QuantScheme::kAwq;
   } else {
     f.fail(qw, "packed-shape",
