@@ -77,7 +77,7 @@ def run_case(args):
     times, report = [], None
     for r in range(rounds + 1):
         if args.case == "anchor":
-            per = os.path.getsize(os.path.join(args.path, "model.safetensors")) // layers
+            per = args.per
             model = torch.nn.ParameterDict()
             with metaload.meta():
                 for i in range(layers):
@@ -109,6 +109,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--case")
     ap.add_argument("--path")
+    ap.add_argument("--per", type=int, default=0)
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     args = ap.parse_args()
     if args.case:
@@ -130,7 +131,8 @@ def main():
             for case, p in (("anchor", anchor), (scheme, path)):
                 out = subprocess.run([sys.executable, __file__, "--case", case, "--path", p,
                                       "--rounds", str(args.rounds), "--layers", str(args.layers),
-                                      "--dim", str(args.dim)], capture_output=True, text=True)
+                                      "--dim", str(args.dim), "--per", str(size // args.layers)],
+                                     capture_output=True, text=True)
                 if out.returncode:
                     sys.exit(f"{case}: {out.stderr}")
                 res[case] = json.loads(out.stdout.strip().splitlines()[-1])
