@@ -165,6 +165,77 @@ void contradiction(const Ctx& c, const QuantPart& p, const std::string& what) {
            what + ", but " + escape_path(c.config_path) + " says quant_method '" + c.method + "'");
 }
 
+// GPTQ: bits (config.json, else the zeros' packing), the logical input dim (g_idx, else the packed
+// rows) and qweight's shape. Returns values per int32.
+int64_t gptq_dims(const Ctx& c, const std::string& prefix, const QuantPart& qw, const QuantPart& qz,
+                  QuantWeight& w) {
+  const Finder& f = c.f;
+  const int64_t out = w.out;
+  int64_t pack = 8;
+  std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path);
+  if (bits) {
+    if (*bits != 2 && *bits != 4 && *bits != 8) {
+      f.fail(qw, "unsupported",
+             "GPTQ with " + std::to_string(*bits) + " bits (2, 4 and 8 have kernels)");
+    }
+    pack = 32 / *bits;
+  } else {  // without config.json: the zeros' packing says
+    pack = qz.info->shape[1] > 0 ? out / qz.info->shape[1] : 0;
+    if (pack != 4 && pack != 8 && pack != 16) {
+      f.fail(qz, "zeros-shape",
+             "shape " + shape_str(qz.info->shape) + " packs " + prefix + ".scales' " +
+                 std::to_string(out) + " columns into no 2, 4 or 8-bit fields");
+    }
+  }
+  w.bits = static_cast<int>(32 / pack);
+  // The logical input dim: g_idx has one entry per input row; else the packed rows say.
+  std::optional<QuantPart> g = f.find(prefix + ".g_idx");
+  if (g) {
+    w.parts["g_idx"] = *g;
+    f.dtype(*g, {DType::I32}, "g_idx");
+    f.dims(*g, 1, "g_idx-shape");
+    w.in = g->info->shape[0];
+  } else {
+    w.in = qw.info->shape[0] * pack;
+  }
+  if (w.in % pack != 0 || out % pack != 0) {
+    f.fail(qw, "packed-shape",
+           "logical shape " + shape_str({out, w.in}) + " does not pack into int32 words of " +
+               std::to_string(pack) + " " + std::to_string(w.bits) + "-bit values");
+  }
+  f.shape(qw, {w.in / pack, out}, "packed-shape",
+          "(" + std::to_string(w.in) + " input rows, " + std::to_string(pack) + " per int32, x " +
+              std::to_string(out) + " outputs)");
+  return pack;
+}
+
+// AWQ: only the GEMM layout with zero points, 4 bits; qweight packs out 8 to an int32.
+void awq_dims(const Ctx& c, const std::string& prefix, const QuantPart& qw, QuantWeight& w) {
+  const Finder& f = c.f;
+  const int64_t out = w.out, cols = qw.info->shape[1];
+  if (c.qc.is_object()) {
+    if (std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path); bits && *bits != 4) {
+      f.fail(qw, "unsupported", "AWQ with " + std::to_string(*bits) + " bits (4 has kernels)");
+    }
+    const std::string version = c.qc.contains("version") && c.qc["version"].is_string()
+                                    ? lower(c.qc["version"].get<std::string>())
+                                    : "gemm";
+    if (version != "gemm") {
+      f.fail(qw, "unsupported",
+             "AWQ version '" + escape_text(version) + "' (the GEMM layout has kernels)");
+    }
+    if (c.qc.contains("zero_point") && c.qc["zero_point"] == false) {
+      f.fail(qw, "unsupported", "AWQ without zero points");
+    }
+  }
+  if (out % 8 != 0 || cols * 8 != out) {
+    f.fail(qw, "packed-shape",
+           "shape " + shape_str(qw.info->shape) + ": AWQ's qweight packs the " +
+               std::to_string(out) + " output columns of " + prefix + ".scales 8 to an int32");
+  }
+  w.in = qw.info->shape[0];
+}
+
 // GPTQ and AWQ: P.qweight, P.qzeros, P.scales (+ P.g_idx for GPTQ).
 QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart& qw) {
   const Finder& f = c.f;
@@ -204,66 +275,8 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
   w.scheme = s;
   w.out = out;
   const bool gptq = s == QuantScheme::kGptq;
-  int64_t pack = 8;
-  if (gptq) {
-    std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path);
-    if (bits) {
-      if (*bits != 2 && *bits != 4 && *bits != 8) {
-        f.fail(qw, "unsupported",
-               "GPTQ with " + std::to_string(*bits) + " bits (2, 4 and 8 have kernels)");
-      }
-      pack = 32 / *bits;
-    } else {  // without config.json: the zeros' packing says
-      pack = qz.info->shape[1] > 0 ? out / qz.info->shape[1] : 0;
-      if (pack != 4 && pack != 8 && pack != 16) {
-        f.fail(qz, "zeros-shape",
-               "shape " + shape_str(qz.info->shape) + " packs " + prefix + ".scales' " +
-                   std::to_string(out) + " columns into no 2, 4 or 8-bit fields");
-      }
-    }
-    w.bits = static_cast<int>(32 / pack);
-    // The logical input dim: g_idx has one entry per input row; else the packed rows say.
-    std::optional<QuantPart> g = f.find(prefix + ".g_idx");
-    if (g) {
-      w.parts["g_idx"] = *g;
-      f.dtype(*g, {DType::I32}, "g_idx");
-      f.dims(*g, 1, "g_idx-shape");
-      w.in = g->info->shape[0];
-    } else {
-      w.in = qw.info->shape[0] * pack;
-    }
-    if (w.in % pack != 0 || out % pack != 0) {
-      f.fail(qw, "packed-shape",
-             "logical shape " + shape_str({out, w.in}) + " does not pack into int32 words of " +
-                 std::to_string(pack) + " " + std::to_string(w.bits) + "-bit values");
-    }
-    f.shape(qw, {w.in / pack, out}, "packed-shape",
-            "(" + std::to_string(w.in) + " input rows, " + std::to_string(pack) + " per int32, x " +
-                std::to_string(out) + " outputs)");
-  } else {
-    if (c.qc.is_object()) {
-      if (std::optional<int64_t> bits = config_int(c.qc, "bits", c.config_path);
-          bits && *bits != 4) {
-        f.fail(qw, "unsupported", "AWQ with " + std::to_string(*bits) + " bits (4 has kernels)");
-      }
-      const std::string version = c.qc.contains("version") && c.qc["version"].is_string()
-                                      ? lower(c.qc["version"].get<std::string>())
-                                      : "gemm";
-      if (version != "gemm") {
-        f.fail(qw, "unsupported",
-               "AWQ version '" + escape_text(version) + "' (the GEMM layout has kernels)");
-      }
-      if (c.qc.contains("zero_point") && c.qc["zero_point"] == false) {
-        f.fail(qw, "unsupported", "AWQ without zero points");
-      }
-    }
-    if (out % 8 != 0 || cols * 8 != out) {
-      f.fail(qw, "packed-shape",
-             "shape " + shape_str(qw.info->shape) + ": AWQ's qweight packs the " +
-                 std::to_string(out) + " output columns of " + prefix + ".scales 8 to an int32");
-    }
-    w.in = qw.info->shape[0];
-  }
+  const int64_t pack = gptq ? gptq_dims(c, prefix, qw, qz, w) : 8;
+  if (!gptq) awq_dims(c, prefix, qw, w);
   // Groups: config.json's group_size (-1: one group), else what the scales' rows imply.
   std::optional<int64_t> gs = config_int(c.qc, "group_size", c.config_path);
   const int64_t rows = sc.info->shape[0];
@@ -296,6 +309,108 @@ QuantWeight packed_int(const Ctx& c, const std::string& prefix, const QuantPart&
     }
     w.zero_offset = format == "gptq" ? 1 : 0;
   }
+  return w;
+}
+
+// bitsandbytes 4-bit: the quant_state blob `p` (name `name`) and the parts it describes.
+QuantWeight bnb4_weight(const Ctx& c, const std::string& name, const QuantPart& p) {
+  const Finder& f = c.f;
+  const std::string qt = name.substr(name.size() - 3);
+  const std::string base = name.substr(0, name.size() - 30);  // "P.weight"
+  QuantWeight w;
+  w.scheme = QuantScheme::kBnb4;
+  w.weight = base;
+  w.parts["state"] = p;
+  f.dtype(p, {DType::U8}, "quant_state");
+  parse_quant_state(f.read(p), qt, f.file(p), name, w);
+  const QuantPart& q = f.need(w, "q", base, p, "bitsandbytes 4-bit");
+  f.dtype(q, {DType::U8}, "the packed weight");
+  if (q.info->numel() != ceil_div(w.out * w.in, 2)) {
+    f.fail(q, "packed-shape",
+           "shape " + shape_str(q.info->shape) + " holds " + std::to_string(q.info->numel()) +
+               " bytes, but " + shape_str({w.out, w.in}) + " (quant_state) packs into " +
+               std::to_string(ceil_div(w.out * w.in, 2)));
+  }
+  const int64_t blocks = ceil_div(w.out * w.in, w.group_size);
+  const QuantPart& am = f.need(w, "scales", base + ".absmax", q, "bitsandbytes 4-bit");
+  f.dtype(am, {w.nested ? DType::U8 : DType::F32}, "absmax");
+  f.shape(am, {blocks}, "scale-shape", "(one per " + std::to_string(w.group_size) + " elements)");
+  const QuantPart& qm = f.need(w, "code", base + ".quant_map", q, "bitsandbytes 4-bit");
+  f.dtype(qm, {DType::F32}, "quant_map");
+  f.shape(qm, {16}, "scale-shape", "(16 codes)");
+  if (w.nested) {
+    const QuantPart& na =
+        f.need(w, "nested_scales", base + ".nested_absmax", q, "double-quantized");
+    f.dtype(na, {DType::F32}, "nested_absmax");
+    f.shape(na, {ceil_div(blocks, w.nested_block)}, "scale-shape",
+            "(one per " + std::to_string(w.nested_block) + " blocks)");
+    const QuantPart& nq =
+        f.need(w, "nested_code", base + ".nested_quant_map", q, "double-quantized");
+    f.dtype(nq, {DType::F32}, "nested_quant_map");
+    f.shape(nq, {256}, "scale-shape", "(256 codes)");
+  } else if (f.find(base + ".nested_absmax")) {
+    f.fail(p, "quant-state",
+           "no nested_blocksize / nested_offset, but " + base + ".nested_absmax exists");
+  }
+  return w;
+}
+
+// bitsandbytes int8: P.SCB (`p`) and P.weight.
+QuantWeight bnb8_weight(const Ctx& c, const std::string& name, const QuantPart& p) {
+  const Finder& f = c.f;
+  const std::string prefix = name.substr(0, name.size() - 4);
+  QuantWeight w;
+  w.scheme = QuantScheme::kBnb8;
+  w.weight = prefix + ".weight";
+  w.parts["scales"] = p;
+  const QuantPart& q = f.need(w, "q", w.weight, p, "bitsandbytes int8");
+  f.dtype(q, {DType::I8}, "the int8 weight");
+  f.dims(q, 2, "packed-shape");
+  w.out = q.info->shape[0];
+  w.in = q.info->shape[1];
+  f.dtype(p, {DType::F32, DType::F16, DType::BF16}, "SCB");
+  f.shape(p, {w.out}, "scale-shape", "(one per output row)");
+  if (std::optional<QuantPart> fmt = f.find(prefix + ".weight_format")) {
+    w.parts["format"] = *fmt;
+    f.dtype(*fmt, {DType::U8}, "weight_format");
+    const std::string v = fmt->info->nbytes() == 1 ? f.read(*fmt) : std::string();
+    if (v.size() != 1 || v[0] != 0) {
+      f.fail(*fmt, "unsupported", "weight_format other than 0 (row-major)");
+    }
+  }
+  return w;
+}
+
+// FP8: P.weight_scale_inv (`p`) and P.weight; the block from config.json, else 128 x 128.
+QuantWeight fp8_weight(const Ctx& c, const std::string& name, const QuantPart& p) {
+  const Finder& f = c.f;
+  const nlohmann::json& qc = c.qc;
+  const std::string prefix = name.substr(0, name.size() - 17);
+  QuantWeight w;
+  w.scheme = QuantScheme::kFp8;
+  w.weight = prefix + ".weight";
+  w.parts["scales"] = p;
+  const QuantPart& q = f.need(w, "q", w.weight, p, "FP8");
+  if (q.info->dtype == DType::F8_E5M2) f.fail(q, "unsupported", "FP8 e5m2 (e4m3 has kernels)");
+  f.dtype(q, {DType::F8_E4M3}, "the FP8 weight");
+  f.dims(q, 2, "packed-shape");
+  w.out = q.info->shape[0];
+  w.in = q.info->shape[1];
+  f.dtype(p, {DType::F32, DType::BF16, DType::F16}, "weight_scale_inv");
+  w.group_size = w.block_in = 128;
+  if (qc.is_object() && qc.contains("weight_block_size")) {
+    const nlohmann::json& b = qc["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+        b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1) {
+      throw DequantError(c.config_path, "", "quant-config",
+                         "quantization_config.weight_block_size is not [rows, cols]");
+    }
+    w.group_size = b[0].get<int64_t>();
+    w.block_in = b[1].get<int64_t>();
+  }
+  f.shape(
+      p, {ceil_div(w.out, w.group_size), ceil_div(w.in, w.block_in)}, "scale-shape",
+      "(one per " + std::to_string(w.group_size) + " x " + std::to_string(w.block_in) + " block)");
   return w;
 }
 
@@ -374,92 +489,11 @@ QuantLayout find_quant_layout(const Checkpoint& ckpt) {
       w = packed_int(c, name.substr(0, name.size() - 8), p);
     } else if (ends_with(name, ".weight.quant_state.bitsandbytes__nf4") ||
                ends_with(name, ".weight.quant_state.bitsandbytes__fp4")) {
-      const std::string qt = name.substr(name.size() - 3);
-      const std::string base = name.substr(0, name.size() - 30);  // "P.weight"
-      w.emplace();
-      w->scheme = QuantScheme::kBnb4;
-      w->weight = base;
-      w->parts["state"] = p;
-      f.dtype(p, {DType::U8}, "quant_state");
-      parse_quant_state(f.read(p), qt, f.file(p), name, *w);
-      const QuantPart& q = f.need(*w, "q", base, p, "bitsandbytes 4-bit");
-      f.dtype(q, {DType::U8}, "the packed weight");
-      if (q.info->numel() != ceil_div(w->out * w->in, 2)) {
-        f.fail(q, "packed-shape",
-               "shape " + shape_str(q.info->shape) + " holds " + std::to_string(q.info->numel()) +
-                   " bytes, but " + shape_str({w->out, w->in}) + " (quant_state) packs into " +
-                   std::to_string(ceil_div(w->out * w->in, 2)));
-      }
-      const int64_t blocks = ceil_div(w->out * w->in, w->group_size);
-      const QuantPart& am = f.need(*w, "scales", base + ".absmax", q, "bitsandbytes 4-bit");
-      f.dtype(am, {w->nested ? DType::U8 : DType::F32}, "absmax");
-      f.shape(am, {blocks}, "scale-shape",
-              "(one per " + std::to_string(w->group_size) + " elements)");
-      const QuantPart& qm = f.need(*w, "code", base + ".quant_map", q, "bitsandbytes 4-bit");
-      f.dtype(qm, {DType::F32}, "quant_map");
-      f.shape(qm, {16}, "scale-shape", "(16 codes)");
-      if (w->nested) {
-        const QuantPart& na =
-            f.need(*w, "nested_scales", base + ".nested_absmax", q, "double-quantized");
-        f.dtype(na, {DType::F32}, "nested_absmax");
-        f.shape(na, {ceil_div(blocks, w->nested_block)}, "scale-shape",
-                "(one per " + std::to_string(w->nested_block) + " blocks)");
-        const QuantPart& nq =
-            f.need(*w, "nested_code", base + ".nested_quant_map", q, "double-quantized");
-        f.dtype(nq, {DType::F32}, "nested_quant_map");
-        f.shape(nq, {256}, "scale-shape", "(256 codes)");
-      } else if (f.find(base + ".nested_absmax")) {
-        f.fail(p, "quant-state",
-               "no nested_blocksize / nested_offset, but " + base + ".nested_absmax exists");
-      }
+      w = bnb4_weight(c, name, p);
     } else if (ends_with(name, ".SCB")) {
-      const std::string prefix = name.substr(0, name.size() - 4);
-      w.emplace();
-      w->scheme = QuantScheme::kBnb8;
-      w->weight = prefix + ".weight";
-      w->parts["scales"] = p;
-      const QuantPart& q = f.need(*w, "q", w->weight, p, "bitsandbytes int8");
-      f.dtype(q, {DType::I8}, "the int8 weight");
-      f.dims(q, 2, "packed-shape");
-      w->out = q.info->shape[0];
-      w->in = q.info->shape[1];
-      f.dtype(p, {DType::F32, DType::F16, DType::BF16}, "SCB");
-      f.shape(p, {w->out}, "scale-shape", "(one per output row)");
-      if (std::optional<QuantPart> fmt = f.find(prefix + ".weight_format")) {
-        w->parts["format"] = *fmt;
-        f.dtype(*fmt, {DType::U8}, "weight_format");
-        const std::string v = fmt->info->nbytes() == 1 ? f.read(*fmt) : std::string();
-        if (v.size() != 1 || v[0] != 0) {
-          f.fail(*fmt, "unsupported", "weight_format other than 0 (row-major)");
-        }
-      }
+      w = bnb8_weight(c, name, p);
     } else if (ends_with(name, ".weight_scale_inv")) {
-      const std::string prefix = name.substr(0, name.size() - 17);
-      w.emplace();
-      w->scheme = QuantScheme::kFp8;
-      w->weight = prefix + ".weight";
-      w->parts["scales"] = p;
-      const QuantPart& q = f.need(*w, "q", w->weight, p, "FP8");
-      if (q.info->dtype == DType::F8_E5M2) f.fail(q, "unsupported", "FP8 e5m2 (e4m3 has kernels)");
-      f.dtype(q, {DType::F8_E4M3}, "the FP8 weight");
-      f.dims(q, 2, "packed-shape");
-      w->out = q.info->shape[0];
-      w->in = q.info->shape[1];
-      f.dtype(p, {DType::F32, DType::BF16, DType::F16}, "weight_scale_inv");
-      w->group_size = w->block_in = 128;
-      if (qc.is_object() && qc.contains("weight_block_size")) {
-        const nlohmann::json& b = qc["weight_block_size"];
-        if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-            !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1) {
-          throw DequantError(c.config_path, "", "quant-config",
-                             "quantization_config.weight_block_size is not [rows, cols]");
-        }
-        w->group_size = b[0].get<int64_t>();
-        w->block_in = b[1].get<int64_t>();
-      }
-      f.shape(p, {ceil_div(w->out, w->group_size), ceil_div(w->in, w->block_in)}, "scale-shape",
-              "(one per " + std::to_string(w->group_size) + " x " + std::to_string(w->block_in) +
-                  " block)");
+      w = fp8_weight(c, name, p);
     }
     if (!w) continue;
     if (!out.method.empty() && out.method != scheme_method(w->scheme)) {
@@ -471,23 +505,10 @@ QuantLayout find_quant_layout(const Checkpoint& ckpt) {
   return out;
 }
 
-DequantWindow dequant_window(const Checkpoint& ckpt, const QuantWeight& w, const TpShard* shard,
-                             int tp_size) {
-  DequantWindow win{0, w.out, 0, w.in};
-  if (shard == nullptr || shard->dim < 0) return win;
-  const QuantPart& q = w.part("q");
-  auto fail = [&](const std::string& why) {
-    throw DequantError(ckpt.files[q.file].path, w.weight, "tp-boundary", why);
-  };
-  if (shard->dim > 1 || shard->ranges.size() != 1) {
-    fail("a tensor-parallel shard of a quantized weight must be one range of dim 0 or 1");
-  }
-  const int dim = shard->dim;
-  const int64_t len = dim == 0 ? w.out : w.in;
-  // The boundary a slice of `dim` must start and end on (an end at len is always fine), and its
-  // description.
-  int64_t unit = 1;
-  std::string rule;
+// The boundary a slice of `dim` must start and end on (an end at the dim's size is always fine)
+// and its description; a message instead where no slice of `dim` can work.
+static std::string boundary(const QuantWeight& w, int dim, int64_t& unit, std::string& rule) {
+  unit = 1;
   switch (w.scheme) {
     case QuantScheme::kGptq: {
       const int64_t pack = 32 / w.bits;
@@ -519,9 +540,9 @@ DequantWindow dequant_window(const Checkpoint& ckpt, const QuantWeight& w, const
         unit = w.group_size;
         rule = "blocks of " + std::to_string(w.group_size) + " elements in every row";
         if (w.in % w.group_size != 0 && w.out > 1) {
-          fail("cannot split the input dim: rows of " + std::to_string(w.in) +
-               " elements do not start on blocks of " + std::to_string(w.group_size) +
-               " (split the output dim instead)");
+          return std::string("cannot split the input dim: rows of " + std::to_string(w.in) +
+                             " elements do not start on blocks of " + std::to_string(w.group_size) +
+                             " (split the output dim instead)");
         }
       }
       break;
@@ -532,6 +553,25 @@ DequantWindow dequant_window(const Checkpoint& ckpt, const QuantWeight& w, const
     case QuantScheme::kBnb8:
       break;
   }
+  return "";
+}
+
+DequantWindow dequant_window(const Checkpoint& ckpt, const QuantWeight& w, const TpShard* shard,
+                             int tp_size) {
+  DequantWindow win{0, w.out, 0, w.in};
+  if (shard == nullptr || shard->dim < 0) return win;
+  const QuantPart& q = w.part("q");
+  auto fail = [&](const std::string& why) {
+    throw DequantError(ckpt.files[q.file].path, w.weight, "tp-boundary", why);
+  };
+  if (shard->dim > 1 || shard->ranges.size() != 1) {
+    fail("a tensor-parallel shard of a quantized weight must be one range of dim 0 or 1");
+  }
+  const int dim = shard->dim;
+  const int64_t len = dim == 0 ? w.out : w.in;
+  int64_t unit = 1;
+  std::string rule;
+  if (std::string no = boundary(w, dim, unit, rule); !no.empty()) fail(no);
   const int64_t a = shard->ranges[0].first, b = shard->ranges[0].second;
   if (a < 0 || b < a || b > len) fail("shard range outside the weight");
   if (a % unit != 0 || (b % unit != 0 && b != len)) {

@@ -185,6 +185,17 @@ def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
     return out
 
 
+def _names_in_checkpoint(ref: str, revision: Optional[str], dequantize: bool) -> List[str]:
+    """The checkpoint's tensor names; dequantizing, a quantized weight's name ("P.weight")
+    stands for its parts."""
+    names = checkpoint_tensor_names(ref, revision)
+    if not dequantize:
+        return names
+    weights = quant_layout(ref, revision)["weights"]
+    parts = {p for w in weights for p in w["parts"].values()}
+    return [n for n in names if n not in parts] + [w["weight"] for w in weights]
+
+
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
     """Every tensor name of checkpoint `ref`, from its headers (no tensor data is read)."""
     ops = _lib.load()
@@ -239,18 +250,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     error is a ReadError there. Mapped files may be deleted or
     replaced by rename, never truncated or written in place while the module uses them (see
     check_mapped_files and the README's Reliability section).
-    dequantize: torch.bfloat16, torch.float16 or torch.float32: a quantized checkpoint (GPTQ, AWQ
-    GEMM, bitsandbytes NF4/FP4 with or without double quantization, bitsandbytes int8, FP8 e4m3
-    with block scales; config.json's quantization_config selects the scheme where present) loads
-    into the module's ordinary weights (an unquantized nn.Linear's [out, in]) dequantized to that
-    dtype, on `device` (CUDA kernels there); the report's dequantized_keys name them. A malformed
-    quantized weight (parts of the wrong shape or dtype, a broken quant_state blob, a scheme
-    config.json contradicts) raises metaload.DequantError naming file, tensor and rule.
-    tp_plan: {module: "colwise" | "rowwise"} (transformers' spelling; layer numbers as "*"), the
-    split of each module's weight (dim 0 / dim 1) and bias (dim 0 / whole) across tp_size ranks;
-    this rank (tp_rank) loads its slice only. Quantized weights split on their pack and group
-    boundaries: a degree that cannot raises DequantError (rule tp-boundary) naming the degrees
-    that can. Returns a LoadReport; nothing changes unless every tensor loaded.
+    dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
+    tp_plan: {module: "colwise" | "rowwise"}: this rank's slice only (loader/load/README.md).
+    Returns a LoadReport; nothing changes unless every tensor loaded.
     """
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
@@ -268,14 +270,7 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     for pattern, replacement in _transformers_renames(module).items():
         key_mapping.setdefault(pattern, replacement)
     if not strict or key_mapping:
-        in_checkpoint = checkpoint_tensor_names(ref, revision)
-        if dequantize is not None:  # a quantized weight's parts stand for the weight
-            parts = set()
-            weights = []
-            for w in quant_layout(ref, revision)["weights"]:
-                parts.update(w["parts"].values())
-                weights.append(w["weight"])
-            in_checkpoint = [n for n in in_checkpoint if n not in parts] + weights
+        in_checkpoint = _names_in_checkpoint(ref, revision, dequantize is not None)
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
     missing: List[str] = []
