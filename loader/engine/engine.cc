@@ -704,7 +704,8 @@ std::string load_report_json(const LoadReport& r) {
                         {"mapped_bytes", r.mapped_bytes},
                         {"threads", r.threads},
                         {"engine", r.engine},
-                        {"files", std::move(files)}}
+                        {"files", std::move(files)},
+                        {"dequantized_keys", r.dequantized}}
       .dump();
 }
 

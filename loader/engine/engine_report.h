@@ -25,6 +25,9 @@ struct LoadReport {
   int threads = 0;
   std::string engine;  // "cpu", or "staged:<device>"
   std::vector<FileReport> files;
+  // Dequantizing loads (load/plan.h LoadOptions::dequantize): the targets filled from a quantized
+  // weight, by name. The engines leave it empty.
+  std::vector<std::string> dequantized;
 };
 
 // The report as JSON (the Python package and the CLI read it): every field above, files as a list.

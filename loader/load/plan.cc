@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 #include "base/text.h"
 #include "base/torch_library.h"
 #include "loader/format/hf_cache.h"
+#include "loader/load/dequant_load.h"
 #include "loader/load/progress_board.h"
 #include "loader/load/swap.h"
 
@@ -333,7 +335,17 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
                         const LoadOptions& opt) {
   checked_loader_threads(opt.threads);  // before any file is opened
   const Checkpoint ckpt = open_checkpoint(ref, opt.revision);
-  const LoadPlan plan = plan_load(targets, ckpt, opt);
+  // Dequantizing: the quantized weights' targets are planned apart (dequant_load.h); the plain
+  // plan sees the other targets and the checkpoint without those weights' parts.
+  std::optional<DequantPlan> dq;
+  std::vector<LoadTarget> rest;
+  if (opt.dequantize) {
+    dq = plan_dequant(targets, ckpt, opt);
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (!dq->dequantized[i]) rest.push_back(targets[i]);
+  }
+  const std::vector<LoadTarget>& plain = dq ? rest : targets;
+  const LoadPlan plan = plan_load(plain, dq ? dq->rest : ckpt, opt);
   EngineOptions eo = opt.engine;
   if (opt.threads > 0) eo.threads = opt.threads;
   if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
@@ -341,26 +353,35 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
   eo.map_files = opt.map_files.value_or(
       eo.map_files || std::all_of(plan.files.begin(), plan.files.end(), is_hf_cache_blob));
   SlotLoad slots;
+  std::vector<at::Tensor> dequantized;
   {
     // Slots must be real memory even when a meta mode is active on this thread (a DeferredInit
     // or Fake key included): exclude both while they are made.
     c10::impl::ExcludeDispatchKeyGuard real(
         c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
     slots = load_slots(plan.files, plan.specs, opt.device, eo, opt.staged);
+    if (dq) dequantized = run_dequant(*dq, plan.files, opt, eo, &slots.report);
   }
   std::vector<at::Tensor> dst, src;
   std::vector<std::string> names;
-  for (size_t i = 0; i < targets.size(); ++i) {
+  for (size_t i = 0; i < plain.size(); ++i) {
     if (plan.spec_of_target[i] < 0) continue;
-    dst.push_back(targets[i].tensor);
+    dst.push_back(plain[i].tensor);
     src.push_back(slots.tensors[plan.spec_of_target[i]]);
-    names.push_back(targets[i].name);
+    names.push_back(plain[i].name);
+  }
+  for (size_t k = 0; k < dequantized.size(); ++k) {
+    const LoadTarget& t = targets[dq->targets[k].target];
+    dst.push_back(t.tensor);
+    src.push_back(dequantized[k]);
+    names.push_back(t.name);
+    slots.report.dequantized.push_back(t.name);
   }
   {
     c10::impl::ExcludeDispatchKeyGuard real(
         c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
     for (size_t i : plan.computed) {
-      const LoadTarget& t = targets[i];
+      const LoadTarget& t = plain[i];
       // A fresh copy: the values may be another tensor's (the buffer itself, built on a device).
       dst.push_back(t.tensor);
       src.push_back(t.values.to(opt.device, t.tensor.scalar_type(), /*non_blocking=*/false,
@@ -396,7 +417,9 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<bool> map_files, int64_t progress_id,
                          c10::optional<at::TensorList> computed_opt,
                          c10::optional<std::vector<std::string>> computed_names_opt,
-                         const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt) {
+                         const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt,
+                         c10::optional<at::ScalarType> dequantize,
+                         c10::optional<std::vector<int64_t>> tp_dims) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -443,6 +466,32 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
   if (map_files) opt.map_files = *map_files;
   if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
+  if (dequantize) opt.dequantize = *dequantize;
+  if (tp_dims) {
+    // A TP plan from Python (load_into's tp_plan): per target, the dim split evenly (-1: whole).
+    if (tp_dims->size() != names.size()) {
+      throw PlanError(std::to_string(tp_dims->size()) + " TP dims but " +
+                      std::to_string(names.size()) + " names");
+    }
+    auto dims = std::make_shared<std::unordered_map<std::string, int>>();
+    for (size_t i = 0; i < names.size(); ++i) (*dims)[names[i]] = static_cast<int>((*tp_dims)[i]);
+    opt.names.tp_shard = [dims](const std::string& name, const std::vector<int64_t>& shape,
+                                int rank, int size) {
+      TpShard s;
+      auto it = dims->find(name);
+      if (it == dims->end() || it->second < 0) return s;
+      s.dim = it->second;
+      if (s.dim >= static_cast<int>(shape.size()) || shape[s.dim] % size != 0) {
+        throw SliceError("cannot split dim " + std::to_string(s.dim) + " of " + shape_str(shape) +
+                         " into " + std::to_string(size) + " equal parts");
+      }
+      const int64_t chunk = shape[s.dim] / size;
+      s.ranges = {{rank * chunk, (rank + 1) * chunk}};
+      s.shape = shape;
+      s.shape[s.dim] = chunk;
+      return s;
+    };
+  }
   return load_report_json(load_tensors(t, ref, opt));
 }
 
@@ -467,7 +516,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
-      "Tensor?[]? computed_values=None) -> str",
+      "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None) -> str",
       &load_into_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
   m.def("mismatch_names(str message) -> str?", &mismatch_names_op);

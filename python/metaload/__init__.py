@@ -9,7 +9,7 @@
 The work happens in libmetaload.so (found through METALOAD_LIB or next to this package); this
 package is a thin layer over torch.ops.metaload.
 """
-from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
+from ._lib import (ConfigError, ConversionError, DataDependentError, DequantError, DeviceError, DTypeError, Error,
                    FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
                    RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
@@ -17,7 +17,7 @@ from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError
                    build_info, error_class, library_path, load)
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
-from ._load import FileReport, LoadReport, check_mapped_files, load_into
+from ._load import FileReport, LoadReport, check_mapped_files, load_into, quant_layout
 from ._dist_load import DistReport, DistributedError
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
@@ -58,6 +58,7 @@ __all__ = [
     "meta",
     "nnsight_enabled",
     "ops",
+    "quant_layout",
     "real",
     "reset_forcing_stats",
     "safe_open",
@@ -71,6 +72,7 @@ __all__ = [
     "ConfigError",
     "ConversionError",
     "DataDependentError",
+    "DequantError",
     "DeviceError",
     "DistributedError",
     "DTypeError",

@@ -174,6 +174,7 @@ def fake(device="cpu"):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     ops = _lib.load()
+    _interplay.patch_bitsandbytes_layers()
     try:
         token = ops.enter_fake(str(device))
     except RuntimeError as e:

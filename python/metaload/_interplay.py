@@ -60,3 +60,50 @@ def outer_fake_mode_set_aside():
         yield
     finally:
         restore_fake_mode(old)
+
+
+# ---- bitsandbytes' quantized layers without weights ----------------------------------------------
+# A Linear4bit / Linear8bitLt built under metaload.meta() holds its weight unquantized on meta (the
+# quantization happens when bitsandbytes moves it to a device), so its forward -- which wants a
+# quant_state or SCB -- fails on fake inputs (nnsight's users meet this when scanning a model made
+# with BitsAndBytesConfig). Under fake(), such a layer computes what it would return: x's leading
+# dims by out_features, in x's dtype and device. Layers with real weights run bitsandbytes' own
+# forward.
+
+_BNB_PATCHED = set()
+
+
+def _bnb_shape_forward(original):
+    def forward(self, x, *args, **kwargs):
+        from . import _fake
+        w = self.weight
+        placeholder = w is not None and (w.is_meta or _fake.is_fake(w))
+        if not placeholder or not (x.is_meta or _fake.is_fake(x)):
+            return original(self, x, *args, **kwargs)
+        if x.shape[-1] != self.in_features:
+            raise _shape_error(f"{type(self).__name__}: input of {x.shape[-1]} features, the layer "
+                               f"takes {self.in_features}")
+        return x.new_empty(tuple(x.shape[:-1]) + (self.out_features,))
+
+    forward.__wrapped__ = original
+    return forward
+
+
+def _shape_error(message):
+    from . import _lib
+    return _lib.error_class("ShapeError")(message)
+
+
+def patch_bitsandbytes_layers():
+    """Wraps the forward of bitsandbytes' Linear4bit / Linear8bitLt (once; only if the program
+    imported bitsandbytes) as described above."""
+    import sys
+    bnb_nn = getattr(sys.modules.get("bitsandbytes"), "nn", None)
+    if bnb_nn is None:
+        return
+    for name in ("Linear4bit", "Linear8bitLt"):
+        cls = getattr(bnb_nn, name, None)
+        if cls is None or cls in _BNB_PATCHED:
+            continue
+        cls.forward = _bnb_shape_forward(cls.forward)
+        _BNB_PATCHED.add(cls)

@@ -156,6 +156,12 @@ class ShardError(FormatError):
     """A sharded checkpoint's index disagrees with its shards (loader/errors.h)."""
 
 
+class DequantError(FormatError):
+    """A quantized checkpoint that cannot be dequantized (a part of the wrong shape, a malformed
+    quant_state blob, a scheme that config.json and the tensors disagree on, a TP degree that
+    splits a pack or group); `.rule` names the rule (loader/errors.h)."""
+
+
 class ResolveError(Error):
     """A checkpoint reference that names nothing; the message lists where it looked."""
 

@@ -49,6 +49,9 @@ class LoadReport(NamedTuple):
     # A load with a process group (metaload._dist_load.DistReport): the rank, its mode, the bytes
     # read, sent and received, and every rank's bytes; None otherwise.
     distributed: Any = None
+    # load_into(dequantize=...): the weights filled by dequantizing a quantized checkpoint weight
+    # (GPTQ, AWQ, bitsandbytes NF4/FP4/int8, FP8 blocks), by module name.
+    dequantized_keys: List[str] = []
 
     @property
     def gb_per_s(self) -> float:
@@ -150,6 +153,52 @@ def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
     return {n: t for n, t in state.items() if n not in gone}, missing, unexpected
 
 
+def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
+    """The quantized weights of checkpoint `ref`, from its headers, config.json and quant_state
+    blobs: {"method": config.json's quant_method or "", "weights": [{"weight": "P.weight",
+    "scheme": "gptq" | "awq" | "bnb4" | "bnb8" | "fp8", "shape": [out, in], "parts": {role:
+    tensor name}}]}. Raises metaload.DequantError for a malformed quantized checkpoint."""
+    return json.loads(_lib.load().quant_layout(str(ref), revision))
+
+
+_TP_STYLES = {"colwise": (0, 0), "rowwise": (1, -1)}  # (weight dim, bias dim)
+
+
+def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
+    """Per state name, the dim tp_plan splits (-1: whole). Keys name modules as transformers'
+    tp plans do: layer numbers as "*" ("model.layers.*.mlp.up_proj"), or a suffix of the name
+    ("layers.*.mlp.up_proj")."""
+    for style in tp_plan.values():
+        if style not in _TP_STYLES:
+            raise _lib.PlanError(f"tp_plan style {style!r} is not one of {sorted(_TP_STYLES)}")
+    out = []
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        generic = re.sub(r"\d+", "*", module)
+        style = None
+        for key, s in tp_plan.items():
+            if key in (module, generic) or generic.endswith("." + key) or module.endswith("." + key):
+                style = s
+                break
+        if style is None:
+            out.append(-1)
+        else:
+            w, b = _TP_STYLES[style]
+            out.append(w if leaf != "bias" else b)
+    return out
+
+
+def _names_in_checkpoint(ref: str, revision: Optional[str], dequantize: bool) -> List[str]:
+    """The checkpoint's tensor names; dequantizing, a quantized weight's name ("P.weight")
+    stands for its parts."""
+    names = checkpoint_tensor_names(ref, revision)
+    if not dequantize:
+        return names
+    weights = quant_layout(ref, revision)["weights"]
+    parts = {p for w in weights for p in w["parts"].values()}
+    return [n for n in names if n not in parts] + [w["weight"] for w in weights]
+
+
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
     """Every tensor name of checkpoint `ref`, from its headers (no tensor data is read)."""
     ops = _lib.load()
@@ -169,7 +218,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               key_mapping: Optional[Dict[str, str]] = None, process_group=None,
               source_rank: Optional[int] = None, buffer_bytes: int = 0,
               timeout: Optional[float] = None,
-              distributed: Optional[bool] = None) -> LoadReport:
+              distributed: Optional[bool] = None,
+              dequantize: Optional[torch.dtype] = None,
+              tp_plan: Optional[Dict[str, str]] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
     in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
 
@@ -214,8 +265,20 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     buffers), and the module changes only after all staged theirs, else a
     metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
     .distributed has each rank's bytes).
+    dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
+    tp_plan: {module: "colwise" | "rowwise"}: this rank's slice only, by the given plan instead
+    of the family's (loader/load/README.md); with dequantize, slices fall on pack and group
+    boundaries.
     """
     from . import _dist_load
+    if dequantize is not None or tp_plan is not None:
+        if process_group is not None or source_rank is not None or distributed:
+            raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a "
+                                 "load across a process group (process_group=, source_rank=, "
+                                 "distributed=True) takes neither yet")
+        return _load_plain(module, ref, device, dtype, 0 if tp_rank is None else tp_rank,
+                           1 if tp_size is None else tp_size, threads, staging_bytes, strict,
+                           revision, progress, mmap, key_mapping, dequantize, tp_plan)
     routed = _dist_load.route(module, ref, device=device, dtype=dtype, tp_rank=tp_rank,
                               tp_size=tp_size, threads=threads, strict=strict, revision=revision,
                               mmap=mmap, key_mapping=key_mapping, process_group=process_group,
@@ -229,8 +292,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
 
 
 def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
-                revision, progress, mmap, key_mapping) -> LoadReport:
-    """load_into in one process, without a TP plan."""
+                revision, progress, mmap, key_mapping, dequantize=None,
+                tp_plan=None) -> LoadReport:
+    """load_into in one process: without a TP plan, or with the one given (tp_plan)."""
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
         from ._mode import real
@@ -247,7 +311,7 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     for pattern, replacement in _transformers_renames(module).items():
         key_mapping.setdefault(pattern, replacement)
     if not strict or key_mapping:
-        in_checkpoint = checkpoint_tensor_names(ref, revision)
+        in_checkpoint = _names_in_checkpoint(ref, revision, dequantize is not None)
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
     missing: List[str] = []
@@ -256,11 +320,13 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
         state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
     names = [renamed.get(n, n) for n in state.keys()]
     tensors = list(state.values())
+    tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
     args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
             staging_bytes, strict, bar, mmap]
     with real(), _progress.Watch(callback) as watch:
         out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
-                            computed_names=computed.names, computed_values=computed.values)
+                            computed_names=computed.names, computed_values=computed.values,
+                            dequantize=dequantize, tp_dims=tp_dims)
     return _report(out, missing, unexpected, computed.names)
 
 

@@ -1,0 +1,374 @@
+#include "kernels/dequant.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+namespace metaload {
+
+#ifdef METALOAD_WITH_CUDA
+namespace cuda_detail {
+// dequant.cu; each returns nullptr or the CUDA error string.
+const char* dequant(const QuantView& v, const DequantDst& d, void* stream);
+const char* dequant_sync(void* stream);
+}  // namespace cuda_detail
+#endif
+
+const char* quant_scheme_name(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::kGptq:
+      return "gptq";
+    case QuantScheme::kAwq:
+      return "awq";
+    case QuantScheme::kBnb4:
+      return "bnb4";
+    case QuantScheme::kBnb8:
+      return "bnb8";
+    case QuantScheme::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+namespace {
+
+[[noreturn]] void fail(const QuantView& v, const std::string& what) {
+  throw ShapeError(std::string("dequant_") + quant_scheme_name(v.scheme) + ": " + what);
+}
+
+std::string s(int64_t x) {
+  return std::to_string(x);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+void check_dequant(const QuantView& v, const DequantDst& d) {
+  if (v.out < 0 || v.in < 0) fail(v, "negative shape [" + s(v.out) + ", " + s(v.in) + "]");
+  if (d.format < 0 || d.format > 2) fail(v, "unknown output format " + s(d.format));
+  if (v.scales_format < 0 || v.scales_format > 2) {
+    fail(v, "unknown scales format " + s(v.scales_format));
+  }
+  if (d.row0 < 0 || d.rows < 0 || d.row0 + d.rows > v.out || d.col0 < 0 || d.cols < 0 ||
+      d.col0 + d.cols > v.in) {
+    fail(v, "window rows [" + s(d.row0) + ", " + s(d.row0 + d.rows) + ") x columns [" + s(d.col0) +
+                ", " + s(d.col0 + d.cols) + ") is outside the weight [" + s(v.out) + ", " +
+                s(v.in) + "]");
+  }
+  if (d.ld < d.cols) fail(v, "output row pitch " + s(d.ld) + " < " + s(d.cols) + " columns");
+  if (v.q == nullptr || v.scales == nullptr || (d.data == nullptr && d.rows * d.cols > 0)) {
+    fail(v, "missing data");
+  }
+  switch (v.scheme) {
+    case QuantScheme::kGptq: {
+      if (v.bits != 2 && v.bits != 4 && v.bits != 8) {
+        fail(v, s(v.bits) + " bits (2, 4 and 8 pack evenly into int32)");
+      }
+      const int pack = 32 / v.bits;
+      if (v.in % pack != 0 || v.out % pack != 0) {
+        fail(v, "shape [" + s(v.out) + ", " + s(v.in) + "] is not a multiple of " + s(pack) +
+                    " values per int32 in both dims");
+      }
+      if (v.zeros == nullptr) fail(v, "missing qzeros");
+      if (v.groups < 1) fail(v, "no groups");
+      if (v.g_idx == nullptr) {
+        if (v.group_size < 1) fail(v, "group size " + s(v.group_size));
+        if (v.groups != ceil_div(v.in, v.group_size)) {
+          fail(v, s(v.groups) + " groups of scales, but " + s(v.in) + " input rows in groups of " +
+                      s(v.group_size) + " make " + s(ceil_div(v.in, v.group_size)));
+        }
+      }
+      break;
+    }
+    case QuantScheme::kAwq:
+      if (v.out % 8 != 0) fail(v, "output dim " + s(v.out) + " is not a multiple of 8");
+      if (v.zeros == nullptr) fail(v, "missing qzeros");
+      if (v.group_size < 1) fail(v, "group size " + s(v.group_size));
+      if (v.groups != ceil_div(v.in, v.group_size)) {
+        fail(v, s(v.groups) + " groups of scales, but " + s(v.in) + " input rows in groups of " +
+                    s(v.group_size) + " make " + s(ceil_div(v.in, v.group_size)));
+      }
+      break;
+    case QuantScheme::kBnb4:
+      if (v.group_size < 1) fail(v, "blocksize " + s(v.group_size));
+      if (v.code == nullptr) fail(v, "missing quant_map");
+      if (v.nested_scales != nullptr && (v.nested_block < 1 || v.nested_code == nullptr)) {
+        fail(v, "double quantization without nested blocksize or nested quant_map");
+      }
+      break;
+    case QuantScheme::kBnb8:
+      break;
+    case QuantScheme::kFp8:
+      if (v.group_size < 1 || v.block_in < 1) {
+        fail(v, "block " + s(v.group_size) + " x " + s(v.block_in));
+      }
+      break;
+    default:
+      fail(v, "unknown scheme");
+  }
+}
+
+void check_g_idx(const QuantView& v) {
+  if (v.scheme != QuantScheme::kGptq || v.g_idx == nullptr) return;
+  for (int64_t i = 0; i < v.in; ++i) {
+    const int32_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i));
+    if (g < 0 || g >= v.groups) {
+      fail(v,
+           "g_idx[" + s(i) + "] = " + s(g) + " is not a group of scales [0, " + s(v.groups) + ")");
+    }
+  }
+}
+
+namespace {
+
+constexpr int64_t kColChunk = 512;  // input columns per pass over a tile of output rows
+
+template <int OF>
+inline void put(unsigned char* row, int64_t c, float f) {
+  dq::store(row, c, OF, f);
+}
+
+constexpr int elem_size(int fmt) {
+  return fmt == 0 ? 4 : 2;
+}
+
+// GPTQ: for one output row j the input rows are one field of a column of qweight; chunks of
+// columns keep a tile's words in cache. The group changes every group_size rows (or as g_idx
+// says), and only then are its scale and zero read.
+template <int Bits, int SF, int OF>
+void gptq_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  constexpr int kPack = 32 / Bits;
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  const int64_t zcols = v.out / kPack;
+  const int64_t c_end = d.col0 + d.cols;
+  for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
+    const int64_t ie = std::min(c_end, ib + kColChunk);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t j = d.row0 + r;
+      unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+      const int zshift = Bits * static_cast<int>(j % kPack);
+      int64_t g = -1, next = 0;
+      float sc = 0;
+      int32_t z = 0;
+      for (int64_t i = ib; i < ie; ++i) {
+        int64_t gi;
+        if (v.g_idx != nullptr) {
+          gi = static_cast<int32_t>(dq::ld32(v.g_idx, i));
+        } else {
+          if (g < 0) {
+            gi = i / v.group_size;
+            next = (gi + 1) * v.group_size;
+          } else {
+            gi = g;
+            if (i == next) {
+              ++gi;
+              next += v.group_size;
+            }
+          }
+        }
+        if (gi != g) {
+          g = gi;
+          sc = dq::ldf_t<SF>(v.scales, g * v.out + j);
+          z = static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / kPack) >> zshift) & kMask) +
+              v.zero_offset;
+        }
+        const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
+        const int32_t q = static_cast<int32_t>((w >> (Bits * (i % kPack))) & kMask);
+        put<OF>(row, i - d.col0, dq::mul(static_cast<float>(q - z), sc));
+      }
+    }
+  }
+}
+
+// AWQ: qweight rows are input rows; output row j is one nibble of column j / 8.
+template <int SF, int OF>
+void awq_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t wcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
+    const int64_t ie = std::min(c_end, ib + kColChunk);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t j = d.row0 + r;
+      unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+      const int shift = 4 * dq::awq_nibble(j & 7);
+      const int64_t wc = j / 8;
+      int64_t g = ib / v.group_size, next = (g + 1) * v.group_size;
+      auto group = [&](int64_t gg, float* sc, int32_t* z) {
+        *sc = dq::ldf_t<SF>(v.scales, gg * v.out + j);
+        *z = static_cast<int32_t>((dq::ld32(v.zeros, gg * wcols + wc) >> shift) & 0xFu);
+      };
+      float sc;
+      int32_t z;
+      group(g, &sc, &z);
+      for (int64_t i = ib; i < ie; ++i) {
+        if (i == next) {
+          ++g;
+          next += v.group_size;
+          group(g, &sc, &z);
+        }
+        const int32_t q = static_cast<int32_t>((dq::ld32(v.q, i * wcols + wc) >> shift) & 0xFu);
+        put<OF>(row, i - d.col0, dq::mul(static_cast<float>(q - z), sc));
+      }
+    }
+  }
+}
+
+// bitsandbytes 4-bit: per block a 16-entry table code[n] * absmax, then one lookup per element.
+template <int OF>
+void bnb4_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const uint8_t* q = static_cast<const uint8_t*>(v.q);
+  float code[16];
+  for (int n = 0; n < 16; ++n) code[n] = dq::ldf(v.code, n, 0);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+    const int64_t k0 = j * v.in + d.col0, k1 = k0 + d.cols;
+    for (int64_t k = k0; k < k1;) {
+      const int64_t b = k / v.group_size;
+      const int64_t end = std::min(k1, (b + 1) * v.group_size);
+      const float a = dq::bnb4_absmax(v, b);
+      float lut[16];
+      for (int n = 0; n < 16; ++n) lut[n] = dq::mul(code[n], a);
+      if (k & 1) {
+        put<OF>(row, k - k0, lut[q[k >> 1] & 0xF]);
+        ++k;
+      }
+      for (; k + 1 < end; k += 2) {
+        const uint8_t byte = q[k >> 1];
+        put<OF>(row, k - k0, lut[byte >> 4]);
+        put<OF>(row, k + 1 - k0, lut[byte & 0xF]);
+      }
+      if (k < end) {
+        put<OF>(row, k - k0, lut[q[k >> 1] >> 4]);
+        ++k;
+      }
+    }
+  }
+}
+
+template <int SF, int OF>
+void bnb8_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+    const int8_t* q = static_cast<const int8_t*>(v.q) + j * v.in + d.col0;
+    const float sc = dq::ldf_t<SF>(v.scales, j);
+    for (int64_t c = 0; c < d.cols; ++c) {
+      put<OF>(row, c, dq::mul(dq::mul(static_cast<float>(q[c]), sc), dq::kInv127));
+    }
+  }
+}
+
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int b = 0; b < 256; ++b) a[b] = dq::fp8_e4m3(static_cast<uint8_t>(b));
+    return a;
+  }();
+  return t;
+}
+
+template <int SF, int OF>
+void fp8_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const float* lut = fp8_table().data();
+  const int64_t scols = ceil_div(v.in, v.block_in);
+  const int64_t c_end = d.col0 + d.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+    const uint8_t* q = static_cast<const uint8_t*>(v.q) + j * v.in;
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t b = i / v.block_in;
+      const int64_t end = std::min(c_end, (b + 1) * v.block_in);
+      const float sc = dq::ldf_t<SF>(v.scales, (j / v.group_size) * scols + b);
+      for (; i < end; ++i) put<OF>(row, i - d.col0, dq::mul(lut[q[i]], sc));
+    }
+  }
+}
+
+using RowsFn = void (*)(const QuantView&, const DequantDst&, int64_t, int64_t);
+
+template <int SF, int OF>
+RowsFn pick_rows(const QuantView& v) {
+  switch (v.scheme) {
+    case QuantScheme::kGptq:
+      return v.bits == 2 ? &gptq_rows<2, SF, OF>
+                         : (v.bits == 4 ? &gptq_rows<4, SF, OF> : &gptq_rows<8, SF, OF>);
+    case QuantScheme::kAwq:
+      return &awq_rows<SF, OF>;
+    case QuantScheme::kBnb4:
+      return &bnb4_rows<OF>;
+    case QuantScheme::kBnb8:
+      return &bnb8_rows<SF, OF>;
+    default:
+      return &fp8_rows<SF, OF>;
+  }
+}
+
+template <int OF>
+RowsFn pick_scales(const QuantView& v) {
+  switch (v.scales_format) {
+    case 0:
+      return pick_rows<0, OF>(v);
+    case 1:
+      return pick_rows<1, OF>(v);
+    default:
+      return pick_rows<2, OF>(v);
+  }
+}
+
+}  // namespace
+
+void dequant_cpu(const QuantView& v, const DequantDst& d) {
+  check_dequant(v, d);
+  check_g_idx(v);
+  if (d.rows == 0 || d.cols == 0) return;
+  const RowsFn fn = d.format == 0   ? pick_scales<0>(v)
+                    : d.format == 1 ? pick_scales<1>(v)
+                                    : pick_scales<2>(v);
+  // Tiles of at least ~64k elements; GPTQ / AWQ rows share words 8 (4) at a time, so tiles
+  // start on multiples of 8 rows.
+  int64_t grain = std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(d.cols, 1));
+  grain = (grain + 7) / 8 * 8;
+  at::parallel_for(0, d.rows, grain, [&](int64_t r0, int64_t r1) { fn(v, d, r0, r1); });
+}
+
+bool dequant_cuda_compiled() {
+#ifdef METALOAD_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void dequant_cuda(const QuantView& v, const DequantDst& d, void* stream) {
+  check_dequant(v, d);
+#ifdef METALOAD_WITH_CUDA
+  if (const char* err = cuda_detail::dequant(v, d, stream)) {
+    throw ConversionError(std::string("CUDA dequant_") + quant_scheme_name(v.scheme) +
+                          " failed: " + err);
+  }
+#else
+  (void)stream;
+  throw ConversionError(std::string("CUDA dequant_") + quant_scheme_name(v.scheme) +
+                        " requested, but this build has no CUDA kernels (nvcc was not found)");
+#endif
+}
+
+void dequant_cuda_sync(void* stream) {
+#ifdef METALOAD_WITH_CUDA
+  if (const char* err = cuda_detail::dequant_sync(stream)) {
+    throw ConversionError(std::string("CUDA dequantization failed: ") + err);
+  }
+#else
+  (void)stream;
+  throw ConversionError("CUDA dequantization requested, but this build has no CUDA kernels");
+#endif
+}
+
+}  // namespace metaload
