@@ -11,7 +11,8 @@ package is a thin layer over torch.ops.metaload.
 """
 from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
                    FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
-                   ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
+                   ModeError, ModelError, ModelKeyError, ModulePathError, PlanError,
+                   QuantLayoutError, QuantSchemeError, ReadError,
                    RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
                    SliceError, SwapError, TPError, UnknownOpError, UsageError, VerifyError,
                    build_info, error_class, library_path, load)
@@ -23,8 +24,9 @@ from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
 from ._safetensors import load_file, safe_open, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
-from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint, from_model_key,
-                         max_tp_size, save_safetensors, to_model_key, tp_degree_for)
+from .checkpoint import (CheckpointInfo, QuantEstimate, bytes_per_element, describe,
+                         describe_checkpoint, estimate, from_model_key, max_tp_size,
+                         quant_presets, save_safetensors, to_model_key, tp_degree_for)
 
 ops = load()
 __version__ = build_info()[0]
@@ -32,6 +34,7 @@ __version__ = build_info()[0]
 __all__ = [
     "__version__",
     "CheckpointInfo",
+    "QuantEstimate",
     "FileReport",
     "LoadReport",
     "ModuleShape",
@@ -40,7 +43,9 @@ __all__ = [
     "bytes_per_element",
     "check_mapped_files",
     "checkpoint",
+    "describe",
     "describe_checkpoint",
+    "estimate",
     "disable_nnsight",
     "enable_nnsight",
     "fake",
@@ -55,6 +60,7 @@ __all__ = [
     "max_tp_size",
     "meta",
     "nnsight_enabled",
+    "quant_presets",
     "ops",
     "real",
     "reset_forcing_stats",
@@ -83,6 +89,8 @@ __all__ = [
     "ModelKeyError",
     "ModulePathError",
     "PlanError",
+    "QuantLayoutError",
+    "QuantSchemeError",
     "ReadError",
     "RepoIdError",
     "ResolveError",
