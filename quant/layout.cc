@@ -69,10 +69,6 @@ const char* scheme_words(QuantKind k) {
   return "?";
 }
 
-bool is_float_dtype(DType d) {
-  return d == DType::F16 || d == DType::BF16 || d == DType::F32;
-}
-
 // The checks of one checkpoint, with the file of each tensor for messages.
 class Recogniser {
  public:
