@@ -235,7 +235,8 @@ def test_unknown_schemes_are_typed_errors(tmp_path, base):
     # A group size that does not divide the inputs: AWQ refuses such a layer, and so does estimate.
     with pytest.raises(metaload.QuantSchemeError) as e:
         metaload.estimate(base, {"quant_method": "awq", "bits": 4, "group_size": 512})
-    assert e.value.rule == "not-quantizable" and "mlp.down_proj.weight" in str(e.value)
+    assert e.value.rule == "not-quantizable" and "'model.layers.0.self_attn.q_proj.weight'" in str(e.value)
+    assert "256 inputs are not a multiple of the group size 512" in str(e.value)
 
 
 def test_estimate_of_a_custom_config_and_the_presets(base):
