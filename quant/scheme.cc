@@ -286,7 +286,7 @@ const std::vector<QuantPreset>& quant_presets() {
   // Each library's defaults: transformers' BitsAndBytesConfig (blocksize 64, nested 256),
   // GPTQConfig / AutoGPTQ (group 128, desc_act false, sym), AutoAWQ (GEMM, group 128, zero point),
   // FineGrainedFP8Config (128 x 128), compressed-tensors' W4A16 / W4A16_ASYM / W8A16 / NVFP4
-  // presets with llm-compressor's usual ignore=["lm_head"].
+  // presets (W8A16 is int8 in groups of 128 too) with llm-compressor's usual ignore=["lm_head"].
   static const std::vector<QuantPreset> presets = {
       {"bnb-nf4", "nf4",
        R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"})"},
@@ -320,7 +320,7 @@ const std::vector<QuantPreset>& quant_presets() {
       {"ct-w8a16", "int8",
        R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8,
-           "type": "int", "strategy": "channel", "symmetric": true}}}})"},
+           "type": "int", "strategy": "group", "group_size": 128, "symmetric": true}}}})"},
       {"ct-nvfp4", "fp4",
        R"({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
            "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"],

@@ -73,7 +73,8 @@ std::optional<nlohmann::json> find_quant_config(const nlohmann::json& config);
 //   bnb-nf4, bnb-nf4-dq, bnb-fp4, bnb-fp4-dq, bnb-int8 (transformers' BitsAndBytesConfig),
 //   gptq-int4, gptq-int8 (group 128, desc_act false, sym), awq-int4 (GEMM, group 128, zero point),
 //   fp8-block (E4M3, 128 x 128 blocks), ct-w4a16 (compressed-tensors pack-quantized int4, group
-//   128, symmetric), ct-w4a16-asym (with zero points), ct-w8a16 (int8, channel), ct-nvfp4.
+//   128, symmetric), ct-w4a16-asym (with zero points), ct-w8a16 (int8, group 128), ct-nvfp4
+//   (W4A4: input_global_scale too), ct-nvfp4a16.
 struct QuantPreset {
   const char* name;
   const char* table_name;  // the old per-dtype table's name for it (model/dtypes.h)
