@@ -1,12 +1,15 @@
 #include "model/describe.h"
 
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "base/checked.h"
 #include "base/text.h"
 #include "model/dtypes.h"
 #include "model/reference.h"
 #include "model/tp.h"
+#include "quant/layout.h"
 
 namespace metaload {
 namespace {
@@ -19,6 +22,18 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 std::string last_component(const std::string& name) {
   size_t dot = name.find_last_of('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+// The breakdown of a quantized checkpoint, and its TP degree on group boundaries.
+void add_quantization(const QuantLayout& layout, uint64_t param_bytes, CheckpointInfo& info) {
+  nlohmann::json q = to_json(layout);
+  std::string limited_by;
+  q["max_tp_size_unquantized"] =
+      info.max_tp_size ? nlohmann::json(*info.max_tp_size) : nlohmann::json();
+  info.max_tp_size = quant_max_tp_size(layout, info.max_tp_size, &limited_by);
+  q["tp_limited_by"] = limited_by;
+  q["unquantized_bytes"] = param_bytes - layout.weight_bytes - layout.aux_bytes;
+  info.quantization = std::move(q);
 }
 
 }  // namespace
@@ -38,6 +53,19 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
   info.repo_id = c.repo_id;
   info.dir = c.dir;
   info.n_files = c.files.size();
+  if (c.config_path) info.config = read_config_json(*c.config_path);
+  // A quantized checkpoint: its layout decides which tensors are parameters and how many
+  // logical elements a packed weight holds.
+  std::optional<QuantLayout> layout;
+  std::set<std::string> aux;
+  std::map<std::string, uint64_t> logical;
+  if (info.config) {
+    if (auto qc = find_quant_config(*info.config)) {
+      layout = recognise_quantized(c, parse_quant_config(*qc, *c.config_path), *c.config_path);
+      aux = aux_tensor_names(*layout);
+      for (const auto& m : layout->modules) logical[m.weight_tensor] = m.n_params;
+    }
+  }
   uint64_t n_params = 0, param_bytes = 0;
   std::optional<DType> stored;
   bool mixed = false;
@@ -53,10 +81,14 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
                                   "buffer elements of the checkpoint");
         continue;
       }
-      n_params = checked_add<uint64_t>(n_params, static_cast<uint64_t>(t.numel()),
-                                       "parameter count of the checkpoint");
+      // Scales, zero points, absmax, quant maps and blobs are stored bytes, not parameters.
       param_bytes =
           checked_add<uint64_t>(param_bytes, t.nbytes(), "parameter bytes of the checkpoint");
+      if (aux.count(t.name)) continue;
+      auto packed = logical.find(t.name);
+      const uint64_t elements =
+          packed != logical.end() ? packed->second : static_cast<uint64_t>(t.numel());
+      n_params = checked_add<uint64_t>(n_params, elements, "parameter count of the checkpoint");
       if (stored && *stored != t.dtype) mixed = true;
       stored = t.dtype;
     }
@@ -74,18 +106,19 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
     info.dtype = *dtype;
   } else {
     info.size_bytes = param_bytes;
-    info.dtype = mixed ? "mixed" : stored ? dtype_name(*stored) : "none";
+    info.dtype = layout   ? quant_kind_name(layout->config.kind)
+                 : mixed  ? "mixed"
+                 : stored ? dtype_name(*stored)
+                          : "none";
   }
-  if (c.config_path) {
-    info.config = read_config_json(*c.config_path);
-    if (info.config->is_object()) {
-      try {
-        info.max_tp_size = max_tp_size(*info.config);
-      } catch (const Error&) {
-        // An odd config field leaves the TP degree unknown; describe still succeeds.
-      }
+  if (info.config && info.config->is_object()) {
+    try {
+      info.max_tp_size = max_tp_size(*info.config);
+    } catch (const Error&) {
+      // An odd config field leaves the TP degree unknown; describe still succeeds.
     }
   }
+  if (layout) add_quantization(*layout, param_bytes, info);
   return info;
 }
 
@@ -112,7 +145,8 @@ nlohmann::json to_json(const CheckpointInfo& i) {
           {"n_tensors", i.n_tensors},
           {"n_buffer_elements", i.n_buffer_elements},
           {"stored_bytes", i.stored_bytes},
-          {"max_tp_size", opt(i.max_tp_size)}};
+          {"max_tp_size", opt(i.max_tp_size)},
+          {"quantization", i.quantization ? *i.quantization : nlohmann::json()}};
 }
 
 }  // namespace metaload

@@ -29,6 +29,11 @@ struct CheckpointInfo {
   uint64_t n_buffer_elements = 0;      // elements of the excluded non-parameter buffers
   uint64_t stored_bytes = 0;           // bytes of tensor data on disk, buffers included
   std::optional<int64_t> max_tp_size;  // from the config, when there is one
+  // For a checkpoint whose config.json has a quantization_config (quant/layout.h): the scheme,
+  // the per-module breakdown, and what limits the TP degree. size_bytes is then the exact stored
+  // bytes (packed weights, scales, zero points, blobs, unquantized tensors) and n_params counts
+  // packed weights by their logical elements and leaves the scales etc. out.
+  std::optional<nlohmann::json> quantization;
 };
 
 // True for tensors that are buffers, not parameters, although some checkpoints store them:

@@ -11,7 +11,8 @@ package is a thin layer over torch.ops.metaload.
 """
 from ._lib import (ConfigError, ConversionError, DataDependentError, DequantError, DeviceError, DTypeError, Error,
                    FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
-                   ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
+                   ModeError, ModelError, ModelKeyError, ModulePathError, PlanError,
+                   QuantLayoutError, QuantSchemeError, ReadError,
                    RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
                    SliceError, SwapError, TPError, UnknownOpError, UsageError, VerifyError,
                    build_info, error_class, library_path, load)
@@ -24,8 +25,9 @@ from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
 from ._safetensors import load_file, safe_open, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
-from .checkpoint import (CheckpointInfo, bytes_per_element, describe_checkpoint, from_model_key,
-                         max_tp_size, save_safetensors, to_model_key, tp_degree_for)
+from .checkpoint import (CheckpointInfo, QuantEstimate, bytes_per_element, describe,
+                         describe_checkpoint, estimate, from_model_key, max_tp_size,
+                         quant_presets, save_safetensors, to_model_key, tp_degree_for)
 
 ops = load()
 __version__ = build_info()[0]
@@ -34,6 +36,7 @@ __all__ = [
     "__version__",
     "CheckpointInfo",
     "DistReport",
+    "QuantEstimate",
     "FileReport",
     "LoadReport",
     "ModuleShape",
@@ -42,7 +45,9 @@ __all__ = [
     "bytes_per_element",
     "check_mapped_files",
     "checkpoint",
+    "describe",
     "describe_checkpoint",
+    "estimate",
     "disable_nnsight",
     "enable_nnsight",
     "fake",
@@ -57,6 +62,7 @@ __all__ = [
     "max_tp_size",
     "meta",
     "nnsight_enabled",
+    "quant_presets",
     "ops",
     "quant_layout",
     "real",
@@ -88,6 +94,8 @@ __all__ = [
     "ModelKeyError",
     "ModulePathError",
     "PlanError",
+    "QuantLayoutError",
+    "QuantSchemeError",
     "ReadError",
     "RepoIdError",
     "ResolveError",

@@ -162,6 +162,17 @@ class DequantError(FormatError):
     splits a pack or group); `.rule` names the rule (loader/errors.h)."""
 
 
+class QuantLayoutError(FormatError):
+    """A quantized checkpoint whose tensors contradict its quantization_config or each other (a
+    packed shape that does not match the logical shape, scales of the wrong shape, a malformed
+    quant_state blob, ...); names the file, the tensor and the rule (quant/errors.h)."""
+
+
+class QuantSchemeError(FormatError):
+    """A quantization scheme metaload does not know or cannot size: an unknown quant_method, an
+    unknown preset name, a field of the wrong type (quant/errors.h)."""
+
+
 class ResolveError(Error):
     """A checkpoint reference that names nothing; the message lists where it looked."""
 

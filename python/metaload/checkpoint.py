@@ -44,6 +44,10 @@ class CheckpointInfo:
     n_buffer_elements: int = 0
     stored_bytes: int = 0
     max_tp_size: Optional[int] = None
+    # A quantized checkpoint (config.json's quantization_config): the scheme, "modules" (each
+    # {module, shape, n_params, weight_bytes, aux_bytes}), weight/aux/unquantized bytes, and what
+    # limits max_tp_size ("tp_limited_by"). None for an unquantized checkpoint.
+    quantization: Optional[Dict[str, Any]] = None
 
 
 @typed_errors
@@ -58,6 +62,47 @@ def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = N
     out = json.loads(_ops().describe_checkpoint(str(ref_or_key), _dtype_name(dtype), revision,
                                                 bool(allow_local_paths)))
     return CheckpointInfo(**out)
+
+
+describe = describe_checkpoint
+
+
+@dataclass
+class QuantEstimate:
+    """What a quantization scheme would store for an unquantized checkpoint or config."""
+
+    scheme: str
+    size_bytes: int  # every byte the quantized checkpoint would store
+    n_params: int  # logical parameters
+    unquantized_bytes: int  # tensors the scheme leaves as they are (embeddings, lm_head, norms)
+    source_bytes: int  # the unquantized parameters' bytes
+    table_name: str  # the old per-dtype table's name ("nf4", "int4", ...)
+    table_bytes: int  # n_params x that table's bytes per element: what sizing used to say
+    table_error: float  # (table_bytes - size_bytes) / size_bytes
+    max_tp_size: Optional[int]
+    max_tp_size_unquantized: Optional[int]
+    tp_limited_by: str
+    source: str  # "checkpoint" (headers) or "config" (shapes from config.json)
+    quantization: Dict[str, Any]  # scheme fields and the per-module breakdown
+
+
+@typed_errors
+def estimate(ref: str, scheme, revision: Optional[str] = None, *,
+             allow_local_paths: bool = False) -> QuantEstimate:
+    """The exact bytes `scheme` would store for the unquantized checkpoint (or config.json) `ref`.
+
+    scheme: a preset name (see quant_presets(): "bnb-nf4", "gptq-int4", "awq-int4", "fp8-block",
+    "ct-w4a16", "ct-nvfp4", ...) or a quantization_config (dict or JSON text) as config.json
+    holds it. metaload.QuantSchemeError for an unknown scheme or a layer it cannot quantize."""
+    text = scheme if isinstance(scheme, str) else json.dumps(scheme)
+    out = json.loads(_ops().estimate_quantized(str(ref), text, revision, bool(allow_local_paths)))
+    return QuantEstimate(**out)
+
+
+@typed_errors
+def quant_presets() -> Dict[str, Dict[str, Any]]:
+    """{preset name: quantization_config} of the schemes estimate() knows by name."""
+    return {p["name"]: p["quantization_config"] for p in json.loads(_ops().quant_presets())}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import textwrap
 from conftest import ROOT
 
 TOOL = os.path.join(ROOT, "tools", "long_functions")
-CHECKED = ["base", "c10_ext", "fake_mode", "kernels", "loader", "model", "python", "tools/cli"]
+CHECKED = ["base", "c10_ext", "fake_mode", "kernels", "loader", "model", "python", "quant",
+           "tools/cli"]
 EXCLUDED = []
 
 

@@ -4,6 +4,7 @@ namespace metaload {
 namespace cli {
 
 std::function<int()> setup_describe(CLI::App& sub);
+std::function<int()> setup_estimate(CLI::App& sub);
 std::function<int()> setup_key(CLI::App& sub);
 std::function<int()> setup_tp(CLI::App& sub);
 
@@ -12,6 +13,9 @@ const std::vector<Command>& commands() {
       {"describe",
        "Size, parameter count, config and revision of a checkpoint, from its headers only",
        &setup_describe},
+      {"estimate",
+       "Exact bytes a quantization scheme would store for an unquantized checkpoint or config",
+       &setup_estimate},
       {"key", "The model key of a Hugging Face repo id, or a model key parsed and checked",
        &setup_key},
       {"tp", "Tensor-parallel degrees a checkpoint's config allows", &setup_tp},

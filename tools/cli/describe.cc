@@ -39,6 +39,24 @@ std::string config_summary(const nlohmann::json& c) {
   return s.empty() ? "present" : s;
 }
 
+// A quantized checkpoint's scheme and breakdown (the per-module list is in --json).
+void add_quantization_rows(const nlohmann::json& q,
+                           std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string scheme = q.value("scheme", "");
+  if (q.contains("quant_type")) scheme += " " + q["quant_type"].get<std::string>();
+  if (q.contains("group_size"))
+    scheme += ", group " + std::to_string(q["group_size"].get<int64_t>());
+  rows.emplace_back("quantization", scheme + " (" + q.value("quant_method", "") + ")");
+  rows.emplace_back("  quantized", with_commas(q.value("n_modules", uint64_t{0})) + " layers, " +
+                                       with_commas(q.value("n_quantized_params", uint64_t{0})) +
+                                       " parameters");
+  rows.emplace_back("  packed weights", gib_and_bytes(q.value("weight_bytes", uint64_t{0})));
+  rows.emplace_back("  scales etc.", gib_and_bytes(q.value("aux_bytes", uint64_t{0})));
+  rows.emplace_back("  left as is", gib_and_bytes(q.value("unquantized_bytes", uint64_t{0})));
+  const std::string limit = q.value("tp_limited_by", "");
+  if (!limit.empty()) rows.emplace_back("  TP limited by", limit);
+}
+
 int run(const Options& o) {
   std::optional<std::string> dtype;
   if (*o.dtype_opt) dtype = o.dtype;
@@ -64,6 +82,7 @@ int run(const Options& o) {
   }
   rows.emplace_back("config", info.config ? config_summary(*info.config) : "none (no config.json)");
   rows.emplace_back("max TP degree", info.max_tp_size ? std::to_string(*info.max_tp_size) : "-");
+  if (info.quantization) add_quantization_rows(*info.quantization, rows);
   print_rows(rows);
   return 0;
 }

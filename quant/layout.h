@@ -1,0 +1,97 @@
+// Recognising a quantized checkpoint from its safetensors headers and its quantization_config:
+// which modules are quantized, their logical (unpacked) shapes, the exact bytes of each part, and
+// the largest tensor-parallel degree whose slices fall on pack and group boundaries.
+// Torch-free. The layouts, as the libraries store them (Linear weight [out, in]):
+//   bitsandbytes 4-bit  <m>.weight U8 [ceil(out*in/2), 1], <m>.weight.absmax F32 [ceil(n/64)]
+//                       (U8 with double quant, plus nested_absmax F32 [ceil(blocks/256)] and
+//                       nested_quant_map F32 [256]), <m>.weight.quant_map F32 [16],
+//                       <m>.weight.quant_state.bitsandbytes__{nf4,fp4} U8 [json bytes]
+//   bitsandbytes int8   <m>.weight I8 [out, in], <m>.SCB F32 [out], <m>.weight_format U8 []
+//   GPTQ                <m>.qweight I32 [in*bits/32, out], qzeros I32 [G, out*bits/32],
+//                       scales F16 [G, out], g_idx I32 [in]; G = ceil(in/group_size)
+//   AWQ GEMM            <m>.qweight I32 [in, out*bits/32], qzeros I32 [G, out*bits/32],
+//                       scales F16 [G, out]
+//   FP8 block           <m>.weight F8_E4M3 [out, in], <m>.weight_scale_inv F32
+//                       [ceil(out/128), ceil(in/128)]
+//   compressed-tensors  <m>.weight_packed I32 [out, ceil(in*bits/32)], weight_scale [out, G]
+//   pack-quantized      (the model's dtype), weight_shape I64 [2] = [out, in], asymmetric:
+//                       weight_zero_point I32 [ceil(out*bits/32), G]
+//   compressed-tensors  <m>.weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16],
+//   NVFP4               weight_global_scale F32 [1], input_global_scale F32 [1] (W4A4 only)
+// Biases, norms, embeddings and the layers a quantizer leaves alone are stored as they were.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/format/checkpoint.h"
+#include "quant/scheme.h"
+
+namespace metaload {
+
+// One quantized linear layer.
+struct QuantModule {
+  std::string name;           // module path, e.g. "model.layers.0.self_attn.q_proj"
+  int64_t out = 0, in = 0;    // the logical weight shape [out, in]
+  uint64_t n_params = 0;      // out x in: the weight's logical elements
+  uint64_t weight_bytes = 0;  // the packed / quantized weight itself
+  uint64_t aux_bytes = 0;     // scales, zero points, absmax, quant maps, blobs, shapes, g_idx
+  std::vector<std::string> aux_tensors;  // their names
+  std::string weight_tensor;             // the packed weight's name
+};
+
+struct QuantLayout {
+  QuantConfig config;
+  std::vector<QuantModule> modules;  // by name
+  uint64_t weight_bytes = 0, aux_bytes = 0, n_quantized_params = 0;
+};
+
+// Reads a small tensor's bytes (a quant_state blob, weight_shape). The default reads the file;
+// fuzzers and tests give the bytes directly.
+using TensorBytes = std::function<std::string(const SafetensorsHeader&, const TensorInfo&)>;
+std::string read_tensor_bytes(const SafetensorsHeader& file, const TensorInfo& t);
+
+// The largest blob metaload reads (a quant_state is ~200 bytes).
+inline constexpr uint64_t kMaxQuantStateBytes = 64 * 1024;
+
+// Recognises the quantized modules of `c` under `config` and checks every rule of the layouts
+// above: QuantLayoutError(file, tensor, rule) with rules "missing-tensor", "wrong-dtype",
+// "packed-shape" (a packed weight that does not match the logical shape), "scale-shape",
+// "zeros-shape", "g-idx-shape", "absmax-shape", "quant-map-shape", "quant-state-blob" (malformed
+// blob), "quant-state-mismatch" (blob contradicts config.json or its tensors), "foreign-tensor"
+// (a tensor of another scheme), "no-quantized-tensors" (file = config_path).
+QuantLayout recognise_quantized(const Checkpoint& c, const QuantConfig& config,
+                                const std::string& config_path,
+                                const TensorBytes& bytes = read_tensor_bytes);
+
+// Names of the tensors that are not parameters (aux tensors of every module).
+std::set<std::string> aux_tensor_names(const QuantLayout& layout);
+
+// True for modules tensor parallelism splits along the input dim (o_proj, down_proj, c_proj,
+// out_proj, dense_4h_to_h, fc2, w2, wo); the others are split along the output dim.
+bool is_row_parallel(const std::string& module);
+
+// Whether `m` can be split into `degree` slices that fall on its pack and group boundaries;
+// *why says which boundary does not when it cannot.
+bool tp_sliceable(const QuantConfig& config, const QuantModule& m, int64_t degree,
+                  std::string* why);
+
+// The largest divisor of `base` (the unquantized max TP degree) for which every module is
+// sliceable; nullopt when base is. *limited_by names the first module and boundary that ruled out
+// a larger degree (empty when none did).
+std::optional<int64_t> quant_max_tp_size(const QuantLayout& layout, std::optional<int64_t> base,
+                                         std::string* limited_by);
+
+// The layout as JSON: {"scheme", "quant_method", "bits", "group_size", ..., "modules": [{"module",
+// "shape", "n_params", "weight_bytes", "aux_bytes"}], "weight_bytes", "aux_bytes",
+// "n_quantized_params", "n_modules"}.
+nlohmann::json to_json(const QuantLayout& layout);
+nlohmann::json config_json(const QuantConfig& c);
+
+}  // namespace metaload
