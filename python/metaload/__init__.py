@@ -9,7 +9,8 @@
 The work happens in libmetaload.so (found through METALOAD_LIB or next to this package); this
 package is a thin layer over torch.ops.metaload.
 """
-from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DTypeError, Error,
+from ._lib import (ConfigError, ConversionError, DataDependentError, DeviceError, DistributedError,
+                   DTypeError, Error,
                    FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError, ReadError,
                    RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
@@ -70,6 +71,7 @@ __all__ = [
     "ConversionError",
     "DataDependentError",
     "DeviceError",
+    "DistributedError",
     "DTypeError",
     "FamilyError",
     "FileChangedError",
