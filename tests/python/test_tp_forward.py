@@ -7,6 +7,7 @@ Ranks are started by torch.multiprocessing.spawn and by torchrun; the error path
 disagree on tp_size, a rank that dies or hangs mid-forward) end in metaload.DistributedError on
 the survivors within 30 s. Every subprocess wait has a timeout.
 """
+import json
 import os
 import subprocess
 import sys
@@ -182,3 +183,33 @@ def test_scan_with_tp_size_needs_no_group(tmp_path):
     assert shard.scan(batch=2, seq=5)[q].shape == half[q].shape
     with pytest.raises(metaload.ModelError, match="cannot run the model alone"):
         shard(IDS)
+
+
+def cli_tokens(*args, env=None):
+    r = run_cli("run", *args, "--json", env=dict({"METALOAD_PYTHON": sys.executable}, **(env or {})),
+                timeout=150)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout[r.stdout.index("{"):])["tokens"]
+
+
+def test_cli_run_with_tp_prints_the_tokens_of_tp_1(tmp_path):
+    d = fixture(tmp_path, "gpt2-tiny")
+    ids = ["--ids", "3,14,15;92,65,35", "--new-tokens", "5"]
+    whole = cli_tokens(d, *ids)
+    assert len(whole) == 2 and len(whole[0]) == 5
+    assert cli_tokens(d, "--tp", "2", *ids) == whole
+    r = run_cli("run", d, "--tp", "2", *ids, env={"METALOAD_PYTHON": sys.executable}, timeout=150)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.stdout.strip().splitlines()[-2:] == [",".join(map(str, row)) for row in whole]
+
+
+def test_cli_run_joins_a_torchrun_launch(tmp_path):
+    from conftest import cli_path
+    d = fixture(tmp_path, "llama-tiny")
+    ids = ["--ids", "3,14,15", "--new-tokens", "4"]
+    whole = cli_tokens(d, *ids)
+    r = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--no_python",
+                "--nproc_per_node", "2", cli_path(), "run", d, "--tp", "2", *ids, "--json"],
+               timeout=150)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert json.loads(r.stdout[r.stdout.index("{"):])["tokens"] == whole
