@@ -38,7 +38,8 @@ struct Rendezvous {
   std::mutex mu;
   int size;
   int arrived = 0;
-  std::vector<std::function<void()>> deliver;  // per arrival: fills that rank's outputs
+  // Per arrival: fills that rank's outputs from every rank's input.
+  std::vector<std::function<void(const std::vector<at::Tensor>&)>> deliver;
   std::vector<c10::intrusive_ptr<ManualWork>> works;
   std::vector<at::Tensor> inputs;
 };
