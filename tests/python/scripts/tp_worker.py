@@ -92,7 +92,17 @@ def main():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        torch.multiprocessing.spawn(spawned, args=(world, port, out, mode, dirs), nprocs=world)
+        # torch.multiprocessing's spawn without its join: that one terminates the other ranks as
+        # soon as one dies, and the test wants to see what the survivors report.
+        ctx = torch.multiprocessing.start_processes(
+            spawned, args=(world, port, out, mode, dirs), nprocs=world, join=False,
+            start_method="spawn")
+        codes = []
+        for p in ctx.processes:
+            p.join()
+            codes.append(p.exitcode)
+        if mode == "run" and any(codes):
+            sys.exit(f"ranks exited with {codes}")
     else:  # torchrun: the environment names the rank and the rendezvous
         out, mode, dirs = sys.argv[2], sys.argv[3], sys.argv[4:]
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
