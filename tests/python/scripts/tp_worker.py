@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -81,9 +82,14 @@ def run(rank, world, out, mode, dirs):
 
 def spawned(rank, world, port, out, mode, dirs):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    run(rank, world, out, mode, dirs)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        run(rank, world, out, mode, dirs)
+    except BaseException:
+        traceback.print_exc()  # the test shows the ranks' stderr
+        sys.stderr.flush()
+        raise
 
 
 def main():
