@@ -123,7 +123,7 @@ def torchrun(n, cmd, timeout=150, python=True):
     for rank in range(n):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
                    LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONPATH=package)
+                   PYTHONPATH=package, METALOAD_PYTHON=sys.executable)
         procs.append(subprocess.Popen(([sys.executable] if python else []) + cmd, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []

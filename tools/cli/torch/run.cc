@@ -40,7 +40,7 @@ struct Options : ModelBuildArgs {
 };
 
 #ifndef METALOAD_DEFAULT_PYTHON
-#define METALOAD_DEFAULT_PYTHON "python3"
+#define METALOAD_DEFAULT_PYTHON "/usr/bin/python3"  // Debian's, with its torch 1.13: Bazel's default build
 #endif
 
 // The file libmetaload.so was loaded from.
