@@ -69,9 +69,10 @@ void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* o
     throw;
   } catch (const std::exception& e) {
     const std::string m = message_of(e);
-    why = says_timeout(m) ? fmt::format("not every rank took part within {} ms (a rank died, "
-                                        "hangs, or never called {}): {}",
-                                        timeout_.count(), op, escape_text(m))
+    why = says_timeout(m) ? fmt::format(
+                                "not every rank took part within {} ms (a rank died, "
+                                "hangs, or never called {}): {}",
+                                timeout_.count(), op, escape_text(m))
                           : "failed: " + escape_text(m);
   }
   fail(op, why);

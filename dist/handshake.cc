@@ -14,9 +14,8 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
   try {
     texts = group.all_gather_text(me.dump());
   } catch (const DistributedError& e) {
-    throw DistributedError(fmt::format(
-        "tensor-parallel handshake (tp_size {}, tp_rank {}): {}", mine.tp_size, mine.tp_rank,
-        e.message()));
+    throw DistributedError(fmt::format("tensor-parallel handshake (tp_size {}, tp_rank {}): {}",
+                                       mine.tp_size, mine.tp_rank, e.message()));
   }
   std::vector<TpIdentity> all;
   for (size_t r = 0; r < texts.size(); ++r) {
@@ -26,8 +25,8 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
           "tensor-parallel handshake: rank {} sent {}, not a metaload handshake (is every rank "
           "running metaload's TransformersModel with the same version?)",
           r, quote_text(texts[r])));
-    all.push_back({j["tp_size"].get<int64_t>(), j["tp_rank"].get<int64_t>(),
-                   j["model"].get<std::string>()});
+    all.push_back(
+        {j["tp_size"].get<int64_t>(), j["tp_rank"].get<int64_t>(), j["model"].get<std::string>()});
   }
   std::vector<std::string> problems;
   std::string sizes, ranks, models;
@@ -45,12 +44,12 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
     problems.push_back(fmt::format("tp_size must equal the group's size {} on every rank ({})",
                                    group.size(), sizes));
   if (ranks_wrong && !sizes_differ)
-    problems.push_back(fmt::format(
-        "tp_rank must equal each process's rank in the group ({})", ranks));
+    problems.push_back(
+        fmt::format("tp_rank must equal each process's rank in the group ({})", ranks));
   if (models_differ) problems.push_back(fmt::format("the ranks run different models ({})", models));
   if (problems.empty()) return;
-  std::string message = fmt::format("tensor-parallel handshake on rank {} of {}: the ranks disagree",
-                                    group.rank(), group.size());
+  std::string message = fmt::format(
+      "tensor-parallel handshake on rank {} of {}: the ranks disagree", group.rank(), group.size());
   for (const std::string& p : problems) message += "; " + p;
   throw DistributedError(message);
 }

@@ -29,13 +29,10 @@ nlohmann::json report_json(const LoadReport& r) {
 
 std::string scan_json(const ModelScan& s) {
   const nlohmann::json modules = nlohmann::json::parse(s.modules_json());
-  return nlohmann::json{{"device", s.device.str()},
-                        {"seconds", s.seconds},
-                        {"total_bytes", s.total_bytes()},
-                        {"tp_size", s.tp_size},
-                        {"tp_rank", s.tp_rank},
-                        {"weight_bytes", s.weight_bytes},
-                        {"modules", modules}}
+  return nlohmann::json{
+      {"device", s.device.str()}, {"seconds", s.seconds}, {"total_bytes", s.total_bytes()},
+      {"tp_size", s.tp_size},     {"tp_rank", s.tp_rank}, {"weight_bytes", s.weight_bytes},
+      {"modules", modules}}
       .dump();
 }
 
@@ -211,8 +208,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
            })
       .def("scan",
            [](const c10::intrusive_ptr<ModelHolder>& self, int64_t batch, int64_t seq,
-              c10::optional<std::string> device, c10::optional<int64_t> tp_size,
-              int64_t tp_rank) {
+              c10::optional<std::string> device, c10::optional<int64_t> tp_size, int64_t tp_rank) {
              std::optional<at::Device> d;
              if (device) d = at::Device(*device);
              std::optional<int64_t> tp;
@@ -221,8 +217,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
            })
       .def("scan_ids",
            [](const c10::intrusive_ptr<ModelHolder>& self, at::Tensor ids,
-              c10::optional<std::string> device, c10::optional<int64_t> tp_size,
-              int64_t tp_rank) {
+              c10::optional<std::string> device, c10::optional<int64_t> tp_size, int64_t tp_rank) {
              std::optional<at::Device> d;
              if (device) d = at::Device(*device);
              std::optional<int64_t> tp;

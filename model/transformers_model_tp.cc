@@ -32,10 +32,9 @@ void TransformersModel::join_group() {
   group_ = std::make_shared<Collectives>(options_.process_group, options_.collective_timeout);
   if (options_.device.is_cuda()) group_->set_scratch_device(options_.device);
   // The model as the ranks must agree on it: class, config (its canonical JSON) and dtype.
-  const std::string model =
-      fmt::format("{} config sha256 {} dtype {}", module_->name(),
-                  sha256_hex(config().raw.dump()).substr(0, 16),
-                  torch_dtype_name(options_.dtype.value_or(at::kFloat)));
+  const std::string model = fmt::format("{} config sha256 {} dtype {}", module_->name(),
+                                        sha256_hex(config().raw.dump()).substr(0, 16),
+                                        torch_dtype_name(options_.dtype.value_or(at::kFloat)));
   check_tp_agreement(*group_, TpIdentity{options_.tp_size, options_.tp_rank, model});
   // The ranks agree on the model and tp_size now: a split that cannot work fails on all of them
   // alike.

@@ -40,7 +40,7 @@ class GPT2Attention : public Observed {
                              std::make_shared<Conv1D>(init.normal({n, 3 * n}, c.initializer_range),
                                                       init.zeros({3 * n})));
     c_proj = register_module("c_proj", std::make_shared<Conv1D>(init.normal({n, n}, proj_std),
-                                                              init.zeros({n}), Parallel::kRow));
+                                                                init.zeros({n}), Parallel::kRow));
     attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>());
     resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>());
     scale_ = c.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(dim_)) : 1.0;
@@ -89,7 +89,7 @@ class GPT2MLP : public Observed {
                            std::make_shared<Conv1D>(init.normal({n, inner}, c.initializer_range),
                                                     init.zeros({inner})));
     c_proj = register_module("c_proj", std::make_shared<Conv1D>(init.normal({inner, n}, proj_std),
-                                                              init.zeros({n}), Parallel::kRow));
+                                                                init.zeros({n}), Parallel::kRow));
     act = register_module("act", std::make_shared<Activation>(c.hidden_act));
     dropout = register_module("dropout", std::make_shared<Dropout>());
   }
@@ -127,9 +127,9 @@ class GPT2Model : public Observed {
   GPT2Model(const FamilyConfig& c, ParamInit& init) : Observed("GPT2Model") {
     const int64_t n = c.hidden_size;
     masks = compute_masks(c.max_position_embeddings, init.options().device());
-    wte = register_module("wte", std::make_shared<Embedding>(
-                                     init.normal({c.vocab_size, n}, c.initializer_range),
-                                     /*vocab_parallel=*/true));
+    wte = register_module(
+        "wte", std::make_shared<Embedding>(init.normal({c.vocab_size, n}, c.initializer_range),
+                                           /*vocab_parallel=*/true));
     wpe = register_module("wpe", std::make_shared<Embedding>(init.normal(
                                      {c.max_position_embeddings, n}, c.initializer_range)));
     drop = register_module("drop", std::make_shared<Dropout>());

@@ -160,8 +160,8 @@ class Embedding : public Observed {
     const int64_t rows = weight.size(0);
     const at::Tensor local = ids - tp->rank * rows;
     const at::Tensor outside = local.lt(0).logical_or(local.ge(rows));
-    at::Tensor out = at::embedding(weight, local.masked_fill(outside, 0))
-                         .masked_fill(outside.unsqueeze(-1), 0);
+    at::Tensor out =
+        at::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
     tp->all_reduce(out);
     return emit(out);
   }

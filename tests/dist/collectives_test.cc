@@ -147,8 +147,7 @@ TEST(Collectives, AllReduceAllGatherAndTextOnThreeRanks) {
     for (int r = 0; r < 3; ++r) EXPECT_TRUE(all[r].equal(at::arange(2, at::kFloat) + 10 * r));
     return c.all_gather_text(std::string(rank * 5, 'a' + rank));
   });
-  for (auto& f : ranks)
-    EXPECT_EQ(f.get(), (std::vector<std::string>{"", "bbbbb", "cccccccccc"}));
+  for (auto& f : ranks) EXPECT_EQ(f.get(), (std::vector<std::string>{"", "bbbbb", "cccccccccc"}));
 }
 
 TEST(Collectives, ARankThatNeverAnswersIsATimeoutNamingTheOperation) {
@@ -177,10 +176,9 @@ TEST(Collectives, APeerThatDiedIsAFailureWithTheBackendsReason) {
 
 TEST(Collectives, BadArgumentsAreTyped) {
   expect_error<DistributedError>([] { Collectives(ProcessGroupPtr(), 1s); });
-  expect_error<DistributedError>(
-      [] { Collectives(c10::make_intrusive<LonelyGroup>(false), 0ms); });
-  const auto e = expect_error<DistributedError>(
-      [] { process_group_from_ivalue(c10::IValue(int64_t{3})); });
+  expect_error<DistributedError>([] { Collectives(c10::make_intrusive<LonelyGroup>(false), 0ms); });
+  const auto e =
+      expect_error<DistributedError>([] { process_group_from_ivalue(c10::IValue(int64_t{3})); });
   EXPECT_NE(std::string(e.what()).find("expected a c10d ProcessGroup"), std::string::npos);
 }
 

@@ -15,9 +15,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
-#include <cstring>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -40,7 +40,8 @@ struct Options : ModelBuildArgs {
 };
 
 #ifndef METALOAD_DEFAULT_PYTHON
-#define METALOAD_DEFAULT_PYTHON "/usr/bin/python3"  // Debian's, with its torch 1.13: Bazel's default build
+// Debian's, with its torch 1.13: what Bazel's default build links (CMake names its own).
+#define METALOAD_DEFAULT_PYTHON "/usr/bin/python3"
 #endif
 
 // The file libmetaload.so was loaded from.
@@ -67,10 +68,20 @@ std::string package_dir(std::string from) {
 int run_tensor_parallel(const Options& o) {
   const char* env = std::getenv("METALOAD_PYTHON");
   const std::string python = env && *env ? env : METALOAD_DEFAULT_PYTHON;
-  std::vector<std::string> args = {python,       "-m",         "metaload.tp_run", o.ref,
-                                   "--tp",       std::to_string(o.tp), "--ids",   o.ids,
-                                   "--new-tokens", std::to_string(o.new_tokens), "--device",
-                                   o.device,     "--timeout",  fmt::format("{}", o.timeout)};
+  std::vector<std::string> args = {python,
+                                   "-m",
+                                   "metaload.tp_run",
+                                   o.ref,
+                                   "--tp",
+                                   std::to_string(o.tp),
+                                   "--ids",
+                                   o.ids,
+                                   "--new-tokens",
+                                   std::to_string(o.new_tokens),
+                                   "--device",
+                                   o.device,
+                                   "--timeout",
+                                   fmt::format("{}", o.timeout)};
   if (!o.dtype.empty()) args.insert(args.end(), {"--dtype", o.dtype});
   if (const auto r = o.requested_revision()) args.insert(args.end(), {"--revision", *r});
   if (o.json) args.push_back("--json");
