@@ -9,6 +9,7 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
+#include "dist/collectives.h"
 #include "loader/load/progress_board.h"
 #include "model/dtypes.h"
 #include "model/fixtures.h"
@@ -28,10 +29,10 @@ nlohmann::json report_json(const LoadReport& r) {
 
 std::string scan_json(const ModelScan& s) {
   const nlohmann::json modules = nlohmann::json::parse(s.modules_json());
-  return nlohmann::json{{"device", s.device.str()},
-                        {"seconds", s.seconds},
-                        {"total_bytes", s.total_bytes()},
-                        {"modules", modules}}
+  return nlohmann::json{
+      {"device", s.device.str()}, {"seconds", s.seconds}, {"total_bytes", s.total_bytes()},
+      {"tp_size", s.tp_size},     {"tp_rank", s.tp_rank}, {"weight_bytes", s.weight_bytes},
+      {"modules", modules}}
       .dump();
 }
 
@@ -49,7 +50,8 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
                                            std::string device, c10::optional<std::string> dtype,
                                            int64_t tp_rank, int64_t tp_size, int64_t threads,
                                            bool dispatch, bool progress_bar, int64_t progress_id,
-                                           bool allow_local_paths) {
+                                           bool allow_local_paths, c10::IValue process_group,
+                                           double collective_timeout) {
   ModelOptions o;
   o.keys.allow_local_paths = allow_local_paths;
   o.device = at::Device(device);
@@ -58,9 +60,20 @@ c10::intrusive_ptr<ModelHolder> make_model(std::string ref, c10::optional<std::s
   // Python ints arrive as int64: out of int range is an error naming the argument, not a wrap.
   if (tp_size < 1 || tp_size > INT_MAX)
     throw ModelError(fmt::format("tp_size must be from 1 to 2^31-1, got {}", tp_size));
-  if (tp_rank < 0 || tp_rank >= tp_size)
+  // With a process group, -1 takes the rank from the group (the handshake checks the rest).
+  if (!process_group.isNone()) {
+    o.process_group = process_group_from_ivalue(process_group);
+    if (!(collective_timeout > 0) || collective_timeout > 1e9)
+      throw DistributedError(fmt::format(
+          "collective_timeout must be a positive number of seconds, got {}", collective_timeout));
+    o.collective_timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, static_cast<int64_t>(collective_timeout * 1000)));
+  } else if (tp_rank < 0 || tp_rank >= tp_size) {
     throw ModelError(
         fmt::format("tp_rank must be from 0 to tp_size - 1 ({}), got {}", tp_size - 1, tp_rank));
+  }
+  if (tp_rank < -1 || tp_rank > INT_MAX)
+    throw ModelError(fmt::format("tp_rank must be from 0 to 2^31-1, got {}", tp_rank));
   if (threads < 0 || threads > kMaxLoaderThreads)
     throw ModelError(fmt::format("threads must be 0 (one per core) or from 1 to {}, got {}",
                                  kMaxLoaderThreads, threads));
@@ -90,6 +103,8 @@ std::string info(const c10::intrusive_ptr<ModelHolder>& self) {
                         {"dtype", torch_dtype_name(o.dtype.value_or(at::kFloat))},
                         {"tp_rank", o.tp_rank},
                         {"tp_size", o.tp_size},
+                        {"process_group", m.collectives() != nullptr},
+                        {"collective_timeout", o.collective_timeout.count() / 1000.0},
                         {"num_parameters", m.module().num_parameters()},
                         {"config", m.config().raw}}
       .dump();
@@ -193,17 +208,21 @@ METALOAD_LIBRARY_FRAGMENT(m) {
            })
       .def("scan",
            [](const c10::intrusive_ptr<ModelHolder>& self, int64_t batch, int64_t seq,
-              c10::optional<std::string> device) {
+              c10::optional<std::string> device, c10::optional<int64_t> tp_size, int64_t tp_rank) {
              std::optional<at::Device> d;
              if (device) d = at::Device(*device);
-             return scan_json(self->model->scan(batch, seq, d));
+             std::optional<int64_t> tp;
+             if (tp_size) tp = *tp_size;
+             return scan_json(self->model->scan(batch, seq, d, tp, tp_rank));
            })
       .def("scan_ids",
            [](const c10::intrusive_ptr<ModelHolder>& self, at::Tensor ids,
-              c10::optional<std::string> device) {
+              c10::optional<std::string> device, c10::optional<int64_t> tp_size, int64_t tp_rank) {
              std::optional<at::Device> d;
              if (device) d = at::Device(*device);
-             return scan_json(self->model->scan({ids}, d));
+             std::optional<int64_t> tp;
+             if (tp_size) tp = *tp_size;
+             return scan_json(self->model->scan({ids}, d, tp, tp_rank));
            })
       .def("forward", [](const c10::intrusive_ptr<ModelHolder>& self,
                          at::Tensor ids) { return self->model->forward(ids); })

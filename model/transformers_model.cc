@@ -47,8 +47,13 @@ std::string closest(const std::string& wanted, const std::vector<std::string>& n
   return out;
 }
 
-void check_options(const ModelOptions& o) {
-  if (o.tp_size < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_size)
+void check_options(ModelOptions& o) {
+  if (o.process_group) {
+    // -1: the process's rank in the group. tp_size and tp_rank are checked against the group by
+    // the handshake, on every rank at once (a rank that refused alone would leave the others
+    // waiting for it).
+    if (o.tp_rank == -1) o.tp_rank = o.process_group->getRank();
+  } else if (o.tp_size < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_size)
     throw ModelError(
         fmt::format("tensor-parallel rank {} of {} does not exist", o.tp_rank, o.tp_size));
   if (o.threads < 0 || o.threads > kMaxLoaderThreads)
@@ -112,6 +117,7 @@ void TransformersModel::init(const ModelReference& ref, std::chrono::steady_cloc
   build.init_weights = false;
   module_ = build_causal_lm(config, build);
   build_seconds_ = model_detail::seconds_since(t0);
+  if (options_.process_group) join_group();
   if (options_.dispatch) dispatch();
 }
 

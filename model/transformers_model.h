@@ -28,6 +28,7 @@
 
 #include <ATen/ATen.h>
 
+#include "dist/collectives.h"
 #include "fake_mode/scan.h"
 #include "loader/engine/engine.h"
 #include "loader/engine/file_mapping.h"
@@ -58,6 +59,16 @@ struct ModelReference;  // model/reference.h
 //    default), map_files, strict, progress and engine (progress bar, hooks, chunk sizes): as
 //    metaload::load takes them.
 struct ModelOptions : LoadOptions {
+  // Tensor parallelism across processes: the c10d group the ranks' collectives run on (gloo,
+  // NCCL; the caller made it). With a group, tp_size must be the group's size on every rank and
+  // tp_rank this process's rank in it (-1: take it from the group); construction runs a handshake
+  // (dist/handshake.h) so ranks that disagree fail at once, and forward / generate run the
+  // Megatron layout (family.h's TensorParallel). Without one a rank of tp_size > 1 can scan and
+  // dispatch its shard but not run.
+  ProcessGroupPtr process_group;
+  // Every collective's wait (the handshake's too): a rank that died or hangs gives the others a
+  // DistributedError after this long at most.
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
   // The key policy for a reference that is a model key, and for to_model_key(): by default a
   // key's repo_id is a Hub repo id resolved in the hub cache only (model_key.h).
   KeyOptions keys;
@@ -88,6 +99,12 @@ struct ModelScan {
   std::vector<ModuleShape> modules;  // in the order the modules first produced output
   at::Tensor logits;                 // a fake tensor claiming `device`
   double seconds = 0;
+  // The tensor-parallel rank scanned: its modules' outputs are that rank's (column-parallel
+  // projections hold its features; row-parallel outputs, embeddings and logits are whole).
+  int64_t tp_size = 1, tp_rank = 0;
+  // Bytes of the parameters one rank holds (its shards and the replicated tensors; tied tensors
+  // once), in the model's dtype. Set by TransformersModel::scan.
+  uint64_t weight_bytes = 0;
   // The module at `path`, or nullptr.
   const ModuleShape* find(const std::string& path) const;
   // Bytes of every module's output, summed (each module once).
@@ -167,9 +184,19 @@ class TransformersModel {
   // Runs the model on fake input ids (real, meta or fake tensors of shape [batch, seq]) claiming
   // `device` (default: where the weights are or will be) and records every module's output shape
   // and dtype. Never loads weights; captures see the fake outputs.
+  // tp_size: scan rank tp_rank of that tensor-parallel split (no process group needed: the
+  // collectives only keep shapes); by default the split the weights are in (the model's tp_size
+  // once dispatched as a shard, else 1). ModelError for a rank that does not exist or a split
+  // other than a dispatched shard's; MismatchError (as dispatch) for a size the model cannot be
+  // split into.
   ModelScan scan(const std::vector<at::Tensor>& inputs,
-                 std::optional<at::Device> device = std::nullopt);
-  ModelScan scan(int64_t batch, int64_t seq, std::optional<at::Device> device = std::nullopt);
+                 std::optional<at::Device> device = std::nullopt,
+                 std::optional<int64_t> tp_size = std::nullopt, int64_t tp_rank = 0);
+  ModelScan scan(int64_t batch, int64_t seq, std::optional<at::Device> device = std::nullopt,
+                 std::optional<int64_t> tp_size = std::nullopt, int64_t tp_rank = 0);
+
+  // The collectives of the model's process group (nullptr without one).
+  std::shared_ptr<Collectives> collectives() const { return group_; }
 
   // Loads the weights through metaload::load with the family's names (renames, ties, computed
   // buffers skipped, the TP shards of options.tp_rank / tp_size) into the same Parameter objects,
@@ -207,7 +234,10 @@ class TransformersModel {
   void init(const ModelReference& ref, std::chrono::steady_clock::time_point t0);
   void install_observer(const ModuleObserver& extra);
   void deliver(const std::string& path, const at::Tensor& output);
-  ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device);
+  ModelScan scan_locked(const std::vector<at::Tensor>& inputs, std::optional<at::Device> device,
+                        std::optional<int64_t> tp_size = std::nullopt, int64_t tp_rank = 0);
+  void join_group();
+  void run_tensor_parallel_locked();
   at::Device scan_device_locked(const at::Tensor& ids, std::optional<at::Device> device) const;
   LoadReport dispatch_locked();
   void remember_mappings_locked();
@@ -220,6 +250,8 @@ class TransformersModel {
   std::optional<std::string> repo_id_, revision_, commit_;
   std::shared_ptr<CausalLM> module_;
   double build_seconds_ = 0;
+  std::shared_ptr<Collectives> group_;
+  std::shared_ptr<const TensorParallel> tp_;  // the real collectives over group_
 
   mutable std::recursive_mutex mu_;
   bool dispatched_ = false;

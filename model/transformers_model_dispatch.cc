@@ -20,11 +20,11 @@ std::optional<LoadReport> TransformersModel::load_report() const {
 }
 
 void TransformersModel::check_runnable(const char* what) const {
-  if (options_.tp_size > 1)
+  if (options_.tp_size > 1 && !group_)
     throw ModelError(fmt::format(
         "{}: rank {} of a tensor-parallel split holds shards of the weights and cannot run the "
-        "model alone (metaload has no collectives); scan the whole model, or dispatch with "
-        "tp_size 1",
+        "model alone: give it the ranks' process group (ModelOptions::process_group; in Python "
+        "torch.distributed's, the default group when process_group=None), or scan it",
         what, options_.tp_rank));
 }
 
@@ -82,6 +82,7 @@ at::Tensor TransformersModel::forward(const at::Tensor& ids) {
   dispatch_locked();
   check_mapped_locked();
   install_observer({});
+  run_tensor_parallel_locked();
   RealGuard real;
   at::NoGradGuard no_grad;
   at::Tensor logits = module_->forward(ids);
@@ -100,6 +101,7 @@ at::Tensor TransformersModel::generate(const at::Tensor& ids, int64_t n) {
   dispatch_locked();
   check_mapped_locked();
   install_observer({});
+  run_tensor_parallel_locked();
   RealGuard real;
   at::Tensor out = module_->generate(ids, n);
   check_mapped_locked();

@@ -1,5 +1,8 @@
 // TransformersModel's scan: the model run on fake ids under fake_mode's scan(), whose result (every
 // module's output, in order) becomes the ModelScan with class names.
+#include <climits>
+#include <unordered_set>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -7,6 +10,7 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "fake_mode/fake_tensor.h"
+#include "model/family_load.h"
 #include "model/transformers_model.h"
 #include "model/transformers_model_impl.h"
 
@@ -108,12 +112,14 @@ namespace {
 }  // namespace
 
 ModelScan TransformersModel::scan(const std::vector<at::Tensor>& inputs,
-                                  std::optional<at::Device> device) {
+                                  std::optional<at::Device> device, std::optional<int64_t> tp_size,
+                                  int64_t tp_rank) {
   std::lock_guard<std::recursive_mutex> g(mu_);
-  return scan_locked(inputs, device);
+  return scan_locked(inputs, device, tp_size, tp_rank);
 }
 
-ModelScan TransformersModel::scan(int64_t batch, int64_t seq, std::optional<at::Device> device) {
+ModelScan TransformersModel::scan(int64_t batch, int64_t seq, std::optional<at::Device> device,
+                                  std::optional<int64_t> tp_size, int64_t tp_rank) {
   if (batch < 1 || seq < 1)
     throw ModelError(
         fmt::format("scan: batch ({}) and sequence length ({}) must be >= 1", batch, seq));
@@ -121,7 +127,7 @@ ModelScan TransformersModel::scan(int64_t batch, int64_t seq, std::optional<at::
   const at::Tensor ids =
       at::zeros({batch, seq}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
   std::lock_guard<std::recursive_mutex> g(mu_);
-  return scan_locked({ids}, device);
+  return scan_locked({ids}, device, tp_size, tp_rank);
 }
 
 at::Device TransformersModel::scan_device_locked(const at::Tensor& ids,
@@ -132,10 +138,54 @@ at::Device TransformersModel::scan_device_locked(const at::Tensor& ids,
   return options_.device;
 }
 
+namespace {
+
+// Bytes of the module's parameters as they are now (a rank's shards during a TP scan), each
+// tensor once.
+uint64_t parameter_bytes(const CausalLM& module) {
+  std::unordered_set<const void*> seen;
+  uint64_t total = 0;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    total = checked_add(total,
+                        checked_product<uint64_t>(t.sizes().vec(), t.element_size(),
+                                                  "bytes of parameter " + quote_text(item.key())),
+                        "bytes of the parameters");
+  }
+  return total;
+}
+
+// Collectives that keep shapes only: a scan's tensors are fake, nothing is sent anywhere.
+std::shared_ptr<const TensorParallel> shape_only_tp(int64_t rank, int64_t size) {
+  auto tp = std::make_shared<TensorParallel>();
+  tp->rank = rank;
+  tp->size = size;
+  tp->all_reduce = [](at::Tensor&) {};
+  tp->all_gather_last = [size](const at::Tensor& t) {
+    return at::cat(std::vector<at::Tensor>(static_cast<size_t>(size), t), -1);
+  };
+  return tp;
+}
+
+}  // namespace
+
 ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
-                                         std::optional<at::Device> device) {
+                                         std::optional<at::Device> device,
+                                         std::optional<int64_t> tp_size, int64_t tp_rank) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (dispatched_) check_runnable("scan");
+  // The split the parameters are in: a dispatched rank's shards, or the whole model on meta.
+  const int64_t held = dispatched_ ? options_.tp_size : 1;
+  const int64_t size = tp_size.value_or(held);
+  if (dispatched_ && held > 1 && tp_rank == 0) tp_rank = options_.tp_rank;
+  if (size < 1 || size > INT_MAX || tp_rank < 0 || tp_rank >= size)
+    throw ModelError(
+        fmt::format("scan: tensor-parallel rank {} of {} does not exist", tp_rank, size));
+  if (dispatched_ && (size != held || (held > 1 && tp_rank != options_.tp_rank)))
+    throw ModelError(fmt::format(
+        "scan: the weights are loaded as tensor-parallel rank {} of {}; scan that split, or scan "
+        "another split on a model that is not dispatched",
+        options_.tp_rank, held));
   if (inputs.size() != 1)
     throw ModelError(
         fmt::format("scan takes one input, the token ids [batch, seq]; got {}", inputs.size()));
@@ -149,6 +199,20 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
       last = path;
     });
   };
+  // A split the parameters are not in yet: the skeleton takes the rank's shard shapes for the scan.
+  std::optional<ShardShapes> shards;
+  if (!dispatched_ && size > 1)
+    shards.emplace(*module_, static_cast<int>(tp_rank), static_cast<int>(size), reference_);
+  module_->set_tensor_parallel(size > 1 ? shape_only_tp(tp_rank, size) : nullptr);
+  struct Restore {
+    CausalLM& module;
+    std::optional<ShardShapes>& shards;
+    ~Restore() {
+      module.set_tensor_parallel(nullptr);
+      if (shards) shards->undo();
+    }
+  } restore{*module_, shards};
+  const uint64_t weight_bytes = parameter_bytes(*module_);
   ScanResult result;
   try {
     result = metaload::scan(
@@ -167,6 +231,9 @@ ModelScan TransformersModel::scan_locked(const std::vector<at::Tensor>& inputs,
     return cls == classes.end() ? std::string() : cls->second;
   });
   out.seconds = model_detail::seconds_since(t0);
+  out.tp_size = size;
+  out.tp_rank = tp_rank;
+  out.weight_bytes = weight_bytes;
   return out;
 }
 

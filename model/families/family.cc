@@ -141,7 +141,7 @@ int64_t output_elements(const torch::nn::Module& module) {
 void CausalLM::attach_observer() {
   for (const auto& item : named_modules("", /*include_self=*/false))
     if (auto* observed = dynamic_cast<families::Observed*>(item.value().get()))
-      observed->attach(item.key(), observer_);
+      observed->attach(item.key(), observer_, tp_);
 }
 
 int64_t CausalLM::num_parameters() const {
@@ -181,17 +181,23 @@ at::Tensor CausalLM::check_ids(const at::Tensor& ids, const at::Device& device,
   return ids.to(device, at::kLong);
 }
 
+int64_t CausalLM::local_kv_heads() const {
+  const TensorParallel* tp = tensor_parallel();
+  const int64_t kv = config_.num_kv_heads;
+  if (!tp) return kv;
+  return kv % tp->size == 0 ? kv / tp->size : 1;
+}
+
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
   if (batch < 1 || capacity < 1)
     throw FamilyError(
         fmt::format("new_cache: batch ({}) and capacity ({}) must be positive", batch, capacity));
   const at::Tensor first = parameters().front();
   KVCache cache;
+  const int64_t kv = local_kv_heads();
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    cache.keys.push_back(
-        at::empty({batch, config_.num_kv_heads, capacity, config_.head_dim}, first.options()));
-    cache.values.push_back(
-        at::empty({batch, config_.num_kv_heads, capacity, config_.head_dim}, first.options()));
+    cache.keys.push_back(at::empty({batch, kv, capacity, config_.head_dim}, first.options()));
+    cache.values.push_back(at::empty({batch, kv, capacity, config_.head_dim}, first.options()));
   }
   return cache;
 }

@@ -51,6 +51,24 @@ struct KVCache {
 // (rotary_emb's (cos, sin), each [B, S, head_dim]) reports each element under "<path>.<i>":
 // "model.rotary_emb.0" is cos, ".1" sin.
 
+// Tensor parallelism inside a forward (Megatron / vLLM): the rank's place in the group and the two
+// collectives the layout needs. A rank whose parameters hold its TP shards (model/family_load.h)
+// runs column-parallel projections locally, all-reduces after the row-parallel ones (their bias
+// added once, after the sum), looks the vocabulary-parallel embedding up in its rows only and
+// all-reduces the partial lookups, and all-gathers the LM head's vocabulary slices. The model layer
+// supplies the collectives (dist/: a c10d process group; for scans, shape-only stand-ins); the
+// families know nothing of process groups.
+struct TensorParallel {
+  int64_t rank = 0;
+  int64_t size = 1;
+  // Sums the tensor over the ranks, in place.
+  std::function<void(at::Tensor&)> all_reduce;
+  // Every rank's tensor concatenated along the last dimension, in rank order.
+  std::function<at::Tensor(const at::Tensor&)> all_gather_last;
+};
+// Shared by every module of a tree (like the observer): set once, seen by all.
+using TensorParallelSlot = std::shared_ptr<std::shared_ptr<const TensorParallel>>;
+
 // How many tensors the module's forward returns when that is a tuple reported element by element
 // (see above); 0 for a module with one output (or none).
 int64_t output_elements(const torch::nn::Module& module);
@@ -82,6 +100,16 @@ class CausalLM : public torch::nn::Module {
   // Sets (or, with an empty function, clears) the observer of module outputs. The model layer's
   // scan records shapes with it, capture keeps the tensors. Costs nothing when unset.
   void set_output_observer(ModuleObserver observer) { *observer_ = std::move(observer); }
+
+  // Runs the forward as tensor-parallel rank tp->rank of tp->size over tp's collectives (the
+  // parameters must hold that rank's shards); nullptr (or size 1) runs the whole model.
+  void set_tensor_parallel(std::shared_ptr<const TensorParallel> tp) { *tp_ = std::move(tp); }
+  const TensorParallel* tensor_parallel() const {
+    return *tp_ && (*tp_)->size > 1 ? tp_->get() : nullptr;
+  }
+  // Key/value heads this rank holds: all of them without TP; with TP of size n, kv_heads / n, or 1
+  // when n is a multiple of kv_heads (vLLM's replication; spec.h's plan).
+  int64_t local_kv_heads() const;
 
   // The longest sequence the model accepts (GPT-2: n_positions); 0 when unbounded (RoPE).
   virtual int64_t max_length() const { return 0; }
@@ -120,6 +148,7 @@ class CausalLM : public torch::nn::Module {
   FamilyConfig config_;
   // Shared with every submodule (set by build_causal_lm), so setting the observer reaches them all.
   std::shared_ptr<ModuleObserver> observer_ = std::make_shared<ModuleObserver>();
+  TensorParallelSlot tp_ = std::make_shared<std::shared_ptr<const TensorParallel>>();
 
  private:
   friend std::shared_ptr<CausalLM> build_causal_lm(const FamilyConfig&, const BuildOptions&);

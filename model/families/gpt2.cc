@@ -30,7 +30,7 @@ MaskBuffers compute_masks(int64_t positions, const at::Device& device) {
 class GPT2Attention : public Observed {
  public:
   GPT2Attention(const FamilyConfig& c, int64_t layer, ParamInit& init, const MaskBuffers& masks)
-      : Observed("GPT2Attention"), layer_(layer), heads_(c.num_heads), dim_(c.head_dim) {
+      : Observed("GPT2Attention"), layer_(layer), dim_(c.head_dim) {
     const int64_t n = c.hidden_size;
     // transformers scales the output projections' init by 1/sqrt(2 * n_layer).
     const double proj_std = c.initializer_range / std::sqrt(2.0 * c.num_layers);
@@ -39,8 +39,8 @@ class GPT2Attention : public Observed {
     c_attn = register_module("c_attn",
                              std::make_shared<Conv1D>(init.normal({n, 3 * n}, c.initializer_range),
                                                       init.zeros({3 * n})));
-    c_proj = register_module(
-        "c_proj", std::make_shared<Conv1D>(init.normal({n, n}, proj_std), init.zeros({n})));
+    c_proj = register_module("c_proj", std::make_shared<Conv1D>(init.normal({n, n}, proj_std),
+                                                                init.zeros({n}), Parallel::kRow));
     attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>());
     resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>());
     scale_ = c.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(dim_)) : 1.0;
@@ -48,11 +48,14 @@ class GPT2Attention : public Observed {
   }
 
   at::Tensor forward(const at::Tensor& x, KVCache* cache, int64_t past) {
-    const int64_t B = x.size(0), S = x.size(1), n = x.size(2);
-    std::vector<at::Tensor> qkv = c_attn->forward(x).split(n, -1);
-    at::Tensor q = qkv[0].view({B, S, heads_, dim_});
-    at::Tensor k = qkv[1].view({B, S, heads_, dim_});
-    at::Tensor v = qkv[2].view({B, S, heads_, dim_});
+    const int64_t B = x.size(0), S = x.size(1);
+    // [q|k|v], each of this rank's heads (all of them without TP: the TP plan gives each rank its
+    // heads of q, of k and of v).
+    const int64_t width = c_attn->weight.size(1) / 3, heads = width / dim_;
+    std::vector<at::Tensor> qkv = c_attn->forward(x).split(width, -1);
+    at::Tensor q = qkv[0].view({B, S, heads, dim_});
+    at::Tensor k = qkv[1].view({B, S, heads, dim_});
+    at::Tensor v = qkv[2].view({B, S, heads, dim_});
     at::Tensor keys, values;
     if (cache) {
       std::tie(keys, values) = cache_append(*cache, layer_, k, v, 0);
@@ -73,7 +76,7 @@ class GPT2Attention : public Observed {
   at::Tensor bias, masked_bias;
 
  private:
-  int64_t layer_, heads_, dim_;
+  int64_t layer_, dim_;
   double scale_;
 };
 
@@ -85,8 +88,8 @@ class GPT2MLP : public Observed {
     c_fc = register_module("c_fc",
                            std::make_shared<Conv1D>(init.normal({n, inner}, c.initializer_range),
                                                     init.zeros({inner})));
-    c_proj = register_module(
-        "c_proj", std::make_shared<Conv1D>(init.normal({inner, n}, proj_std), init.zeros({n})));
+    c_proj = register_module("c_proj", std::make_shared<Conv1D>(init.normal({inner, n}, proj_std),
+                                                                init.zeros({n}), Parallel::kRow));
     act = register_module("act", std::make_shared<Activation>(c.hidden_act));
     dropout = register_module("dropout", std::make_shared<Dropout>());
   }
@@ -125,7 +128,8 @@ class GPT2Model : public Observed {
     const int64_t n = c.hidden_size;
     masks = compute_masks(c.max_position_embeddings, init.options().device());
     wte = register_module(
-        "wte", std::make_shared<Embedding>(init.normal({c.vocab_size, n}, c.initializer_range)));
+        "wte", std::make_shared<Embedding>(init.normal({c.vocab_size, n}, c.initializer_range),
+                                           /*vocab_parallel=*/true));
     wpe = register_module("wpe", std::make_shared<Embedding>(init.normal(
                                      {c.max_position_embeddings, n}, c.initializer_range)));
     drop = register_module("drop", std::make_shared<Dropout>());
@@ -155,7 +159,8 @@ class GPT2LMHeadModel : public CausalLM {
     at::Tensor head = c.tie_word_embeddings
                           ? transformer->wte->weight
                           : init.normal({c.vocab_size, c.hidden_size}, c.initializer_range);
-    lm_head = register_module("lm_head", std::make_shared<Linear>(head, at::Tensor()));
+    lm_head = register_module(
+        "lm_head", std::make_shared<Linear>(head, at::Tensor(), Parallel::kVocab, c.vocab_size));
   }
 
   int64_t max_length() const override { return config_.max_position_embeddings; }

@@ -24,9 +24,14 @@ class Observed : public torch::nn::Module {
   explicit Observed(const std::string& class_name, int64_t elements = 0)
       : torch::nn::Module(class_name), elements_(elements) {}
   int64_t output_elements() const { return elements_; }
-  void attach(std::string path, std::shared_ptr<ModuleObserver> observer) {
+  void attach(std::string path, std::shared_ptr<ModuleObserver> observer, TensorParallelSlot tp) {
     path_ = std::move(path);
     observer_ = std::move(observer);
+    tp_ = std::move(tp);
+  }
+  // The tree's tensor parallelism, or nullptr when the forward runs the whole model.
+  const TensorParallel* tensor_parallel() const {
+    return tp_ && *tp_ && (*tp_)->size > 1 ? tp_->get() : nullptr;
   }
   bool observing() const { return observer_ && *observer_; }
   const at::Tensor& emit(const at::Tensor& output) const {
@@ -42,8 +47,28 @@ class Observed : public torch::nn::Module {
  private:
   std::string path_;
   std::shared_ptr<ModuleObserver> observer_;
+  TensorParallelSlot tp_;
   int64_t elements_ = 0;
 };
+
+// How a projection takes part in tensor parallelism (spec.h's TPStyle for the module's weight).
+enum class Parallel {
+  kLocal,  // replicated or column-parallel: the rank computes its own output features
+  kRow,    // row-parallel: partial sums all-reduced, then the (replicated) bias added once
+  kVocab,  // the LM head: the rank's vocabulary slice, all-gathered and cut to the vocabulary
+};
+
+// The TP epilogue of a projection computed without its bias: all-reduce + bias (row), all-gather
+// + cut to `vocab` (vocabulary), or the bias alone.
+inline at::Tensor parallel_output(const TensorParallel* tp, Parallel parallel, at::Tensor y,
+                                  const at::Tensor& bias, int64_t vocab) {
+  if (parallel == Parallel::kRow) {
+    tp->all_reduce(y);
+    return bias.defined() ? y + bias : y;
+  }
+  if (bias.defined()) y = y + bias;
+  return tp->all_gather_last(y).narrow(-1, 0, vocab);  // the padding rows' logits go
+}
 
 // Makes parameter tensors with the build options and, unless told not to or on meta, fills them
 // as transformers' _init_weights does.
@@ -77,38 +102,73 @@ inline at::Tensor matmul_in_out(const at::Tensor& x, const at::Tensor& w, const 
   return (bias.defined() ? at::addmm(bias, rows, w) : at::mm(rows, w)).view(out_shape);
 }
 
-// nn.Linear: weight [out, in]; bias may be undefined (no bias).
+// nn.Linear: weight [out, in]; bias may be undefined (no bias). `parallel`: its TP role
+// (`vocab`: the vocabulary size, for kVocab).
 class Linear : public Observed {
  public:
-  Linear(at::Tensor w, at::Tensor b) : Observed("Linear") {
+  Linear(at::Tensor w, at::Tensor b, Parallel parallel = Parallel::kLocal, int64_t vocab = 0)
+      : Observed("Linear"), parallel_(parallel), vocab_(vocab) {
     weight = register_parameter("weight", std::move(w));
     if (b.defined()) bias = register_parameter("bias", std::move(b));
   }
   at::Tensor forward(const at::Tensor& x) const {
-    if (x.numel() == weight.size(1)) return emit(matmul_in_out(x, weight.t(), bias));  // gemv
-    return emit(at::linear(x, weight, bias));
+    const TensorParallel* tp = parallel_ == Parallel::kLocal ? nullptr : tensor_parallel();
+    if (tp) return emit(parallel_output(tp, parallel_, project(x, at::Tensor()), bias, vocab_));
+    return emit(project(x, bias));
   }
   at::Tensor weight, bias;
+
+ private:
+  at::Tensor project(const at::Tensor& x, const at::Tensor& b) const {
+    if (x.numel() == weight.size(1)) return matmul_in_out(x, weight.t(), b);  // gemv
+    return at::linear(x, weight, b);
+  }
+  Parallel parallel_;
+  int64_t vocab_;
 };
 
 // transformers' Conv1D (GPT-2): a linear layer whose weight is stored [in, out].
 class Conv1D : public Observed {
  public:
-  Conv1D(at::Tensor w, at::Tensor b) : Observed("Conv1D") {
+  Conv1D(at::Tensor w, at::Tensor b, Parallel parallel = Parallel::kLocal)
+      : Observed("Conv1D"), parallel_(parallel) {
     weight = register_parameter("weight", std::move(w));
     bias = register_parameter("bias", std::move(b));
   }
-  at::Tensor forward(const at::Tensor& x) const { return emit(matmul_in_out(x, weight, bias)); }
+  at::Tensor forward(const at::Tensor& x) const {
+    const TensorParallel* tp = parallel_ == Parallel::kRow ? tensor_parallel() : nullptr;
+    if (tp) return emit(parallel_output(tp, parallel_, matmul_in_out(x, weight, {}), bias, 0));
+    return emit(matmul_in_out(x, weight, bias));
+  }
   at::Tensor weight, bias;
+
+ private:
+  Parallel parallel_;
 };
 
+// nn.Embedding. vocab_parallel: under TP the rank holds rows [rank * n, (rank + 1) * n) of the
+// (padded) vocabulary; ids outside them look up zeros, and the partial lookups are all-reduced.
 class Embedding : public Observed {
  public:
-  explicit Embedding(at::Tensor w) : Observed("Embedding") {
+  explicit Embedding(at::Tensor w, bool vocab_parallel = false)
+      : Observed("Embedding"), vocab_parallel_(vocab_parallel) {
     weight = register_parameter("weight", std::move(w));
   }
-  at::Tensor forward(const at::Tensor& ids) const { return emit(at::embedding(weight, ids)); }
+  at::Tensor forward(const at::Tensor& ids) const {
+    const TensorParallel* tp = vocab_parallel_ ? tensor_parallel() : nullptr;
+    if (!tp) return emit(at::embedding(weight, ids));
+    const int64_t rows = weight.size(0);
+    const at::Tensor local = ids - tp->rank * rows;
+    const at::Tensor outside = local.lt(0).logical_or(local.ge(rows));
+    at::Tensor out =
+        at::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+    tp->all_reduce(out);
+    return emit(out);
+  }
   at::Tensor weight;
+
+ private:
+  bool vocab_parallel_;
 };
 
 class LayerNorm : public Observed {

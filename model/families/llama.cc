@@ -82,23 +82,27 @@ class Attention : public Observed {
         window_(c.sliding_window.empty() ? 0 : c.sliding_window[layer]) {
     const int64_t h = c.hidden_size, q = heads_ * dim_, kv = kv_heads_ * dim_;
     const double std = c.initializer_range;
-    auto linear = [&](const char* name, int64_t out, int64_t in, bool bias) {
-      return register_module(name,
-                             std::make_shared<Linear>(init.normal({out, in}, std),
-                                                      bias ? init.zeros({out}) : at::Tensor()));
+    auto linear = [&](const char* name, int64_t out, int64_t in, bool bias,
+                      Parallel parallel = Parallel::kLocal) {
+      return register_module(
+          name, std::make_shared<Linear>(init.normal({out, in}, std),
+                                         bias ? init.zeros({out}) : at::Tensor(), parallel));
     };
     q_proj = linear("q_proj", q, h, c.qkv_bias);
     k_proj = linear("k_proj", kv, h, c.qkv_bias);
     v_proj = linear("v_proj", kv, h, c.qkv_bias);
-    o_proj = linear("o_proj", h, q, c.o_bias);
+    o_proj = linear("o_proj", h, q, c.o_bias, Parallel::kRow);
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      KVCache* cache, int64_t past) {
     const int64_t B = x.size(0), S = x.size(1);
-    at::Tensor q = apply_rope(q_proj->forward(x).view({B, S, heads_, dim_}), cos, sin);
-    at::Tensor k = apply_rope(k_proj->forward(x).view({B, S, kv_heads_, dim_}), cos, sin);
-    at::Tensor v = v_proj->forward(x).view({B, S, kv_heads_, dim_});
+    // This rank's heads (all of them without TP): its query heads and the kv heads they use, one
+    // replicated kv head when the TP size is a multiple of the kv heads (spec.h's plan).
+    const int64_t heads = q_proj->weight.size(0) / dim_, kv_heads = k_proj->weight.size(0) / dim_;
+    at::Tensor q = apply_rope(q_proj->forward(x).view({B, S, heads, dim_}), cos, sin);
+    at::Tensor k = apply_rope(k_proj->forward(x).view({B, S, kv_heads, dim_}), cos, sin);
+    at::Tensor v = v_proj->forward(x).view({B, S, kv_heads, dim_});
     // With a sliding window the first query (position past) sees keys from past - window + 1 on:
     // older cached keys are not read at all.
     const int64_t from = window_ > 0 ? std::max<int64_t>(0, past - window_ + 1) : 0;
@@ -134,14 +138,14 @@ class MLP : public Observed {
       : Observed(prefix + "MLP") {
     const int64_t h = c.hidden_size, inter = c.intermediate_size;
     const double std = c.initializer_range;
-    auto linear = [&](const char* name, int64_t out, int64_t in) {
+    auto linear = [&](const char* name, int64_t out, int64_t in, Parallel parallel) {
       return register_module(
           name, std::make_shared<Linear>(init.normal({out, in}, std),
-                                         c.mlp_bias ? init.zeros({out}) : at::Tensor()));
+                                         c.mlp_bias ? init.zeros({out}) : at::Tensor(), parallel));
     };
-    gate_proj = linear("gate_proj", inter, h);
-    up_proj = linear("up_proj", inter, h);
-    down_proj = linear("down_proj", h, inter);
+    gate_proj = linear("gate_proj", inter, h, Parallel::kLocal);
+    up_proj = linear("up_proj", inter, h, Parallel::kLocal);
+    down_proj = linear("down_proj", h, inter, Parallel::kRow);
     act_fn = register_module("act_fn", std::make_shared<Activation>(c.hidden_act));
   }
   at::Tensor forward(const at::Tensor& x) const {
@@ -178,9 +182,10 @@ class Model : public Observed {
  public:
   Model(const std::string& prefix, const FamilyConfig& c, ParamInit& init)
       : Observed(prefix + "Model") {
-    embed_tokens =
-        register_module("embed_tokens", std::make_shared<Embedding>(init.normal(
-                                            {c.vocab_size, c.hidden_size}, c.initializer_range)));
+    embed_tokens = register_module(
+        "embed_tokens",
+        std::make_shared<Embedding>(init.normal({c.vocab_size, c.hidden_size}, c.initializer_range),
+                                    /*vocab_parallel=*/true));
     auto list = torch::nn::ModuleList();
     for (int64_t i = 0; i < c.num_layers; ++i) {
       decoder_layers.push_back(std::make_shared<DecoderLayer>(prefix, c, i, init));
@@ -216,7 +221,8 @@ class ForCausalLM : public CausalLM {
     at::Tensor head = c.tie_word_embeddings
                           ? model->embed_tokens->weight
                           : init.normal({c.vocab_size, c.hidden_size}, c.initializer_range);
-    lm_head = register_module("lm_head", std::make_shared<Linear>(head, at::Tensor()));
+    lm_head = register_module(
+        "lm_head", std::make_shared<Linear>(head, at::Tensor(), Parallel::kVocab, c.vocab_size));
   }
 
   at::Tensor forward(const at::Tensor& input, KVCache* cache, bool last_only) override {

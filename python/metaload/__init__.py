@@ -9,7 +9,8 @@
 The work happens in libmetaload.so (found through METALOAD_LIB or next to this package); this
 package is a thin layer over torch.ops.metaload.
 """
-from ._lib import (ConfigError, ConversionError, DataDependentError, DequantError, DeviceError, DTypeError, Error,
+from ._lib import (ConfigError, ConversionError, DataDependentError, DequantError, DeviceError,
+                   DistributedError, DTypeError, Error,
                    FamilyError, FileChangedError, FixtureError, FormatError, LoadCancelled, LoadError, MismatchError,
                    ModeError, ModelError, ModelKeyError, ModulePathError, PlanError,
                    QuantLayoutError, QuantSchemeError, ReadError,
@@ -19,7 +20,7 @@ from ._lib import (ConfigError, ConversionError, DataDependentError, DequantErro
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, check_mapped_files, load_into, quant_layout
-from ._dist_load import DistReport, DistributedError
+from ._dist_load import DistReport
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
 from ._safetensors import load_file, safe_open, save_file

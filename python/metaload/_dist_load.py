@@ -53,25 +53,8 @@ DEFAULT_BUFFER_BYTES = 64 << 20
 # silent before the vote ("hang": sleeps twice $METALOAD_TEST_DIST_FAULT_TIMEOUT seconds).
 _FAULT_ENV = "METALOAD_TEST_DIST_FAULT"
 
-DistributedError = _lib.error_kinds().get("DistributedError")
-if DistributedError is None:  # until a C++ kind of that name exists (then _lib defines it)
-
-    class DistributedError(_lib.Error):
-        """A load (or a run) across the ranks of a process group failed on some rank, or a rank
-        died, disagreed or did not answer within the timeout. `.failures` maps group ranks to
-        what went wrong there (empty when the rank is unknown); every rank raises it and keeps
-        its previous weights."""
-
-        kind = "DistributedError"
-
-        def __init__(self, message: str = "", failures: Optional[Dict[int, str]] = None):
-            super().__init__(message)
-            self.failures = dict(failures or {})
-
-        def __reduce__(self):
-            return (type(self), (str(self), self.failures))
-
-    DistributedError.__module__ = "metaload"
+# dist/errors.h's kind; .failures maps group ranks to what went wrong there (set by _error).
+DistributedError = _lib.DistributedError
 
 
 def _error(message: str, failures: Optional[Dict[int, str]] = None):

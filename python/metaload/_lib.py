@@ -271,6 +271,12 @@ class ModulePathError(ModelError):
     (model/errors.h)."""
 
 
+class DistributedError(Error):
+    """A collective that failed or timed out (a rank died, hangs or never joined), or ranks of a
+    tensor-parallel group that disagree (tp_size, rank, model); the message names the operation,
+    the rank and the timeout, or every rank's values (dist/errors.h)."""
+
+
 class UsageError(Error):
     """A command line the metaload tool does not accept (tools/cli/torch/torch_cli.h)."""
 

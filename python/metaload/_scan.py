@@ -9,7 +9,7 @@ and TransformersModel.scan(...) over the C++ model layer.
 """
 import collections.abc
 import time
-from typing import Dict, Iterator, NamedTuple, Tuple, Union
+from typing import Dict, Iterator, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -35,10 +35,16 @@ class Scan(collections.abc.Mapping):
     whose output holds no tensor are absent."""
 
     def __init__(self, device: Union[str, torch.device], seconds: float,
-                 modules: Dict[str, ModuleShape]):
+                 modules: Dict[str, ModuleShape], tp_size: int = 1, tp_rank: int = 0,
+                 weight_bytes: Optional[int] = None):
         self.device = torch.device(device)
         self.seconds = seconds
         self.modules = modules  # the mapping itself, as a dict
+        # TransformersModel.scan: the tensor-parallel rank scanned (its modules' outputs are that
+        # rank's) and the bytes of the parameters that rank holds; None from metaload.scan.
+        self.tp_size = tp_size
+        self.tp_rank = tp_rank
+        self.weight_bytes = weight_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -73,7 +79,8 @@ def from_json(j) -> Scan:
     modules = {m["path"]: ModuleShape(m["path"], m["class"], tuple(m["shape"]),
                                       dtype_named(m["dtype"]), torch.device(m["device"]),
                                       m["calls"], m["bytes"]) for m in j["modules"]}
-    return Scan(j["device"], j["seconds"], modules)
+    return Scan(j["device"], j["seconds"], modules, j.get("tp_size", 1), j.get("tp_rank", 0),
+                j.get("weight_bytes"))
 
 
 def _first_tensor(output):

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _lib, _progress
+from . import _lib, _progress, _tp
 from ._lib import typed_errors
 from ._load import LoadReport
 from ._load import _report as _load_report
@@ -66,7 +66,8 @@ class TransformersModel:
 
     @typed_errors
     def __init__(self, ref: str, *, revision: Optional[str] = None, device="cpu", dtype=None,
-                 tp_rank: int = 0, tp_size: int = 1, threads: int = 0, dispatch: bool = False,
+                 tp_rank: Optional[int] = None, tp_size: int = 1, process_group=None,
+                 collective_timeout: float = 300.0, threads: int = 0, dispatch: bool = False,
                  progress: _progress.Progress = True, progress_bar: Optional[bool] = None,
                  allow_local_paths: bool = False):
         """progress: as load_into's (True: a bar on stderr when it is a terminal; False; a
@@ -74,8 +75,19 @@ class TransformersModel:
         happens. progress_bar: the old name of progress (deprecated).
         allow_local_paths: a model key `ref` may name a local path; by default a key's repo_id
         must be a Hugging Face Hub repo id, looked up in the hub cache only (metaload.RepoIdError
-        otherwise). A `ref` that is a path (not a key) is a path either way."""
+        otherwise). A `ref` that is a path (not a key) is a path either way.
+        Tensor parallelism across processes: with tp_size > 1 the model runs as one rank of a
+        torch.distributed group (process_group, default: the default group when
+        torch.distributed is initialised; torchrun or torch.multiprocessing.spawn start the
+        ranks): tp_size must be the group's size, tp_rank (default: this process's rank in the
+        group) its rank. Construction checks that every rank agrees (metaload.DistributedError
+        listing each rank's values otherwise); every collective waits collective_timeout
+        seconds at most (a rank that died or hangs: metaload.DistributedError, never a hang).
+        Without a group a rank can scan and load its shard but not run."""
         _lib.load()
+        group = _tp.resolve(tp_size, process_group)
+        if tp_rank is None:
+            tp_rank = -1 if group is not None else 0  # -1: the group's rank
         if progress_bar is not None:
             warnings.warn("TransformersModel(progress_bar=...) is now progress=...",
                           DeprecationWarning, stacklevel=3)
@@ -90,6 +102,8 @@ class TransformersModel:
         if _progress.supported():
             args.append(self._progress_id)  # a library with progress ids takes one (0: none)
             args.append(bool(allow_local_paths))
+            args.append(group)
+            args.append(float(collective_timeout))
         elif allow_local_paths:
             raise _lib.Error(f"{_lib.library_path()} predates allow_local_paths: rebuild it")
         with self._watch(dispatching=dispatch):
@@ -136,15 +150,18 @@ class TransformersModel:
 
     @typed_errors
     def scan(self, ids: Optional[torch.Tensor] = None, *, batch: Optional[int] = None,
-             seq: Optional[int] = None, device=None) -> Scan:
+             seq: Optional[int] = None, device=None, tp_size: Optional[int] = None,
+             tp_rank: int = 0) -> Scan:
         """Every module's output shape for ids (any tensor; only its shape counts) or for a
-        [batch, seq] batch, on fake tensors claiming `device`. Never loads weights."""
+        [batch, seq] batch, on fake tensors claiming `device`. Never loads weights.
+        tp_size: scan rank tp_rank of that tensor-parallel split, with no process group (default:
+        the split the weights are in); the Scan's weight_bytes is what that rank holds."""
         dev = None if device is None else str(torch.device(device))
         if ids is not None:
-            return _scan(self._m.scan_ids(ids, dev))
+            return _scan(self._m.scan_ids(ids, dev, tp_size, tp_rank))
         if batch is None or seq is None:
             raise TypeError("scan() needs ids, or batch= and seq=")
-        return _scan(self._m.scan(batch, seq, dev))
+        return _scan(self._m.scan(batch, seq, dev, tp_size, tp_rank))
 
     @typed_errors
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ def cpp_error_tree():
     classes written out (class Kind : public Parent) that derive from metaload::Error."""
     tree = {}
     headers = []
-    for component in ("base", "c10_ext", "kernels", "fake_mode", "loader", "model", "quant",
+    for component in ("base", "c10_ext", "kernels", "fake_mode", "loader", "quant", "dist", "model",
                       "tools"):
         headers += glob.glob(os.path.join(ROOT, component, "**", "*.h"), recursive=True)
     assert len(headers) > 20

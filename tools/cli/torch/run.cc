@@ -1,8 +1,21 @@
 // metaload run REF --ids 1,2,3[;4,5,6] --new-tokens N [--device D] [--dtype T] [--threads N]
-//   [--revision R] [--json]
+//   [--revision R] [--tp N [--timeout S]] [--json]
 // Builds the model on meta, loads the weights (a progress bar on a terminal), generates greedily
 // and prints the new tokens of each sequence.
+//
+// --tp N > 1 runs N tensor-parallel ranks on torch.distributed: the ranks are Python processes
+// (`python -m metaload.tp_run`, which this command execs), because the process group is
+// torch.distributed's own -- gloo's C++ headers ship with neither torch, so C++ alone cannot make
+// a gloo group. The Python is METALOAD_PYTHON, else the one the library was built for; it starts N
+// local ranks, or joins a torchrun launch (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set).
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -22,7 +35,76 @@ struct Options : ModelBuildArgs {
   std::string ids;
   int64_t new_tokens = 16;
   int threads = 0;
+  int tp = 1;
+  double timeout = 300;
 };
+
+#ifndef METALOAD_DEFAULT_PYTHON
+// Debian's, with its torch 1.13: what Bazel's default build links (CMake names its own).
+#define METALOAD_DEFAULT_PYTHON "/usr/bin/python3"
+#endif
+
+// The file libmetaload.so was loaded from.
+std::string this_library() {
+  Dl_info info;
+  if (::dladdr(reinterpret_cast<void*>(&this_library), &info) && info.dli_fname)
+    return info.dli_fname;
+  return "";
+}
+
+// The python/ folder of the source tree the library was built from (a build folder or Bazel's
+// execroot lies below it), or "" (an installed package is importable anyway).
+std::string package_dir(std::string from) {
+  for (int up = 0; up < 8 && !from.empty(); ++up) {
+    const size_t slash = from.find_last_of('/');
+    from = slash == std::string::npos ? "" : from.substr(0, slash);
+    struct stat st;
+    if (::stat((from + "/python/metaload/__init__.py").c_str(), &st) == 0) return from + "/python";
+  }
+  return "";
+}
+
+// Replaces this process with `python -m metaload.tp_run ...` (returns only if that fails).
+int run_tensor_parallel(const Options& o) {
+  const char* env = std::getenv("METALOAD_PYTHON");
+  const std::string python = env && *env ? env : METALOAD_DEFAULT_PYTHON;
+  std::vector<std::string> args = {python,
+                                   "-m",
+                                   "metaload.tp_run",
+                                   o.ref,
+                                   "--tp",
+                                   std::to_string(o.tp),
+                                   "--ids",
+                                   o.ids,
+                                   "--new-tokens",
+                                   std::to_string(o.new_tokens),
+                                   "--device",
+                                   o.device,
+                                   "--timeout",
+                                   fmt::format("{}", o.timeout)};
+  if (!o.dtype.empty()) args.insert(args.end(), {"--dtype", o.dtype});
+  if (const auto r = o.requested_revision()) args.insert(args.end(), {"--revision", *r});
+  if (o.json) args.push_back("--json");
+  if (o.allow_local_paths) args.push_back("--allow-local-paths");
+  const std::string lib = this_library();
+  // The ranks load this very library (an explicit METALOAD_LIB stays as the user set it).
+  if (!lib.empty()) ::setenv("METALOAD_LIB", lib.c_str(), /*overwrite=*/0);
+  const std::string pkg = package_dir(lib);
+  if (!pkg.empty()) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path = old && *old ? pkg + ":" + old : pkg;
+    ::setenv("PYTHONPATH", path.c_str(), 1);
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(python.c_str(), argv.data());
+  std::cerr << "metaload run: error: --tp " << o.tp << " runs " << python
+            << " -m metaload.tp_run, which could not be started: " << std::strerror(errno)
+            << " (set METALOAD_PYTHON to a Python with torch and metaload)\n";
+  return 1;
+}
 
 // "1,2,3;4,5,6" -> [[1,2,3],[4,5,6]] (sequences of one length; tools/cli/numbers.cc).
 at::Tensor parse_ids(const std::string& text) {
@@ -37,6 +119,7 @@ at::Tensor parse_ids(const std::string& text) {
 }
 
 int run(const Options& o) {
+  if (o.tp > 1) return run_tensor_parallel(o);
   const at::Tensor ids = parse_ids(o.ids);
   ModelOptions mo = o.model_options();
   mo.threads = o.threads;
@@ -104,6 +187,15 @@ std::function<int()> setup_run(CLI::App& sub) {
   sub.add_option("--threads", o->threads, "loader threads (default: the cores)")
       ->transform(whole_number(0, kMaxLoaderThreads));
   add_revision_option(sub, *o, "branch, tag or commit of a repo id");
+  sub.add_option("--tp", o->tp,
+                 "tensor-parallel ranks: N > 1 starts N local ranks over gloo (or joins a torchrun "
+                 "launch), run by python -m metaload.tp_run")
+      ->capture_default_str()
+      ->transform(whole_number(1, 4096));
+  sub.add_option("--timeout", o->timeout,
+                 "with --tp: seconds a collective waits for the other ranks at most")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   add_output_and_key_flags(sub, *o);
   return [o] { return run(*o); };
 }

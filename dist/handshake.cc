@@ -1,0 +1,57 @@
+#include "dist/handshake.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/text.h"
+
+namespace metaload {
+
+void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
+  const nlohmann::json me = {
+      {"tp_size", mine.tp_size}, {"tp_rank", mine.tp_rank}, {"model", mine.model}};
+  std::vector<std::string> texts;
+  try {
+    texts = group.all_gather_text(me.dump());
+  } catch (const DistributedError& e) {
+    throw DistributedError(fmt::format("tensor-parallel handshake (tp_size {}, tp_rank {}): {}",
+                                       mine.tp_size, mine.tp_rank, e.message()));
+  }
+  std::vector<TpIdentity> all;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    const nlohmann::json j = nlohmann::json::parse(texts[r], nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("tp_size") || !j.contains("tp_rank") || !j.contains("model"))
+      throw DistributedError(fmt::format(
+          "tensor-parallel handshake: rank {} sent {}, not a metaload handshake (is every rank "
+          "running metaload's TransformersModel with the same version?)",
+          r, quote_text(texts[r])));
+    all.push_back(
+        {j["tp_size"].get<int64_t>(), j["tp_rank"].get<int64_t>(), j["model"].get<std::string>()});
+  }
+  std::vector<std::string> problems;
+  std::string sizes, ranks, models;
+  bool sizes_differ = false, ranks_wrong = false, models_differ = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string sep = r ? ", " : "";
+    sizes += fmt::format("{}rank {}: {}", sep, r, all[r].tp_size);
+    ranks += fmt::format("{}rank {}: {}", sep, r, all[r].tp_rank);
+    models += fmt::format("{}rank {}: {}", sep, r, all[r].model);
+    sizes_differ |= all[r].tp_size != group.size();
+    ranks_wrong |= all[r].tp_rank != static_cast<int64_t>(r);
+    models_differ |= all[r].model != all[0].model;
+  }
+  if (sizes_differ)
+    problems.push_back(fmt::format("tp_size must equal the group's size {} on every rank ({})",
+                                   group.size(), sizes));
+  if (ranks_wrong && !sizes_differ)
+    problems.push_back(
+        fmt::format("tp_rank must equal each process's rank in the group ({})", ranks));
+  if (models_differ) problems.push_back(fmt::format("the ranks run different models ({})", models));
+  if (problems.empty()) return;
+  std::string message = fmt::format(
+      "tensor-parallel handshake on rank {} of {}: the ranks disagree", group.rank(), group.size());
+  for (const std::string& p : problems) message += "; " + p;
+  throw DistributedError(message);
+}
+
+}  // namespace metaload
