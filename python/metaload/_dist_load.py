@@ -254,7 +254,7 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
         try:
             m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
                                   tp_rank=tp_rank, tp_size=tp_size, threads=threads,
-                                  progress=False)
+                                  progress=False, process_group=False)  # the shard only
         except _lib.Error as e:  # no config.json, or a family without a TP plan
             raise _lib.PlanError(f"tp_size {tp_size} needs the model family's TP plan (GPT-2, "
                                  f"Llama, Mistral, Qwen2: the checkpoint's config.json names "

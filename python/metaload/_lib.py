@@ -274,7 +274,16 @@ class ModulePathError(ModelError):
 class DistributedError(Error):
     """A collective that failed or timed out (a rank died, hangs or never joined), or ranks of a
     tensor-parallel group that disagree (tp_size, rank, model); the message names the operation,
-    the rank and the timeout, or every rank's values (dist/errors.h)."""
+    the rank and the timeout, or every rank's values (dist/errors.h). A load across ranks
+    (metaload._dist_load) sets `.failures`: {group rank: what went wrong there}; every rank
+    raises it and keeps its previous weights."""
+
+    def __init__(self, message: str = "", failures=None):
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.failures))
 
 
 class UsageError(Error):

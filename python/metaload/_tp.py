@@ -65,7 +65,10 @@ def box(group):
 def resolve(tp_size, process_group):
     """The boxed group the model runs on, or None: an explicit group; else, for tp_size > 1, the
     default group when torch.distributed is initialised (a model without a group can scan and
-    load its shard but not run)."""
+    load its shard but not run). process_group=False: no group even under torch.distributed
+    (a rank's shard only, as metaload._dist_load stages it)."""
+    if process_group is False:
+        return None
     if process_group is None:
         if tp_size <= 1:
             return None

@@ -83,7 +83,8 @@ class TransformersModel:
         group) its rank. Construction checks that every rank agrees (metaload.DistributedError
         listing each rank's values otherwise); every collective waits collective_timeout
         seconds at most (a rank that died or hangs: metaload.DistributedError, never a hang).
-        Without a group a rank can scan and load its shard but not run."""
+        Without a group (or with process_group=False, which takes none even under
+        torch.distributed) a rank can scan and load its shard but not run."""
         _lib.load()
         group = _tp.resolve(tp_size, process_group)
         if tp_rank is None:
