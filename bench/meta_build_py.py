@@ -1,18 +1,21 @@
 """bench/meta_build (Python part): building a Python Llama-2-70B module tree with no weights.
 
 The same tree (80 decoder layers of q/k/v/o, gate/up/down projections and two RMSNorms, an
-embedding and an LM head: 965 modules, 70B parameters) built four ways in one run, interleaved:
+embedding and an LM head: 805 modules, 70B parameters) built four ways in one run, interleaved:
   metaload.meta()                         -- the route measured
   torch.device("meta") (torch 2.x)        -- anchor; on 1.13, device="meta" to every constructor
   device="meta" to every constructor      -- the floor: no mode at all
-  accelerate.init_empty_weights()         -- where accelerate is installed
+  accelerate.init_empty_weights()         -- accelerate 1.15 on torch 2.x; on 1.13, 0.34.2 (the
+                                             last for torch 1.x) from tools/setup's torch113-peers
 Median of N rounds (argv[1], default 7), wall-clock and this process's CPU time (on a shared
 machine another job's load stretches the wall clock, not the CPU time); peak RSS growth next to
 each (ru_maxrss of the process).
 Target (issue 10): metaload.meta() <= 1.0x the torch.device anchor, <= 0.5x init_empty_weights.
 """
 import contextlib
+import os
 import resource
+import subprocess
 import statistics
 import sys
 import time
@@ -22,6 +25,7 @@ import torch.nn as nn
 
 import metaload
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D, FF, LAYERS, HEADS, KV, VOCAB = 8192, 28672, 80, 64, 8, 32000
 
 
@@ -63,6 +67,10 @@ def main():
     if torch2:
         routes['torch.device("meta") (anchor)'] = (lambda: torch.device("meta"), None)
     routes['device="meta" to every constructor'] = (contextlib.nullcontext, "meta")
+    if not torch2:  # accelerate 1.x needs torch 2: tools/setup puts 0.34.2 in a folder of its own
+        venv = subprocess.run([os.path.join(ROOT, "tools", "torch2_env")], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        sys.path.append(os.path.join(os.path.dirname(venv), "torch113-peers"))
     try:
         from accelerate import init_empty_weights
         routes["accelerate.init_empty_weights()"] = (init_empty_weights, None)
@@ -97,6 +105,17 @@ def main():
         m, c = statistics.median(times[name]), statistics.median(cpu[name])
         print(f"| {name} | {m * 1e3:.1f} | {m / base:.2f} | {c * 1e3:.1f} | {c / cpu_base:.2f} | "
               f"{rss[name]:.1f} |")
+    ours = statistics.median(cpu["metaload.meta()"])
+    verdict = [f"metaload.meta() {ours / cpu_base:.2f}x the anchor (target <= 1.0: "
+               f"{'met' if ours <= cpu_base else 'MISSED'})"]
+    acc = cpu.get("accelerate.init_empty_weights()")
+    if acc:
+        r = ours / statistics.median(acc)
+        verdict.append(f"{r:.2f}x init_empty_weights (target <= 0.5: "
+                       f"{'met' if r <= 0.5 else 'MISSED'})")
+    else:
+        verdict.append("no init_empty_weights row: accelerate is not installed (tools/setup)")
+    print("Targets (CPU time): " + "; ".join(verdict))
 
 
 if __name__ == "__main__":

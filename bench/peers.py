@@ -312,6 +312,7 @@ LOAD_ROUTES = [
     ("metaload.load_into, zero-copy (mmap=True)", "safetensors"),
     ("safetensors.torch.load_file", "safetensors"),
     ("safetensors.torch.load_model (into to_empty(cpu))", "safetensors"),
+    ("safetensors.torch.load_file + load_state_dict(assign=True)", "safetensors"),
     ("transformers from_pretrained(dtype=bf16)", "safetensors"),
     ("torch.load(mmap=True)", "pt"),
     ("torch.load(mmap=True) + load_state_dict(assign=True)", "pt"),
@@ -321,6 +322,8 @@ LOAD_ROUTES = [
     ("tensorizer TensorDeserializer(device=cpu)", "tensorizer"),
 ]
 ZERO_COPY_ANCHOR = "safetensors.torch.load_file"
+# The same mmap-backed load, into a model built on meta as metaload's rows build one.
+ZERO_COPY_MODEL_ANCHOR = "safetensors.torch.load_file + load_state_dict(assign=True)"
 
 
 def _meta_model(d):
@@ -352,7 +355,7 @@ def case_load(spec):
     # Imports and first uses excluded, as for every peer: the model class's module, and
     # metaload's mode (its first scope registers it).
     if route.startswith(("metaload", "safetensors.torch.load_model", "torch.load(mmap=True) +",
-                         "transformers")):
+                         "transformers", "safetensors.torch.load_file +")):
         _meta_model(d)
     if route.startswith("metaload"):
         with metaload.meta():
@@ -382,6 +385,12 @@ def case_load(spec):
         sd = model.state_dict()
     elif route == "safetensors.torch.load_file":
         sd = safetensors.torch.load_file(st)
+    elif route.startswith("safetensors.torch.load_file +"):
+        model = _meta_model(d)
+        built = time.perf_counter()
+        model.load_state_dict(safetensors.torch.load_file(st), assign=True, strict=False)
+        model.tie_weights()  # lm_head is tied, not in the file
+        sd = model.state_dict()
     elif route.startswith("safetensors.torch.load_model"):
         model = _meta_model(d).to_empty(device="cpu")
         built = time.perf_counter()
@@ -739,6 +748,14 @@ def render_load(args, config, specs, res):
                 if backing[r] != "copy":  # a lazy mapping pays at first touch: both figures
                     verdict += (f", load + touch {ratio_t:.2f}x "
                                 f"({'met' if ok and ratio_t <= 1.0 else 'MISSED'})")
+                    b = sums.get(ZERO_COPY_MODEL_ANCHOR, {})
+                    if "s" in b:  # into a model, as metaload's row: the build on both sides
+                        r_m = s["s"] / b["s"]
+                        r_mt = (s["s"] + s["touch"]) / (b["s"] + b["touch"])
+                        verdict += (f"; against {ZERO_COPY_MODEL_ANCHOR} (into a model built on "
+                                    f"meta, as this row): {r_m:.2f}x "
+                                    f"({'met' if ok and r_m <= 1.0 else 'MISSED'}), load + touch "
+                                    f"{r_mt:.2f}x ({'met' if ok and r_mt <= 1.0 else 'MISSED'})")
                 targets.append(f"{m}: {r.split(', ')[1]} against {anchor}: {verdict}")
         if m == "cold" and not any("eviction" in n for n in notes):
             notes.append("cold: eviction took for every case (mincore: at most 5% of the file "

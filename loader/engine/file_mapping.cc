@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -463,12 +464,52 @@ void FileMapping::populate(uint64_t offset, uint64_t length) const {
   (void)sink;
 }
 
+namespace {
+
+#ifndef __NR_cachestat
+#define __NR_cachestat 451  // the same number on every architecture (Linux 6.5)
+#endif
+
+struct CachestatRange {
+  uint64_t off, len;
+};
+struct Cachestat {
+  uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+std::atomic<bool> g_no_cachestat{false};  // ENOSYS / EPERM once: not asked again
+
+}  // namespace
+
+bool FileMapping::all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const {
+  if (g_no_cachestat.load(std::memory_order_relaxed)) return false;
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> g(Registry::get().mu);  // fd_ may be closed by a detach
+    if (fd_ >= 0) fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  }
+  if (fd < 0) return false;
+  CachestatRange range{start, end - start};
+  Cachestat stat{};
+  const long rc = ::syscall(__NR_cachestat, fd, &range, &stat, 0);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    if (err == ENOSYS || err == EPERM) g_no_cachestat = true;
+    return false;
+  }
+  return stat.nr_cache >= n_pages;
+}
+
 uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
   const uint64_t end = std::min(size_, offset + length);
   if (end <= start) return 0;
   const uint64_t n_pages = (end - start + page - 1) / page;
+  // The page cache's own count first (cachestat): a range it holds whole needs nothing, found
+  // without mincore's lookup of every page (5x the time on a warm 2.5 GB file).
+  if (all_cached(start, end, n_pages)) return 0;
   std::vector<unsigned char> resident(n_pages);
   if (::mincore(data_ + start, end - start, resident.data()) != 0) {
     populate(start, end - start);

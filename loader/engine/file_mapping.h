@@ -83,6 +83,9 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
 
  private:
   FileMapping(std::string path, unsigned char* data, uint64_t size, int fd, const struct stat& st);
+  // Whether the page cache holds every page of file bytes [start, end) (cachestat; false where
+  // the kernel cannot say).
+  bool all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const;
   void detach_locked();  // the registry's mutex held
   std::string path_;
   unsigned char* data_;

@@ -68,15 +68,29 @@ def _report(text: str, missing_keys: Optional[List[str]] = None,
                       computed_keys=list(computed_keys or []))
 
 
+def _is_transformers_model(module) -> bool:
+    # By the class's ancestry: asking transformers (a lazy module) for PreTrainedModel would
+    # import its modeling code into programs that only use its tokenizers.
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
+               for c in type(module).__mro__)
+
+
+def _all_found(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
+               renamed: Dict[str, str], computed_names: List[str]) -> bool:
+    """Whether every tensor of `state` has a name in the checkpoint (after `renamed`), one of its
+    tied names, or is computed: then no further renaming can change what loads."""
+    present = set(in_checkpoint)
+    found = {id(t) for n, t in state.items() if renamed.get(n, n) in present}
+    computed = set(computed_names)
+    return all(id(t) in found or n in computed for n, t in state.items())
+
+
 def _transformers_renames(module) -> Dict[str, str]:
     """The plain renames transformers applies to this model's checkpoint names on load (its
     conversion mapping's WeightRenaming entries, by class name then model type, as
     from_pretrained looks them up), as a key_mapping; {} for a module that is no transformers
     model. Its WeightConverters (merging several tensors into one) are not renames: not here."""
-    # By the class's ancestry: asking transformers (a lazy module) for PreTrainedModel would
-    # import its modeling code into programs that only use its tokenizers.
-    if not any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
-               for c in type(module).__mro__):
+    if not _is_transformers_model(module):
         return {}
     try:
         from transformers.conversion_mapping import extract_weight_conversions_for_model
@@ -308,11 +322,16 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     renamed: Dict[str, str] = {}
     in_checkpoint: List[str] = []
     key_mapping = dict(key_mapping or {})  # the given patterns first, then transformers' own
-    for pattern, replacement in _transformers_renames(module).items():
-        key_mapping.setdefault(pattern, replacement)
-    if not strict or key_mapping:
+    hf = _is_transformers_model(module)
+    if not strict or key_mapping or hf:
         in_checkpoint = _names_in_checkpoint(ref, revision, dequantize is not None)
     if key_mapping:
+        renamed = _renames(in_checkpoint, key_mapping)
+    # transformers' renames only where the names leave something unfound: building its table of
+    # conversions costs 150 ms on a process's first load, more than a warm zero-copy load itself.
+    if hf and not _all_found(state, in_checkpoint, renamed, computed.names):
+        for pattern, replacement in _transformers_renames(module).items():
+            key_mapping.setdefault(pattern, replacement)
         renamed = _renames(in_checkpoint, key_mapping)
     missing: List[str] = []
     unexpected: List[str] = []

@@ -9,6 +9,15 @@ in torch's binding with a message about storage. While a meta() scope is open in
 these two methods are wrapped: a meta tensor on a forcing thread gets its values as a numpy array,
 or a metaload.DataDependentError naming the read; every other call goes straight to torch's method.
 
+Random initialisers (torch.nn.init.uniform_, normal_, trunc_normal_, kaiming_*, xavier_*,
+orthogonal_): on a forcing thread, a weight on meta without values (a plain Tensor or
+Parameter above kMaxValueElements elements, so MetaMode keeps no values for it) is returned as it
+is. A meta tensor has no values to fill and the meta kernels consume no random numbers, so the
+result and the generators' state are those of the real call; what is skipped is the Python around
+it (fan computation, no_grad, the dispatch), more than half of what an nn.Linear costs to build on
+meta. Each keeps the argument checks that raise (mode, nonlinearity, dimensions, a > b, std < 0).
+Small tensors, subclasses (their __torch_function__ decides) and tensors off meta go to torch.
+
 torch 1.13 only: torch.tensor / as_tensor / Tensor.new_tensor with a cuda device copy their data to
 the device inside the binding, with every dispatch key above the backends switched off, so MetaMode
 never sees the copy (2.x has a flag to hand the CPU tensor over first: _device_init.py). On a
@@ -56,6 +65,88 @@ def _numpy(self, *args, **kwargs):
         return original(torch.tensor(values, dtype=self.dtype), *args, **kwargs)
 
 
+_MAX_VALUE_ELEMENTS = 4096  # c10_ext/values.h kMaxValueElements: larger meta tensors keep no values
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _skips(tensor):
+    """Whether a random initialiser may return `tensor` untouched (see the module's docstring)."""
+    return (type(tensor) in _PLAIN and tensor.is_meta and tensor.numel() > _MAX_VALUE_ELEMENTS
+            and _device_init.forcing_here())
+
+
+_valid_kaiming = set()  # (type(a), a, mode, nonlinearity) that torch's checks accepted
+
+
+def _kaiming(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", *rest, **kwargs):
+    if tensor.dim() < 2:
+        raise _Unchecked  # torch's ValueError
+    try:
+        key = (type(a), a, mode, nonlinearity)
+        if key in _valid_kaiming:  # the checks below depend on these alone for >= 2 dimensions
+            return
+    except TypeError:  # unhashable: check every time
+        key = None
+    init = torch.nn.init
+    init._calculate_correct_fan(tensor, mode)  # ValueError: a mode other than fan_in / fan_out
+    init.calculate_gain(nonlinearity, a)  # ValueError: an unknown nonlinearity, a bad slope
+    if key is not None:
+        _valid_kaiming.add(key)
+
+
+def _xavier(tensor, *rest, **kwargs):
+    if tensor.dim() < 2:
+        raise _Unchecked  # torch's ValueError
+
+
+def _uniform(tensor, a=0.0, b=1.0, *rest, **kwargs):
+    if a > b:  # the real call's error (uniform_'s from <= to)
+        raise _Unchecked
+
+
+def _normal(tensor, mean=0.0, std=1.0, *rest, **kwargs):
+    if std < 0:
+        raise _Unchecked
+
+
+def _trunc_normal(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, *rest, **kwargs):
+    if mean < a - 2 * std or mean > b + 2 * std:  # the real call warns
+        raise _Unchecked
+
+
+def _two_dims(tensor, *rest, **kwargs):
+    if tensor.dim() < 2:
+        raise _Unchecked
+
+
+class _Unchecked(Exception):
+    """A check that the real call makes with its own error: let torch raise it."""
+
+
+def _skip_init(name, check):
+    original = getattr(torch.nn.init, name)
+
+    def wrapper(tensor, *args, **kwargs):
+        if _skips(tensor):
+            try:
+                check(tensor, *args, **kwargs)
+                return tensor
+            except _Unchecked:
+                pass
+        return original(tensor, *args, **kwargs)
+
+    wrapper.__doc__ = original.__doc__
+    wrapper.__name__ = name
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+_INITS = {"uniform_": _uniform, "normal_": _normal, "trunc_normal_": _trunc_normal,
+          "kaiming_uniform_": _kaiming, "kaiming_normal_": _kaiming, "xavier_uniform_": _xavier,
+          "xavier_normal_": _xavier, "orthogonal_": _two_dims}
+# Not sparse_: it draws a CPU randperm even for a meta tensor, so skipping it would change the state.
+
+
 def _with_cpu_device(original, device_position):
     def wrapper(*args, **kwargs):
         if _device_init.forcing_here():
@@ -71,6 +162,8 @@ def _with_cpu_device(original, device_position):
 
 
 _WRAPPERS = {(torch.Tensor, "tolist"): _tolist, (torch.Tensor, "numpy"): _numpy}
+_WRAPPERS.update({(torch.nn.init, name): _skip_init(name, check) for name, check in _INITS.items()
+                  if hasattr(torch.nn.init, name)})
 if not hasattr(torch._C, "_set_only_lift_cpu_tensors"):  # torch 1.13
     _WRAPPERS[(torch, "tensor")] = _with_cpu_device(torch.tensor, 99)  # device: keyword only
     _WRAPPERS[(torch, "as_tensor")] = _with_cpu_device(torch.as_tensor, 2)

@@ -497,3 +497,102 @@ report(inside, during)
 
 def test_cuda_is_never_initialised_by_meta_and_real_use_still_initialises_it():
     assert_cuda_initialised_by_real_requests_only(_CUDA_INIT_PROBE)
+
+
+INITS = [("uniform_", (-0.5, 0.5)), ("normal_", (0.0, 0.02)), ("trunc_normal_", (0.0, 0.02)),
+         ("kaiming_uniform_", (5 ** 0.5,)), ("kaiming_normal_", ()), ("xavier_uniform_", ()),
+         ("xavier_normal_", ()), ("orthogonal_", ())]
+
+
+def _rng_states(gen):
+    return torch.random.get_rng_state(), gen.get_state()
+
+
+@pytest.mark.parametrize("name,args", INITS, ids=[n for n, _ in INITS])
+def test_random_initialisers_of_meta_weights_are_skipped_with_the_same_result(name, args):
+    """Inside meta(), torch.nn.init's random initialisers return a large meta weight untouched,
+    without running their Python: the same object, and the generators' state of the real call on
+    meta (whose kernels draw no numbers)."""
+    init = getattr(torch.nn.init, name)
+    gen = torch.Generator().manual_seed(7)
+    kwargs = {"generator": gen} if "generator" in init.__code__.co_varnames else {}
+    ref = torch.empty(96, 64, device="meta")
+    before = _rng_states(gen)
+    assert init(ref, *args, **kwargs) is ref
+    ran = _rng_states(gen)
+    with metaload.meta():
+        wrapped = getattr(torch.nn.init, name)
+        assert wrapped is not init and wrapped.__wrapped__ is init
+        w = torch.empty(96, 64)
+        calls = []  # the wrapper must not reach the tensor's own initialising methods
+        orig_uniform, orig_normal = torch.Tensor.uniform_, torch.Tensor.normal_
+        try:
+            torch.Tensor.uniform_ = lambda *a, **k: calls.append("uniform_")
+            torch.Tensor.normal_ = lambda *a, **k: calls.append("normal_")
+            assert wrapped(w, *args, **kwargs) is w
+        finally:
+            torch.Tensor.uniform_, torch.Tensor.normal_ = orig_uniform, orig_normal
+        assert calls == [] and w.is_meta and w.shape == (96, 64)
+    assert [torch.equal(a, b) for a, b in zip(_rng_states(gen), before)] == [True, True]
+    assert [torch.equal(a, b) for a, b in zip(ran, before)] == [True, True]
+    assert getattr(torch.nn.init, name) is init  # restored when the last scope closes
+
+
+def test_initialisers_keep_their_errors_and_run_where_values_exist():
+    init = torch.nn.init
+    with metaload.meta():
+        w = torch.empty(96, 64)
+        with pytest.raises(ValueError, match="fan_x"):
+            init.kaiming_uniform_(w, mode="fan_x")
+        with pytest.raises(ValueError, match="nonlinearity"):
+            init.kaiming_normal_(w, nonlinearity="no_such")
+        for f in (init.kaiming_uniform_, init.xavier_normal_, init.orthogonal_):
+            with pytest.raises(ValueError):
+                f(torch.empty(5000))
+        # A small tensor made from constants keeps values: the real initialiser fills them.
+        small = torch.arange(16.0).reshape(4, 4)
+        init.normal_(small)
+        assert small.tolist() != torch.arange(16.0).reshape(4, 4).tolist()
+        with metaload.real():  # real tensors inside meta() are initialised for real
+            r = torch.zeros(96, 64)
+            init.kaiming_uniform_(r)
+            assert r.abs().sum() > 0
+        # A subclass decides through its __torch_function__.
+        seen = []
+
+        class Traced(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                seen.append(getattr(func, "__name__", str(func)))
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        init.xavier_uniform_(torch.empty(96, 64).as_subclass(Traced))
+        assert "xavier_uniform_" in seen or "uniform_" in seen
+
+
+def test_a_thread_that_does_not_force_initialises_its_meta_tensors_through_torch():
+    calls = []
+    inside, done = threading.Event(), threading.Event()
+
+    def forcing():
+        with metaload.meta():
+            inside.set()
+            done.wait(10)
+
+    t = threading.Thread(target=forcing)
+    t.start()
+    inside.wait(10)
+    try:
+        w = torch.empty(96, 64, device="meta")
+        wrapped = torch.nn.init.kaiming_uniform_
+        assert hasattr(wrapped, "__wrapped__")  # the scope on the other thread wrapped it
+        original = torch.Tensor.uniform_
+        torch.Tensor.uniform_ = lambda self, *a, **k: calls.append(self) or self
+        try:
+            wrapped(w)
+        finally:
+            torch.Tensor.uniform_ = original
+        assert calls == [w]
+    finally:
+        done.set()
+        t.join()
