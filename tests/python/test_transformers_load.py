@@ -207,6 +207,25 @@ def test_gpt_neox_rename_is_transformers_own(checkpoints):
     assert plain.lm_head.weight.is_meta  # nothing was half-applied
 
 
+def test_conversion_table_is_consulted_only_when_a_name_is_not_found(checkpoints, monkeypatch):
+    """transformers' table of checkpoint conversions takes 150 ms to build on a process's first
+    load: load_into asks it only when the checkpoint's names leave a tensor unfound (the tied
+    lm_head of Qwen2 and the computed rotary buffers count as found)."""
+    import transformers.conversion_mapping as cm
+    asked = []
+    original = cm.extract_weight_conversions_for_model
+    monkeypatch.setattr(cm, "extract_weight_conversions_for_model",
+                        lambda *a, **k: asked.append(a) or original(*a, **k))
+    for model_type in ("llama", "qwen2"):
+        model = meta_build(make_config(model_type))
+        metaload.load_into(model, checkpoints[model_type]["sharded"], progress=False)
+        assert not any(t.is_meta for t in model.parameters())
+    assert asked == []
+    model = meta_build(make_config("gpt_neox"))  # embed_out -> lm_head: the table is needed
+    metaload.load_into(model, checkpoints["gpt_neox"]["one"], progress=False)
+    assert len(asked) == 1 and not model.lm_head.weight.is_meta
+
+
 @pytest.mark.parametrize("model_type,kwargs,fused", [
     ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2),
      ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
