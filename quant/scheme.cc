@@ -233,6 +233,7 @@ QuantConfig parse_quant_config(const nlohmann::json& qc, const std::string& file
           file, "", "unsupported-scheme",
           "GPTQ checkpoint_format " + quote_text(fmt) + " is not supported (gptq, gptq_v2)");
     }
+    c.gptq_v2 = fmt == "gptq_v2";
     c.blocks_only = true;
     add_names(qc, "modules_to_not_convert", file, c.skip_modules);
   } else if (method == "awq") {

@@ -56,6 +56,10 @@ struct QuantConfig {
   std::vector<std::string> skip_modules;
   // GPTQ / AWQ quantize only the linear layers inside the repeated blocks (model.layers.N...).
   bool blocks_only = false;
+  // GPTQ checkpoint_format "gptq_v2" (zero points stored as they are; "gptq" stores z - 1).
+  bool gptq_v2 = false;
+  // Read off the tensors (infer_quant_config, quant/layout.h), not from a quantization_config.
+  bool inferred = false;
   nlohmann::json source;  // the quantization_config as given
 };
 
