@@ -351,7 +351,8 @@ class Recogniser {
     const std::string w = module + ".weight";
     const std::string type = name.substr(at + marker.size());
     const BlobInfo b = parse_blob(*self, type);
-    if (type != cfg_.quant_type) {
+    // A config that does not name the type leaves it to the blobs (each names its own).
+    if (type != cfg_.quant_type && (cfg_.quant_type_stated || cfg_.inferred)) {
       fail(name, "quant-state-mismatch",
            "the blob says " + type + ", " +
                (cfg_.inferred ? std::string("the checkpoint's other blobs say ")

@@ -38,6 +38,7 @@ struct QuantConfig {
   // bitsandbytes 4-bit: quant type ("nf4" | "fp4"), double quantization, the storage dtype of
   // the packed weight (uint8 by default), and the block sizes it uses (64; nested 256).
   std::string quant_type;
+  bool quant_type_stated = false;  // bnb_4bit_quant_type given (else "fp4", transformers' default)
   bool double_quant = false;
   DType storage = DType::U8;
   int64_t blocksize = 64;
