@@ -677,7 +677,8 @@ std::optional<QuantConfig> infer_quant_config(const Checkpoint& c) {
       const TensorInfo* gi = c.find(module + ".g_idx");
       const bool two_d = sc && sc->shape.size() == 2 && sc->shape[0] > 0;
       // AWQ packs the output dim: qweight has out / 8 columns where the scales have out.
-      const bool awq = two_d && !gi && sc->shape[1] == t.shape[1] * 8 && sc->shape[1] != 0;
+      const bool awq =
+          two_d && !gi && mul_or_none<int64_t>(t.shape[1], 8) == sc->shape[1] && sc->shape[1] != 0;
       cfg.kind = awq ? QuantKind::kAwq : QuantKind::kGptq;
       cfg.bits = 4;
       if (!awq && two_d && qz && qz->shape.size() == 2 && qz->shape[1] > 0 &&
@@ -685,9 +686,10 @@ std::optional<QuantConfig> infer_quant_config(const Checkpoint& c) {
         const int64_t pack = sc->shape[1] / qz->shape[1];  // zero points per int32: 32 / bits
         if (pack == 4 || pack == 8 || pack == 16) cfg.bits = static_cast<int>(32 / pack);
       }
+      // (A tensor with a zero dim may claim any size in the other: no unchecked products.)
       const int64_t in = gi && gi->shape.size() == 1 ? gi->shape[0]
                          : awq                       ? t.shape[0]
-                                                     : t.shape[0] * (32 / cfg.bits);
+                               : mul_or_none<int64_t>(t.shape[0], 32 / cfg.bits).value_or(0);
       // The group size the scales' rows say (one row: the whole input dim, 0).
       cfg.group_size = two_d && sc->shape[0] > 1 && in % sc->shape[0] == 0 ? in / sc->shape[0] : 0;
       cfg.zero_point = qz != nullptr || !awq;
