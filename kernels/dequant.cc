@@ -28,6 +28,10 @@ const char* quant_scheme_name(QuantScheme s) {
       return "bnb8";
     case QuantScheme::kFp8:
       return "fp8";
+    case QuantScheme::kCtInt:
+      return "ct-int";
+    case QuantScheme::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -106,6 +110,21 @@ void check_dequant(const QuantView& v, const DequantDst& d) {
     case QuantScheme::kFp8:
       if (v.group_size < 1 || v.block_in < 1) {
         fail(v, "block " + s(v.group_size) + " x " + s(v.block_in));
+      }
+      break;
+    case QuantScheme::kCtInt:
+    case QuantScheme::kNvfp4:
+      if (v.scheme == QuantScheme::kCtInt && (v.bits < 1 || v.bits > 8)) {
+        fail(v, s(v.bits) + " bits (1 to 8 pack into int32)");
+      }
+      if (v.scheme == QuantScheme::kNvfp4) {
+        if (v.in % 2 != 0) fail(v, "input dim " + s(v.in) + " is odd (two FP4 codes per byte)");
+        if (v.global_scale == nullptr) fail(v, "missing weight_global_scale");
+      }
+      if (v.group_size < 1) fail(v, "group size " + s(v.group_size));
+      if (v.groups != ceil_div(v.in, v.group_size)) {
+        fail(v, s(v.groups) + " groups of scales, but " + s(v.in) + " inputs in groups of " +
+                    s(v.group_size) + " make " + s(ceil_div(v.in, v.group_size)));
       }
       break;
     default:
@@ -291,6 +310,63 @@ void fp8_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   }
 }
 
+// compressed-tensors pack-quantized: per row, one group at a time (its scale and zero read once);
+// 4 and 8 bits never straddle a word, so their fields come straight from one load.
+template <int Bits, int SF, int OF>
+void ct_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int bits = Bits > 0 ? Bits : v.bits;
+  [[maybe_unused]] const uint32_t mask = (1u << bits) - 1u;
+  const int64_t words = dq::ct_words(v);
+  const int64_t c_end = d.col0 + d.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+    const int64_t w0 = j * words;
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      const int64_t end = std::min(c_end, (g + 1) * v.group_size);
+      const float sc = dq::ldf_t<SF>(v.scales, j * v.groups + g);
+      const int32_t z = dq::ct_zero(v, j, g);
+      for (; i < end; ++i) {
+        uint32_t q;
+        if constexpr (Bits == 4 || Bits == 8) {
+          const int64_t p = i * Bits;
+          q = (dq::ld32(v.q, w0 + (p >> 5)) >> (p & 31)) & mask;
+        } else {
+          q = dq::ct_field(v.q, w0, 1, i * bits, bits);
+        }
+        put<OF>(row, i - d.col0, dq::mul(static_cast<float>(static_cast<int32_t>(q) - z), sc));
+      }
+    }
+  }
+}
+
+// NVFP4: per group of 16 a table of the 16 codes times the group's scale, then one lookup per
+// element.
+template <int OF>
+void nvfp4_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const uint8_t* q = static_cast<const uint8_t*>(v.q);
+  float code[16];
+  for (int n = 0; n < 16; ++n) code[n] = dq::e2m1(n);
+  const int64_t c_end = d.col0 + d.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+    const uint8_t* qr = q + j * (v.in / 2);
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      const int64_t end = std::min(c_end, (g + 1) * v.group_size);
+      const float sc = dq::nvfp4_scale(v, j, g);
+      float lut[16];
+      for (int n = 0; n < 16; ++n) lut[n] = dq::mul(code[n], sc);
+      for (; i < end; ++i) {
+        const uint8_t byte = qr[i >> 1];
+        put<OF>(row, i - d.col0, lut[(i & 1) ? (byte >> 4) : (byte & 0xF)]);
+      }
+    }
+  }
+}
+
 using RowsFn = void (*)(const QuantView&, const DequantDst&, int64_t, int64_t);
 
 template <int SF, int OF>
@@ -305,6 +381,11 @@ RowsFn pick_rows(const QuantView& v) {
       return &bnb4_rows<OF>;
     case QuantScheme::kBnb8:
       return &bnb8_rows<SF, OF>;
+    case QuantScheme::kCtInt:
+      return v.bits == 4 ? &ct_rows<4, SF, OF>
+                         : (v.bits == 8 ? &ct_rows<8, SF, OF> : &ct_rows<0, SF, OF>);
+    case QuantScheme::kNvfp4:
+      return &nvfp4_rows<OF>;
     default:
       return &fp8_rows<SF, OF>;
   }

@@ -20,6 +20,8 @@ __device__ __forceinline__ float element(const QuantView& v, int64_t j, int64_t 
   if constexpr (S == QuantScheme::kAwq) return dq::awq_at(v, j, i);
   if constexpr (S == QuantScheme::kBnb4) return dq::bnb4_at(v, j, i);
   if constexpr (S == QuantScheme::kBnb8) return dq::bnb8_at(v, j, i);
+  if constexpr (S == QuantScheme::kCtInt) return dq::ct_at(v, j, i);
+  if constexpr (S == QuantScheme::kNvfp4) return dq::nvfp4_at(v, j, i);
   return dq::fp8_at(v, j, i);
 }
 
@@ -75,6 +77,10 @@ const char* dequant(const QuantView& v, const DequantDst& d, void* stream_ptr) {
       return launch<QuantScheme::kBnb8>(v, d, stream);
     case QuantScheme::kFp8:
       return launch<QuantScheme::kFp8>(v, d, stream);
+    case QuantScheme::kCtInt:
+      return launch<QuantScheme::kCtInt>(v, d, stream);
+    case QuantScheme::kNvfp4:
+      return launch<QuantScheme::kNvfp4>(v, d, stream);
   }
   return "unknown scheme";
 }

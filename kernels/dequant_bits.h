@@ -23,8 +23,17 @@
 //   BNB8   bitsandbytes LLM.int8: int8 weight [out, in], SCB (row absmax) f32 [out].
 //          w = (q * SCB[j]) * (1 / 127), as bitsandbytes' int8_vectorwise_dequant.
 //   FP8    float8 e4m3fn weight [out, in], weight_scale_inv [ceil(out / bo), ceil(in / bi)] (bo x
-//   bi
-//          blocks, 128 x 128 in DeepSeek-V3 / Qwen3 FP8 checkpoints). w = fp8(q) * s.
+//          bi blocks, 128 x 128 in DeepSeek-V3 / Qwen3 FP8 checkpoints). w = fp8(q) * s.
+//   CTINT  compressed-tensors pack-quantized: weight_packed int32 [out, ceil(in * bits / 32)],
+//          each row a dense bit stream (input i is the bits-wide field at bit i * bits, lowest
+//          bits first, straddling words where 32 % bits != 0) of q + 2^(bits - 1);
+//          weight_scale [out, groups]; asymmetric: weight_zero_point int32
+//          [ceil(out * bits / 32), groups], the same stream down each column (output j at bit
+//          j * bits). w = (q - z) * s, z = 2^(bits - 1) when symmetric.
+//   NVFP4  compressed-tensors nvfp4-pack-quantized: weight_packed uint8 [out, in / 2], FP4 E2M1
+//          codes (sign, 2 exponent bits, 1 mantissa bit), input 2k in the low nibble and 2k + 1
+//          in the high one; weight_scale float8 e4m3fn [out, in / 16]; weight_global_scale f32
+//          [1]. w = e2m1(q) * (fp8(s) / global), the division rounded to f32 first.
 // Products are computed in f32 and rounded once to the output format (convert_bits.h rules).
 #pragma once
 
@@ -35,7 +44,15 @@
 
 namespace metaload {
 
-enum class QuantScheme : uint8_t { kGptq = 0, kAwq = 1, kBnb4 = 2, kBnb8 = 3, kFp8 = 4 };
+enum class QuantScheme : uint8_t {
+  kGptq = 0,
+  kAwq = 1,
+  kBnb4 = 2,
+  kBnb8 = 3,
+  kFp8 = 4,
+  kCtInt = 5,
+  kNvfp4 = 6
+};
 
 // One quantized weight: pointers into its stored tensors (host or device; on the host they may be
 // unaligned, loads go through memcpy). Formats are FloatFormat values (0 F32, 1 F16, 2 BF16).
@@ -45,17 +62,20 @@ struct QuantView {
   const void* q = nullptr;       // qweight / packed codes / int8 / fp8 bytes
   const void* zeros = nullptr;   // GPTQ / AWQ qzeros
   const void* scales = nullptr;  // scales / absmax (f32 or nested codes) / SCB / weight_scale_inv
+                                 // / weight_scale (NVFP4: e4m3 bytes)
   int scales_format = 0;
+  const void* global_scale = nullptr;   // NVFP4: weight_global_scale, one f32
   const void* g_idx = nullptr;          // GPTQ int32 [in], or null
   const void* code = nullptr;           // BNB4 quant_map: 16 f32
   const void* nested_scales = nullptr;  // BNB4 double quantization: nested_absmax f32; else null
   const void* nested_code = nullptr;    // BNB4 double quantization: nested_quant_map 256 f32
   float offset = 0;                     // BNB4 double quantization: nested offset
-  int bits = 4;                         // GPTQ: 4 or 8
-  int64_t group_size = 0;    // GPTQ / AWQ: input rows per group; BNB4: blocksize; FP8: block rows
+  int bits = 4;                         // GPTQ: 2, 4 or 8; CTINT: 1 to 8
+  int64_t group_size = 0;    // GPTQ / AWQ / CTINT / NVFP4: inputs per group; BNB4: blocksize;
+                             // FP8: block rows
   int64_t block_in = 0;      // FP8: block columns
   int64_t nested_block = 0;  // BNB4 double quantization: blocks per nested absmax
-  int64_t groups = 0;        // GPTQ / AWQ: rows of scales (and of qzeros)
+  int64_t groups = 0;        // GPTQ / AWQ: rows of scales (and of qzeros); CTINT / NVFP4: columns
   int zero_offset = 0;       // GPTQ: 1 for checkpoint format v1
 };
 
@@ -112,6 +132,13 @@ METALOAD_HD float add(float a, float b) {
   return __fadd_rn(a, b);
 #else
   return a + b;
+#endif
+}
+METALOAD_HD float fdiv(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
 #endif
 }
 
@@ -182,6 +209,54 @@ METALOAD_HD float fp8_at(const QuantView& v, int64_t j, int64_t i) {
   return mul(fp8_e4m3(static_cast<const uint8_t*>(v.q)[j * v.in + i]), s);
 }
 
+// compressed-tensors' dense packing: the `bits`-wide field at bit `p` of a stream of int32 words
+// (word k of the stream at word0 + k * stride), unsigned.
+METALOAD_HD uint32_t ct_field(const void* words, int64_t word0, int64_t stride, int64_t p,
+                              int bits) {
+  const int64_t k = p >> 5;
+  const int off = static_cast<int>(p & 31);
+  uint32_t v = ld32(words, word0 + k * stride) >> off;
+  if (off + bits > 32) v |= ld32(words, word0 + (k + 1) * stride) << (32 - off);
+  return v & ((1u << bits) - 1u);
+}
+
+METALOAD_HD int64_t ct_words(const QuantView& v) {
+  return (v.in * v.bits + 31) / 32;
+}
+
+// The zero point of output j in group g (2^(bits - 1) when symmetric).
+METALOAD_HD int32_t ct_zero(const QuantView& v, int64_t j, int64_t g) {
+  if (v.zeros == nullptr) return 1 << (v.bits - 1);
+  return static_cast<int32_t>(ct_field(v.zeros, g, v.groups, j * v.bits, v.bits));
+}
+
+METALOAD_HD float ct_at(const QuantView& v, int64_t j, int64_t i) {
+  const int64_t g = i / v.group_size;
+  const int32_t q = static_cast<int32_t>(ct_field(v.q, j * ct_words(v), 1, i * v.bits, v.bits));
+  return mul(static_cast<float>(q - ct_zero(v, j, g)),
+             ldf(v.scales, j * v.groups + g, v.scales_format));
+}
+
+// FP4 E2M1 code (bit 3 the sign) to f32: 0, 0.5, 1, 1.5, 2, 3, 4, 6; exact.
+METALOAD_HD float e2m1(int code) {
+  const int e = (code >> 1) & 3, m = code & 1;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m)
+                           : static_cast<float>(2 + m) * static_cast<float>(1 << e) * 0.25f;
+  return (code & 8) ? -mag : mag;
+}
+
+// NVFP4 group scale: fp8(weight_scale) / global, rounded to f32 as compressed-tensors does.
+METALOAD_HD float nvfp4_scale(const QuantView& v, int64_t j, int64_t g) {
+  const uint8_t s = static_cast<const uint8_t*>(v.scales)[j * v.groups + g];
+  return fdiv(fp8_e4m3(s), ldf(v.global_scale, 0, 0));
+}
+
+METALOAD_HD float nvfp4_at(const QuantView& v, int64_t j, int64_t i) {
+  const uint8_t byte = static_cast<const uint8_t*>(v.q)[j * (v.in / 2) + (i >> 1)];
+  const int code = (i & 1) ? (byte >> 4) : (byte & 0xF);
+  return mul(e2m1(code), nvfp4_scale(v, j, i / v.group_size));
+}
+
 METALOAD_HD float at(const QuantView& v, int64_t j, int64_t i) {
   switch (v.scheme) {
     case QuantScheme::kGptq:
@@ -192,6 +267,10 @@ METALOAD_HD float at(const QuantView& v, int64_t j, int64_t i) {
       return bnb4_at(v, j, i);
     case QuantScheme::kBnb8:
       return bnb8_at(v, j, i);
+    case QuantScheme::kCtInt:
+      return ct_at(v, j, i);
+    case QuantScheme::kNvfp4:
+      return nvfp4_at(v, j, i);
     default:
       return fp8_at(v, j, i);
   }

@@ -62,17 +62,6 @@ class ShardError : public FormatError {
       : FormatError("ShardError", file, tensor, rule, detail) {}
 };
 
-// A quantized checkpoint that cannot be dequantized (load/dequant_layout.h): a part of the wrong
-// shape or dtype, a malformed bitsandbytes quant_state blob, a scheme config.json names that the
-// tensors contradict or that has no kernels, data out of range (a GPTQ g_idx), a tensor-parallel
-// degree that would split a pack or a group. FormatError's file, tensor and rule.
-class DequantError : public FormatError {
- public:
-  DequantError(const std::string& file, const std::string& tensor, const std::string& rule,
-               const std::string& detail)
-      : FormatError("DequantError", file, tensor, rule, detail) {}
-};
-
 // A model reference (directory, file, HF repo id) could not be resolved; the message lists every
 // place that was looked at.
 METALOAD_DEFINE_ERROR(ResolveError, Error);

@@ -1,7 +1,13 @@
-// Every error kind of the quantization layer (quant/), in one place. Torch-free, header-only.
-// Both are FormatErrors: they carry the file, the tensor (may be empty) and a stable rule
-// identifier, and read "<file>: tensor '<name>': <detail> (rule <rule>)". python/metaload/_lib.py
-// mirrors them.
+// Every error kind of quantized checkpoints, in one place. Torch-free, header-only. One family:
+//   FormatError
+//     QuantLayoutError      a checkpoint whose tensors contradict its quantization_config or each
+//                           other (describe, estimate, and every parse of a layout)
+//       QuantSchemeError    a scheme metaload does not know or cannot size
+//       DequantError        whatever a dequantizing load rejects: the layout errors above met
+//                           during a load, and the load's own rules (tp-boundary, g_idx-range,
+//                           unsupported-scheme: a layout with no kernels)
+// All carry the file, the tensor (may be empty) and a stable rule identifier, and read
+// "<file>: tensor '<name>': <detail> (rule <rule>)". python/metaload/_lib.py mirrors them.
 #pragma once
 
 #include <string>
@@ -19,16 +25,35 @@ class QuantLayoutError : public FormatError {
   QuantLayoutError(const std::string& file, const std::string& tensor, const std::string& rule,
                    const std::string& detail)
       : FormatError("QuantLayoutError", file, tensor, rule, detail) {}
+
+ protected:
+  QuantLayoutError(const char* kind, const std::string& file, const std::string& tensor,
+                   const std::string& rule, const std::string& detail)
+      : FormatError(kind, file, tensor, rule, detail) {}
 };
 
 // A quantization scheme metaload does not know or cannot size: an unknown quant_method or
 // format in config.json, a field of the wrong type or value, an unknown preset name given to
 // estimate (file() is then "estimate").
-class QuantSchemeError : public FormatError {
+class QuantSchemeError : public QuantLayoutError {
  public:
   QuantSchemeError(const std::string& file, const std::string& tensor, const std::string& rule,
                    const std::string& detail)
-      : FormatError("QuantSchemeError", file, tensor, rule, detail) {}
+      : QuantLayoutError("QuantSchemeError", file, tensor, rule, detail) {}
+};
+
+// A quantized checkpoint that a dequantizing load (loader/load/dequant_load.h) cannot dequantize:
+// every QuantLayoutError / QuantSchemeError its layout raises (same file, tensor, rule and
+// detail), a scheme variant without kernels ("unsupported-scheme"), data out of range
+// ("g_idx-range"), a tensor-parallel degree that would split a pack or a group ("tp-boundary").
+class DequantError : public QuantLayoutError {
+ public:
+  DequantError(const std::string& file, const std::string& tensor, const std::string& rule,
+               const std::string& detail)
+      : QuantLayoutError("DequantError", file, tensor, rule, detail) {}
+  // The same rejection, raised by a load.
+  explicit DequantError(const FormatError& e)
+      : DequantError(e.file(), e.tensor(), e.rule(), e.detail()) {}
 };
 
 }  // namespace metaload

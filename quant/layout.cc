@@ -8,6 +8,7 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "loader/format/file_io.h"
+#include "loader/format/json_util.h"
 
 namespace metaload {
 namespace {
@@ -73,8 +74,12 @@ const char* scheme_words(QuantKind k) {
 class Recogniser {
  public:
   Recogniser(const Checkpoint& c, const QuantConfig& cfg, const std::string& config_path,
-             const TensorBytes& bytes)
-      : c_(c), cfg_(cfg), config_path_(config_path), bytes_(bytes) {}
+             const TensorBytes& bytes, bool require_modules)
+      : c_(c),
+        cfg_(cfg),
+        config_path_(config_path),
+        bytes_(bytes),
+        require_modules_(require_modules) {}
 
   QuantLayout run() {
     check_foreign();
@@ -89,7 +94,7 @@ class Recogniser {
           checked_add(out.n_quantized_params, m->n_params, "quantized parameters");
       out.modules.push_back(std::move(*m));
     }
-    if (out.modules.empty()) {
+    if (out.modules.empty() && require_modules_) {
       throw QuantLayoutError(config_path_, "", "no-quantized-tensors",
                              std::string("quantization_config says ") + scheme_words(cfg_.kind) +
                                  ", but no tensor of the checkpoint is stored that way");
@@ -104,6 +109,15 @@ class Recogniser {
   const QuantConfig& cfg_;
   std::string config_path_;
   const TensorBytes& bytes_;
+  bool require_modules_;
+
+  // Where the scheme came from, for messages.
+  std::string says() const {
+    return cfg_.inferred ? std::string("the checkpoint's other quantized tensors are ") +
+                               scheme_words(cfg_.kind)
+                         : std::string("quantization_config says ") + scheme_words(cfg_.kind) +
+                               " (quant_method " + quote_text(cfg_.method, '\'') + ")";
+  }
 
   std::string file(const std::string& name) const {
     const SafetensorsHeader* f = c_.file_of(name);
@@ -147,28 +161,30 @@ class Recogniser {
     for (const auto& s : all) {
       if (s.kind == cfg_.kind) own = s.suffixes;
     }
-    for (const auto& f : c_.files) {
-      for (const auto& t : f.tensors) {
-        for (const auto& s : all) {
-          if (s.kind == cfg_.kind) continue;
-          for (auto suffix : s.suffixes) {
-            if (!ends_with(t.name, suffix)) continue;
-            if (std::find(own.begin(), own.end(), suffix) != own.end()) continue;
-            fail(t.name, "foreign-tensor",
-                 std::string("a ") + scheme_words(s.kind) + " tensor ('" + std::string(suffix) +
-                     "'), but quantization_config says " + scheme_words(cfg_.kind));
-          }
+    // In name order, so that the tensor named does not depend on the files' layout.
+    for (const std::string& name : c_.tensor_names()) {
+      for (const auto& s : all) {
+        if (s.kind == cfg_.kind) continue;
+        for (auto suffix : s.suffixes) {
+          if (!ends_with(name, suffix)) continue;
+          if (std::find(own.begin(), own.end(), suffix) != own.end()) continue;
+          fail(name, "foreign-tensor",
+               std::string("a ") + scheme_words(s.kind) + " tensor ('" + std::string(suffix) +
+                   "'), but " + says());
         }
       }
     }
   }
 
-  void add_aux(QuantModule& m, const TensorInfo& t) const {
+  // An aux tensor, and its role for a dequantizing load (none: describe's bytes only).
+  void add_aux(QuantModule& m, const TensorInfo& t, const char* role = nullptr) const {
     m.aux_bytes = checked_add(m.aux_bytes, t.nbytes(), "quantization aux bytes");
     m.aux_tensors.push_back(t.name);
+    if (role) m.parts[role] = t.name;
   }
 
   void set_weight(QuantModule& m, const TensorInfo& t, int64_t out, int64_t in) const {
+    m.parts["q"] = t.name;
     m.weight_tensor = t.name;
     m.weight_bytes = t.nbytes();
     m.out = out;
@@ -200,80 +216,68 @@ class Recogniser {
 
   // ---- bitsandbytes 4-bit ----------------------------------------------------------------------
 
-  nlohmann::json blob_json(const TensorInfo& blob) const {
-    if (blob.dtype != DType::U8 || blob.shape.size() != 1) {
-      fail(blob.name, "quant-state-blob",
-           "a quant_state blob is U8 of rank 1 (JSON bytes), not " +
-               std::string(dtype_name(blob.dtype)) + " " + shape_text(blob.shape));
-    }
-    if (blob.nbytes() > kMaxQuantStateBytes) {
-      fail(blob.name, "quant-state-blob",
-           std::to_string(blob.nbytes()) + " bytes; a quant_state blob is at most " +
-               std::to_string(kMaxQuantStateBytes));
-    }
-    const SafetensorsHeader* f = c_.file_of(blob.name);
-    const std::string text = bytes_(*f, blob);
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      fail(blob.name, "quant-state-blob", "not a JSON object: " + quote_text(text.substr(0, 60)));
-    }
-    return j;
-  }
-
-  static std::optional<int64_t> pos_int(const nlohmann::json& j, const char* key) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return std::nullopt;
-    return it->get<int64_t>();
-  }
-
   struct BlobInfo {
-    std::vector<int64_t> shape;
-    uint64_t n = 1;  // logical elements
+    std::vector<int64_t> shape;  // [out, in]
+    uint64_t n = 1;              // logical elements
     int64_t blocksize = 0;
     std::optional<int64_t> nested_blocksize;
+    float nested_offset = 0;
   };
 
-  // The quant_state blob of `name` (type = "nf4" | "fp4"), checked against its name and config.
-  BlobInfo parse_blob(const std::string& name, const std::string& type) const {
-    if (type != "nf4" && type != "fp4") {
-      fail(name, "quant-state-blob", "quant type " + quote_text(type) + " is not nf4 or fp4");
+  // The quant_state blob `blob` (its name says `type`: "nf4" | "fp4"), as bitsandbytes writes it:
+  // a JSON object with quant_type, blocksize, shape [out, in], dtype, and for double quantization
+  // nested_blocksize and nested_offset. Rule "quant-state-blob" for anything else.
+  BlobInfo parse_blob(const TensorInfo& blob, const std::string& type) const {
+    auto bad = [&](const std::string& why) { fail(blob.name, "quant-state-blob", why); };
+    if (type != "nf4" && type != "fp4")
+      bad("quant type " + quote_text(type) + " is not nf4 or fp4");
+    if (blob.dtype != DType::U8 || blob.shape.size() != 1) {
+      bad("a quant_state blob is U8 of rank 1 (JSON bytes), not " +
+          std::string(dtype_name(blob.dtype)) + " " + shape_text(blob.shape));
     }
-    const nlohmann::json j = blob_json(*c_.find(name));
+    if (blob.nbytes() > kMaxQuantStateBytes) {
+      bad(std::to_string(blob.nbytes()) + " bytes; a quant_state blob is at most " +
+          std::to_string(kMaxQuantStateBytes));
+    }
+    const std::string text = bytes_(*c_.file_of(blob.name), blob);
+    nlohmann::json j;
+    try {
+      j = parse_json_strict(text, file(blob.name));
+    } catch (const FormatError& e) {
+      bad("not JSON: " + e.detail());
+    }
+    if (!j.is_object()) bad("not a JSON object");
+    auto need_int = [&](const char* key, int64_t lo) {
+      auto it = j.find(key);
+      if (it == j.end() || !it->is_number_integer()) bad(std::string("no integer \"") + key + "\"");
+      const int64_t v = it->get<int64_t>();
+      if (v < lo) bad(std::string("\"") + key + "\" is " + std::to_string(v));
+      return v;
+    };
     auto qt = j.find("quant_type");
-    if (qt == j.end() || !qt->is_string() || qt->get<std::string>() != type) {
-      fail(name, "quant-state-blob",
-           "the blob's quant_type is " + (qt == j.end() ? std::string("missing") : qt->dump()) +
-               ", its name says " + quote_text(type));
-    }
-    if (type != cfg_.quant_type) {
-      fail(name, "quant-state-mismatch",
-           "the blob says " + type + ", config.json's bnb_4bit_quant_type says " + cfg_.quant_type);
+    if (qt == j.end() || !qt->is_string()) bad("no string \"quant_type\"");
+    if (qt->get<std::string>() != type) {
+      bad("\"quant_type\" is " + quote_text(qt->get<std::string>()) +
+          " but the tensor's name says " + type);
     }
     BlobInfo b;
-    const auto blocksize = pos_int(j, "blocksize");
-    if (!blocksize)
-      fail(name, "quant-state-blob", "blocksize is missing or not a positive integer");
-    b.blocksize = *blocksize;
-    auto shape_it = j.find("shape");
-    if (shape_it == j.end() || !shape_it->is_array() || shape_it->empty() || shape_it->size() > 8) {
-      fail(name, "quant-state-blob", "shape is missing or not a list of 1 to 8 sizes");
-    }
-    for (const auto& d : *shape_it) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        fail(name, "quant-state-blob", "shape " + shape_it->dump() + " is not a list of sizes");
-      }
+    b.blocksize = need_int("blocksize", 1);
+    auto sh = j.find("shape");
+    if (sh == j.end() || !sh->is_array() || sh->size() != 2) bad("\"shape\" is not [out, in]");
+    for (const auto& d : *sh) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) bad("\"shape\" is not [out, in]");
       b.shape.push_back(d.get<int64_t>());
-      b.n = checked_mul<uint64_t>(b.n, static_cast<uint64_t>(d.get<int64_t>()),
-                                  "logical elements of " + name);
     }
-    if (!j.contains("dtype") || !j["dtype"].is_string()) {
-      fail(name, "quant-state-blob", "dtype is missing or not a string");
-    }
+    const auto n = mul_or_none(b.shape[0], b.shape[1]);
+    if (!n || *n > (int64_t{1} << 62)) bad("\"shape\" is too large");
+    b.n = static_cast<uint64_t>(*n);
+    if (j.contains("dtype") && !j["dtype"].is_string()) bad("\"dtype\" is not a string");
     if (j.contains("nested_blocksize") || j.contains("nested_offset")) {
-      b.nested_blocksize = pos_int(j, "nested_blocksize");
-      if (!b.nested_blocksize) {
-        fail(name, "quant-state-blob", "nested_blocksize is not a positive integer");
+      b.nested_blocksize = need_int("nested_blocksize", 1);
+      if (!j.contains("nested_offset") || !j["nested_offset"].is_number()) {
+        bad("double quantization without a number \"nested_offset\"");
       }
+      b.nested_offset = j["nested_offset"].get<float>();
     }
     return b;
   }
@@ -284,16 +288,18 @@ class Recogniser {
     const uint64_t blocks = ceil_div(b.n, static_cast<uint64_t>(b.blocksize));
     const TensorInfo* nested = c_.find(w + ".nested_absmax");
     if ((nested != nullptr) != b.nested_blocksize.has_value()) {
-      fail(nested ? nested->name : name, "quant-state-mismatch",
-           nested ? "nested absmax stored, but the quant_state blob has no nested_blocksize"
+      fail(name, "quant-state-mismatch",
+           nested ? "no nested_blocksize / nested_offset, but " + w + ".nested_absmax exists"
                   : "the quant_state blob describes double quantization, but " +
                         quote_text(w + ".nested_absmax", '\'') + " is missing");
     }
     if ((nested != nullptr) != cfg_.double_quant) {
       fail(name, "quant-state-mismatch",
-           std::string(nested ? "double-quantized" : "not double-quantized") +
-               ", but config.json's bnb_4bit_use_double_quant is " +
-               (cfg_.double_quant ? "true" : "false"));
+           std::string(nested ? "double-quantized" : "not double-quantized") + ", but " +
+               (cfg_.inferred ? std::string("the checkpoint's other modules are ") +
+                                    (cfg_.double_quant ? "" : "not ") + "double-quantized"
+                              : std::string("config.json's bnb_4bit_use_double_quant is ") +
+                                    (cfg_.double_quant ? "true" : "false")));
     }
     const TensorInfo& absmax = need(name, w + ".absmax");
     const std::string blocks_why =
@@ -310,17 +316,20 @@ class Recogniser {
       const TensorInfo& nq = need(name, w + ".nested_quant_map");
       dtype_is(nq, {DType::F32}, "the nested quant_map");
       shape_is(nq, {256}, "quant-map-shape", "an 8-bit code book");
-      add_aux(m, *nested);
-      add_aux(m, nq);
+      add_aux(m, *nested, "nested_scales");
+      add_aux(m, nq, "nested_code");
+      m.nested = true;
+      m.nested_block = *b.nested_blocksize;
+      m.nested_offset = b.nested_offset;
     } else {
       dtype_is(absmax, {DType::F32}, "the absmax");
       shape_is(absmax, {static_cast<int64_t>(blocks)}, "absmax-shape", blocks_why);
     }
-    add_aux(m, absmax);
+    add_aux(m, absmax, "scales");
     const TensorInfo& qm = need(name, w + ".quant_map");
     dtype_is(qm, {DType::F32}, "the quant_map");
     shape_is(qm, {16}, "quant-map-shape", "a 4-bit code book");
-    add_aux(m, qm);
+    add_aux(m, qm, "code");
   }
 
   std::optional<QuantModule> bnb4(const std::string& name) const {
@@ -340,7 +349,16 @@ class Recogniser {
     }
     const std::string module = name.substr(0, at);
     const std::string w = module + ".weight";
-    const BlobInfo b = parse_blob(name, name.substr(at + marker.size()));
+    const std::string type = name.substr(at + marker.size());
+    const BlobInfo b = parse_blob(*self, type);
+    // A config that does not name the type leaves it to the blobs (each names its own).
+    if (type != cfg_.quant_type && (cfg_.quant_type_stated || cfg_.inferred)) {
+      fail(name, "quant-state-mismatch",
+           "the blob says " + type + ", " +
+               (cfg_.inferred ? std::string("the checkpoint's other blobs say ")
+                              : std::string("config.json's bnb_4bit_quant_type says ")) +
+               cfg_.quant_type);
+    }
     const TensorInfo& weight = need(name, w);
     dtype_is(weight, {cfg_.storage}, "the packed weight");
     // Two 4-bit values per byte of the storage dtype.
@@ -348,14 +366,15 @@ class Recogniser {
     const uint64_t packed = ceil_div(b.n, per_elem);
     if (static_cast<uint64_t>(weight.numel()) != packed) {
       fail(w, "packed-shape",
-           "holds " + std::to_string(weight.numel()) + " elements; the logical shape " +
-               shape_text(b.shape) + " packs into " + std::to_string(packed));
+           "shape " + shape_text(weight.shape) + " holds " + std::to_string(weight.numel()) +
+               " elements; the logical shape " + shape_text(b.shape) +
+               " (quant_state) packs into " + std::to_string(packed));
     }
     QuantModule m;
     m.name = module;
-    const int64_t out = b.shape.size() >= 2 ? b.shape[0] : 1;
-    set_weight(m, weight, out, out ? static_cast<int64_t>(b.n / static_cast<uint64_t>(out)) : 0);
-    add_aux(m, *self);
+    m.block = b.blocksize;
+    set_weight(m, weight, b.shape[0], b.shape[1]);
+    add_aux(m, *self, "state");
     bnb4_stats(name, w, b, m);
     return m;
   }
@@ -380,15 +399,15 @@ class Recogniser {
       fail(weight.name, "packed-shape",
            "an int8 weight is [out, in], not " + shape_text(weight.shape));
     }
-    dtype_is(*self, {DType::F32}, "SCB");
+    dtype_is(*self, {DType::F32, DType::F16, DType::BF16}, "SCB");
     shape_is(*self, {weight.shape[0]}, "scale-shape", "one scale per output row");
     QuantModule m;
     m.name = module;
     set_weight(m, weight, weight.shape[0], weight.shape[1]);
-    add_aux(m, *self);
+    add_aux(m, *self, "scales");
     if (const TensorInfo* f = c_.find(module + ".weight_format")) {
       dtype_is(*f, {DType::U8}, "weight_format");
-      add_aux(m, *f);
+      add_aux(m, *f, "format");
     }
     return m;
   }
@@ -424,6 +443,16 @@ class Recogniser {
       }
       in = in_bits / bits;
       out = qw.shape[1];
+      // qweight is the one to blame when g_idx and the scales agree on another input dim.
+      const TensorInfo* gi = c_.find(module + ".g_idx");
+      if (gi && gi->shape.size() == 1 && gi->shape[0] != in && gi->shape[0] * bits % 32 == 0 &&
+          scales.shape[0] == groups(gi->shape[0]) && scales.shape[0] != groups(in)) {
+        const int64_t want = gi->shape[0];
+        shape_is(qw, {want * bits / 32, qw.shape[1]}, "packed-shape",
+                 std::to_string(want) + " input rows (g_idx, scales), " +
+                     std::to_string(32 / bits) + " per int32, x " + std::to_string(out) +
+                     " outputs");
+      }
       if (scales.shape[1] != out) {
         fail(name, "packed-shape",
              "GPTQ packs qweight along the input dim ([in*" + std::to_string(bits) +
@@ -445,11 +474,13 @@ class Recogniser {
     const int64_t g = groups(in);
     shape_is(scales, {g, out}, "scale-shape",
              std::to_string(in) + " inputs in groups of " +
-                 (cfg_.group_size > 0 ? std::to_string(cfg_.group_size) : "the whole row"));
+                 (cfg_.group_size > 0 ? std::to_string(cfg_.group_size) : "the whole row") +
+                 (cfg_.inferred ? "" : " (config.json)"));
     QuantModule m;
     m.name = module;
+    m.groups = g;
     set_weight(m, qw, out, in);
-    add_aux(m, scales);
+    add_aux(m, scales, "scales");
     const TensorInfo* zeros = c_.find(module + ".qzeros");
     if (!zeros && (!awq || cfg_.zero_point)) zeros = &need(name, module + ".qzeros");
     if (zeros) {
@@ -460,13 +491,13 @@ class Recogniser {
              std::to_string(out) + " output features do not pack into int32 zero points");
       }
       shape_is(*zeros, {g, out_bits / 32}, "zeros-shape", "zero points packed along out");
-      add_aux(m, *zeros);
+      add_aux(m, *zeros, "zeros");
     }
     if (const TensorInfo* gi = c_.find(module + ".g_idx")) {
       if (awq) fail(gi->name, "foreign-tensor", "AWQ stores no g_idx (a GPTQ tensor)");
       dtype_is(*gi, {DType::I32}, "g_idx");
       shape_is(*gi, {in}, "g-idx-shape", "one group index per input feature");
-      add_aux(m, *gi);
+      add_aux(m, *gi, "g_idx");
     }
     return m;
   }
@@ -497,7 +528,7 @@ class Recogniser {
     QuantModule m;
     m.name = module;
     set_weight(m, w, w.shape[0], w.shape[1]);
-    add_aux(m, *self);
+    add_aux(m, *self, "scales");
     if (const TensorInfo* is = c_.find(module + ".input_scale")) add_aux(m, *is);
     return m;
   }
@@ -550,9 +581,10 @@ class Recogniser {
                  : std::string("one scale per output channel"));
     QuantModule m;
     m.name = module;
+    m.groups = g;
     set_weight(m, wp, out, in);
-    add_aux(m, ws);
-    add_aux(m, sc);
+    add_aux(m, ws, "shape");
+    add_aux(m, sc, "scales");
     const TensorInfo* zp = c_.find(module + ".weight_zero_point");
     if (cfg_.zero_point && !zp) zp = &need(name, module + ".weight_zero_point");
     if (zp) {
@@ -568,12 +600,12 @@ class Recogniser {
                32)),
            g},
           "zeros-shape", "zero points packed along the output dim");
-      add_aux(m, *zp);
+      add_aux(m, *zp, "zeros");
     }
     if (const TensorInfo* gi = c_.find(module + ".weight_g_idx")) {
       dtype_is(*gi, {DType::I32}, "weight_g_idx");
       shape_is(*gi, {in}, "g-idx-shape", "one group index per input feature");
-      add_aux(m, *gi);
+      add_aux(m, *gi, "g_idx");
     }
     return m;
   }
@@ -595,9 +627,10 @@ class Recogniser {
     shape_is(gs, {1}, "scale-shape", "one global scale");
     QuantModule m;
     m.name = module;
+    m.groups = groups(in);
     set_weight(m, wp, out, in);
-    add_aux(m, sc);
-    add_aux(m, gs);
+    add_aux(m, sc, "scales");
+    add_aux(m, gs, "global");
     if (const TensorInfo* ig = c_.find(module + ".input_global_scale")) {
       dtype_is(*ig, {DType::F32}, "input_global_scale");
       shape_is(*ig, {1}, "scale-shape", "one global scale");
@@ -625,8 +658,68 @@ std::string read_tensor_bytes(const SafetensorsHeader& file, const TensorInfo& t
 }
 
 QuantLayout recognise_quantized(const Checkpoint& c, const QuantConfig& config,
-                                const std::string& config_path, const TensorBytes& bytes) {
-  return Recogniser(c, config, config_path, bytes).run();
+                                const std::string& config_path, const TensorBytes& bytes,
+                                bool require_modules) {
+  return Recogniser(c, config, config_path, bytes, require_modules).run();
+}
+
+std::optional<QuantConfig> infer_quant_config(const Checkpoint& c) {
+  QuantConfig cfg;
+  cfg.inferred = true;
+  cfg.zero_point = false;
+  for (const std::string& name : c.tensor_names()) {
+    const TensorInfo& t = *c.find(name);
+    const std::string_view blob = ".weight.quant_state.bitsandbytes__";
+    if (ends_with(name, ".qweight") && t.shape.size() == 2) {
+      const std::string module = name.substr(0, name.size() - 8);
+      const TensorInfo* sc = c.find(module + ".scales");
+      const TensorInfo* qz = c.find(module + ".qzeros");
+      const TensorInfo* gi = c.find(module + ".g_idx");
+      const bool two_d = sc && sc->shape.size() == 2 && sc->shape[0] > 0;
+      // AWQ packs the output dim: qweight has out / 8 columns where the scales have out.
+      const bool awq =
+          two_d && !gi && mul_or_none<int64_t>(t.shape[1], 8) == sc->shape[1] && sc->shape[1] != 0;
+      cfg.kind = awq ? QuantKind::kAwq : QuantKind::kGptq;
+      cfg.bits = 4;
+      if (!awq && two_d && qz && qz->shape.size() == 2 && qz->shape[1] > 0 &&
+          sc->shape[1] % qz->shape[1] == 0) {
+        const int64_t pack = sc->shape[1] / qz->shape[1];  // zero points per int32: 32 / bits
+        if (pack == 4 || pack == 8 || pack == 16) cfg.bits = static_cast<int>(32 / pack);
+      }
+      // (A tensor with a zero dim may claim any size in the other: no unchecked products.)
+      const int64_t in = gi && gi->shape.size() == 1 ? gi->shape[0]
+                         : awq                       ? t.shape[0]
+                               : mul_or_none<int64_t>(t.shape[0], 32 / cfg.bits).value_or(0);
+      // The group size the scales' rows say (one row: the whole input dim, 0).
+      cfg.group_size = two_d && sc->shape[0] > 1 && in % sc->shape[0] == 0 ? in / sc->shape[0] : 0;
+      cfg.zero_point = qz != nullptr || !awq;
+      return cfg;
+    }
+    if (const size_t at = name.rfind(blob); at != std::string::npos) {
+      cfg.kind = QuantKind::kBnb4;
+      cfg.quant_type = name.substr(at + blob.size());
+      cfg.double_quant = c.find(name.substr(0, at) + ".weight.nested_absmax") != nullptr;
+      return cfg;
+    }
+    if (ends_with(name, ".SCB")) {
+      cfg.kind = QuantKind::kBnb8;
+      cfg.bits = 8;
+      return cfg;
+    }
+    if (ends_with(name, ".weight_scale_inv")) {
+      cfg.kind = QuantKind::kFp8Block;
+      cfg.bits = 8;
+      cfg.block_rows = cfg.block_cols = 128;  // DeepSeek-V3 / Qwen3's blocks
+      return cfg;
+    }
+    if (ends_with(name, ".weight_packed") && t.dtype == DType::U8) {
+      cfg.kind = QuantKind::kCtNvfp4;
+      cfg.group_size = 16;
+      cfg.scale_dtype = DType::F8_E4M3;
+      return cfg;
+    }
+  }
+  return std::nullopt;
 }
 
 std::set<std::string> aux_tensor_names(const QuantLayout& layout) {
@@ -646,6 +739,60 @@ bool is_row_parallel(const std::string& module) {
   return false;
 }
 
+int64_t tp_unit(const QuantConfig& cfg, const QuantModule& m, int dim, std::string* boundary) {
+  auto say = [&](std::string text, int64_t unit) {
+    if (boundary) *boundary = std::move(text);
+    return unit;
+  };
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  // Values per whole number of int32 words (8 for 4 bits; 32 for 3 bits).
+  const int64_t pack = 32 / std::gcd<int64_t>(32, cfg.bits);
+  switch (cfg.kind) {
+    case QuantKind::kBnb4: {
+      // The packed weight and absmax are flat over [out, in]: a slice must cover whole blocks.
+      const int64_t bs = m.block > 0 ? m.block : cfg.blocksize;
+      if (dim == 0) {
+        const int64_t rows = bs / std::gcd<int64_t>(bs, std::max<int64_t>(m.in, 1));
+        return say("the " + n(bs) + "-element absmax blocks of the flattened weight (" + n(rows) +
+                       " rows of " + n(m.in) + ")",
+                   rows);
+      }
+      if (m.in % bs != 0 && m.out > 1) {
+        return say("the " + n(bs) + "-element absmax blocks: rows of " + n(m.in) +
+                       " elements do not start on blocks (split the output dim instead)",
+                   0);
+      }
+      return say("the " + n(bs) + "-element absmax blocks", bs);
+    }
+    case QuantKind::kBnb8:
+      return say("whole features", 1);
+    case QuantKind::kGptq:
+    case QuantKind::kAwq:
+    case QuantKind::kCtPacked: {
+      const bool packed_in = cfg.kind != QuantKind::kAwq;
+      if (dim == 1) {
+        const int64_t g = cfg.group_size > 0 ? cfg.group_size : 1;
+        std::string text = cfg.group_size > 0 ? "the groups of " + n(cfg.group_size) : "";
+        if (!packed_in) return say(text.empty() ? "whole features" : text, g);
+        text += (text.empty() ? "the " : " and the ") + n(pack) + "-value int32 packs";
+        return say(text, lcm64(g, pack));
+      }
+      if (cfg.kind == QuantKind::kCtPacked && !cfg.zero_point) return say("whole features", 1);
+      return say("the " + n(pack) + "-value int32 packs of " +
+                     (cfg.kind == QuantKind::kAwq ? "qweight and qzeros" : "the zero points"),
+                 pack);
+    }
+    case QuantKind::kFp8Block: {
+      const int64_t b = dim == 0 ? cfg.block_rows : cfg.block_cols;
+      return say("the " + n(b) + "-wide scale blocks", b);
+    }
+    case QuantKind::kCtNvfp4:
+      if (dim == 0) return say("whole features", 1);
+      return say("the groups of " + n(cfg.group_size), cfg.group_size);
+  }
+  return say("whole features", 1);
+}
+
 bool tp_sliceable(const QuantConfig& cfg, const QuantModule& m, int64_t d, std::string* why) {
   const bool row = is_row_parallel(m.name);
   const int64_t dim = row ? m.in : m.out;
@@ -658,56 +805,9 @@ bool tp_sliceable(const QuantConfig& cfg, const QuantModule& m, int64_t d, std::
     return false;
   };
   if (d <= 0 || dim % d != 0) return no("whole features");
-  const int64_t part = dim / d;
-  const int64_t bits = cfg.bits;
-  switch (cfg.kind) {
-    case QuantKind::kBnb4:
-      // The packed weight and absmax are flat over [out, in]: a slice must cover whole blocks.
-      if (row) {
-        if (m.in % cfg.blocksize != 0 || part % cfg.blocksize != 0) {
-          return no("the " + std::to_string(cfg.blocksize) + "-element absmax blocks");
-        }
-      } else if (!mul_or_none(part, m.in) || *mul_or_none(part, m.in) % cfg.blocksize != 0) {
-        return no("the " + std::to_string(cfg.blocksize) + "-element absmax blocks");
-      }
-      return true;
-    case QuantKind::kBnb8:
-      return true;
-    case QuantKind::kGptq:
-    case QuantKind::kAwq:
-    case QuantKind::kCtPacked: {
-      const bool packed_in = cfg.kind != QuantKind::kAwq;
-      if (row) {
-        int64_t g = cfg.group_size > 0 ? cfg.group_size : 1;
-        if (packed_in) g = lcm64(g, 32 / std::gcd<int64_t>(32, bits));
-        if (g <= 0 || part % g != 0) {
-          return no(cfg.group_size > 0 && part % cfg.group_size != 0
-                        ? "the groups of " + std::to_string(cfg.group_size)
-                        : "the " + std::to_string(32 / std::gcd<int64_t>(32, bits)) +
-                              "-value int32 packs");
-        }
-      } else {
-        const bool packed_out = cfg.kind != QuantKind::kCtPacked || cfg.zero_point;
-        const auto part_bits = mul_or_none(part, bits);
-        if (packed_out && (!part_bits || *part_bits % 32 != 0)) {
-          return no("the int32 packs of " + std::string(cfg.kind == QuantKind::kAwq
-                                                            ? "qweight and qzeros"
-                                                            : "the zero points"));
-        }
-      }
-      return true;
-    }
-    case QuantKind::kFp8Block: {
-      const int64_t b = row ? cfg.block_cols : cfg.block_rows;
-      if (part % b != 0) return no("the " + std::to_string(b) + "-wide scale blocks");
-      return true;
-    }
-    case QuantKind::kCtNvfp4:
-      if (row && part % cfg.group_size != 0) {
-        return no("the groups of " + std::to_string(cfg.group_size));
-      }
-      return true;
-  }
+  std::string boundary;
+  const int64_t unit = tp_unit(cfg, m, row ? 1 : 0, &boundary);
+  if (unit <= 0 || (dim / d) % unit != 0) return no(boundary);
   return true;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -44,6 +45,19 @@ struct QuantModule {
   uint64_t aux_bytes = 0;     // scales, zero points, absmax, quant maps, blobs, shapes, g_idx
   std::vector<std::string> aux_tensors;  // their names
   std::string weight_tensor;             // the packed weight's name
+
+  // What a dequantizing load reads (recognise_quantized fills it; estimate leaves it empty).
+  // The tensors a kernel uses, by role: "q" (the packed / quantized weight), "scales" (scales,
+  // absmax, SCB, weight_scale_inv, weight_scale), "zeros" (qzeros, weight_zero_point), "g_idx",
+  // "code" (quant_map), "nested_scales", "nested_code", "global" (NVFP4 weight_global_scale),
+  // and those read at plan time only: "state" (quant_state blob), "format" (weight_format),
+  // "shape" (weight_shape).
+  std::map<std::string, std::string> parts;
+  int64_t groups = 0;        // GPTQ / AWQ: rows of scales; compressed-tensors: their columns
+  int64_t block = 0;         // bitsandbytes 4-bit: the blob's blocksize
+  int64_t nested_block = 0;  // bitsandbytes double quantization: blocks per nested absmax
+  float nested_offset = 0;   // bitsandbytes double quantization: the blob's nested_offset
+  bool nested = false;
 };
 
 struct QuantLayout {
@@ -65,10 +79,22 @@ inline constexpr uint64_t kMaxQuantStateBytes = 64 * 1024;
 // "packed-shape" (a packed weight that does not match the logical shape), "scale-shape",
 // "zeros-shape", "g-idx-shape", "absmax-shape", "quant-map-shape", "quant-state-blob" (malformed
 // blob), "quant-state-mismatch" (blob contradicts config.json or its tensors), "foreign-tensor"
-// (a tensor of another scheme), "no-quantized-tensors" (file = config_path).
+// (a tensor of another scheme), "no-quantized-tensors" (file = config_path; only with
+// `require_modules`). The one parser of these layouts: describe, estimate's checks and the
+// dequantizing load (loader/load/dequant_load.h) all use it.
 QuantLayout recognise_quantized(const Checkpoint& c, const QuantConfig& config,
                                 const std::string& config_path,
-                                const TensorBytes& bytes = read_tensor_bytes);
+                                const TensorBytes& bytes = read_tensor_bytes,
+                                bool require_modules = true);
+
+// The scheme of a checkpoint without a quantization_config, read off its tensors (the first
+// module's, in name order): GPTQ or AWQ by whether qweight packs the input or the output dim,
+// their bits from the zero points' packing and group size from the scales' rows; bitsandbytes
+// 4-bit (quant type from the blob's name, double quantization from nested_absmax) and int8; FP8
+// with 128 x 128 blocks; compressed-tensors NVFP4. nullopt when no tensor is quantized (and for
+// compressed-tensors pack-quantized, whose bits only its config says). method is "" and inferred
+// true; recognise_quantized checks every module against it as against a config.
+std::optional<QuantConfig> infer_quant_config(const Checkpoint& c);
 
 // Names of the tensors that are not parameters (aux tensors of every module).
 std::set<std::string> aux_tensor_names(const QuantLayout& layout);
@@ -76,6 +102,13 @@ std::set<std::string> aux_tensor_names(const QuantLayout& layout);
 // True for modules tensor parallelism splits along the input dim (o_proj, down_proj, c_proj,
 // out_proj, dense_4h_to_h, fc2, w2, wo); the others are split along the output dim.
 bool is_row_parallel(const std::string& module);
+
+// The granularity of a tensor-parallel slice of `m` along `dim` (0: output rows, 1: input
+// columns): a slice must start and end on multiples of it (or end at the dim's size), so that it
+// falls on whole int32 packs, groups and blocks. *boundary describes them ("input columns on groups
+// of 128 and int32 packs of 8"). 0 when no split of that dim works (bitsandbytes 4-bit rows that
+// do not start on a block); *boundary then says why.
+int64_t tp_unit(const QuantConfig& config, const QuantModule& m, int dim, std::string* boundary);
 
 // Whether `m` can be split into `degree` slices that fall on its pack and group boundaries;
 // *why says which boundary does not when it cannot.

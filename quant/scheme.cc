@@ -86,6 +86,7 @@ void parse_bnb(const nlohmann::json& qc, const std::string& file, QuantConfig& c
   c.bits = 4;
   c.zero_point = false;
   c.quant_type = str_field(qc, "bnb_4bit_quant_type", "fp4", file);
+  c.quant_type_stated = qc.contains("bnb_4bit_quant_type") && !qc["bnb_4bit_quant_type"].is_null();
   if (c.quant_type != "nf4" && c.quant_type != "fp4") {
     bad_field(file, "bnb_4bit_quant_type", "is " + quote_text(c.quant_type) + ", not nf4 or fp4");
   }
@@ -233,6 +234,7 @@ QuantConfig parse_quant_config(const nlohmann::json& qc, const std::string& file
           file, "", "unsupported-scheme",
           "GPTQ checkpoint_format " + quote_text(fmt) + " is not supported (gptq, gptq_v2)");
     }
+    c.gptq_v2 = fmt == "gptq_v2";
     c.blocks_only = true;
     add_names(qc, "modules_to_not_convert", file, c.skip_modules);
   } else if (method == "awq") {

@@ -38,6 +38,7 @@ struct QuantConfig {
   // bitsandbytes 4-bit: quant type ("nf4" | "fp4"), double quantization, the storage dtype of
   // the packed weight (uint8 by default), and the block sizes it uses (64; nested 256).
   std::string quant_type;
+  bool quant_type_stated = false;  // bnb_4bit_quant_type given (else "fp4", transformers' default)
   bool double_quant = false;
   DType storage = DType::U8;
   int64_t blocksize = 64;
@@ -56,6 +57,10 @@ struct QuantConfig {
   std::vector<std::string> skip_modules;
   // GPTQ / AWQ quantize only the linear layers inside the repeated blocks (model.layers.N...).
   bool blocks_only = false;
+  // GPTQ checkpoint_format "gptq_v2" (zero points stored as they are; "gptq" stores z - 1).
+  bool gptq_v2 = false;
+  // Read off the tensors (infer_quant_config, quant/layout.h), not from a quantization_config.
+  bool inferred = false;
   nlohmann::json source;  // the quantization_config as given
 };
 

@@ -34,12 +34,217 @@ at::ScalarType raw_dtype(DType d) {
   }
 }
 
-// Roles that are read at plan time (the blob, weight_format), not loaded.
+// Roles read at plan time (the blob, weight_format, weight_shape), not loaded.
 bool loaded_role(const std::string& role) {
-  return role != "state" && role != "format";
+  return role != "state" && role != "format" && role != "shape";
+}
+
+int float_format(DType d) {
+  return d == DType::F32 ? 0 : (d == DType::F16 ? 1 : 2);
+}
+
+std::string file_of(const Checkpoint& ckpt, const std::string& tensor) {
+  const SafetensorsHeader* f = ckpt.file_of(tensor);
+  return f ? f->path : ckpt.dir;
+}
+
+[[noreturn]] void no_kernels(const Checkpoint& ckpt, const std::string& tensor,
+                             const std::string& what) {
+  throw DequantError(file_of(ckpt, tensor), tensor, "unsupported-scheme",
+                     what + " has no dequantization kernels");
+}
+
+// The layouts quant/ knows and the kernels do not.
+void check_kernels(const Checkpoint& ckpt, const QuantLayout& layout) {
+  const QuantConfig& c = layout.config;
+  for (const QuantModule& m : layout.modules) {
+    const std::string& q = m.weight_tensor;
+    switch (c.kind) {
+      case QuantKind::kGptq:
+        if (c.bits != 2 && c.bits != 4 && c.bits != 8) {
+          no_kernels(ckpt, q, "GPTQ with " + std::to_string(c.bits) + " bits (2, 4 and 8 have)");
+        }
+        break;
+      case QuantKind::kAwq:
+        if (!m.parts.count("zeros")) no_kernels(ckpt, q, "AWQ without zero points");
+        break;
+      case QuantKind::kBnb4:
+        if (c.storage != DType::U8) {
+          no_kernels(ckpt, q,
+                     std::string("bitsandbytes 4-bit stored as ") + dtype_name(c.storage) +
+                         " (uint8 has)");
+        }
+        break;
+      case QuantKind::kBnb8:
+        if (auto f = m.parts.find("format"); f != m.parts.end()) {
+          const TensorInfo& t = *ckpt.find(f->second);
+          const std::string v =
+              t.nbytes() == 1 ? read_tensor_bytes(*ckpt.file_of(t.name), t) : std::string();
+          if (v.size() != 1 || v[0] != 0) {
+            no_kernels(ckpt, t.name, "int8 weight_format other than 0 (row-major)");
+          }
+        }
+        break;
+      case QuantKind::kCtPacked:
+        if (auto g = m.parts.find("g_idx"); g != m.parts.end()) {
+          no_kernels(ckpt, g->second, "compressed-tensors activation ordering (weight_g_idx)");
+        }
+        break;
+      case QuantKind::kFp8Block:
+      case QuantKind::kCtNvfp4:
+        break;
+    }
+  }
 }
 
 }  // namespace
+
+QuantLayout dequant_layout(const Checkpoint& ckpt) {
+  const std::string config_path = ckpt.config_path.value_or("");
+  try {
+    std::optional<QuantConfig> cfg;
+    if (ckpt.config_path) {
+      if (auto qc = find_quant_config(read_config_json(*ckpt.config_path))) {
+        try {
+          cfg = parse_quant_config(*qc, config_path);
+        } catch (const QuantSchemeError& e) {
+          if (e.rule() != "unknown-scheme") throw;
+          auto m = qc->is_object() ? qc->find("quant_method") : qc->end();
+          const std::string method =
+              qc->is_object() && m != qc->end() && m->is_string() ? m->get<std::string>() : "";
+          throw DequantError(config_path, "", "unknown-scheme",
+                             "quantization_config.quant_method " + quote_text(method, '\'') +
+                                 " cannot be dequantized (kernels exist for gptq, awq, "
+                                 "bitsandbytes, fp8 and compressed-tensors): " +
+                                 e.detail());
+        }
+      }
+    }
+    if (!cfg) cfg = infer_quant_config(ckpt);
+    if (!cfg) return QuantLayout{};
+    QuantLayout layout =
+        recognise_quantized(ckpt, *cfg, config_path.empty() ? ckpt.dir : config_path,
+                            read_tensor_bytes, /*require_modules=*/false);
+    check_kernels(ckpt, layout);
+    return layout;
+  } catch (const DequantError&) {
+    throw;
+  } catch (const QuantLayoutError& e) {  // and QuantSchemeError: the same rejection, by a load
+    throw DequantError(e);
+  }
+}
+
+QuantScheme dequant_scheme(const QuantConfig& c) {
+  switch (c.kind) {
+    case QuantKind::kGptq:
+      return QuantScheme::kGptq;
+    case QuantKind::kAwq:
+      return QuantScheme::kAwq;
+    case QuantKind::kBnb4:
+      return QuantScheme::kBnb4;
+    case QuantKind::kBnb8:
+      return QuantScheme::kBnb8;
+    case QuantKind::kFp8Block:
+      return QuantScheme::kFp8;
+    case QuantKind::kCtPacked:
+      return QuantScheme::kCtInt;
+    case QuantKind::kCtNvfp4:
+      return QuantScheme::kNvfp4;
+  }
+  return QuantScheme::kGptq;
+}
+
+DequantWindow dequant_window(const Checkpoint& ckpt, const QuantConfig& config,
+                             const QuantModule& m, const TpShard* shard, int tp_size) {
+  DequantWindow win{0, m.out, 0, m.in};
+  if (shard == nullptr || shard->dim < 0) return win;
+  auto fail = [&](const std::string& why) {
+    throw DequantError(file_of(ckpt, m.weight_tensor), m.name + ".weight", "tp-boundary", why);
+  };
+  if (shard->dim > 1 || shard->ranges.size() != 1) {
+    fail("a tensor-parallel shard of a quantized weight must be one range of dim 0 or 1");
+  }
+  const int dim = shard->dim;
+  const int64_t len = dim == 0 ? m.out : m.in;
+  const std::string dim_name = dim == 0 ? "the output dim" : "the input dim";
+  std::string boundary;
+  const int64_t unit = tp_unit(config, m, dim, &boundary);
+  if (unit <= 0) fail("cannot split " + dim_name + " on " + boundary);
+  const int64_t a = shard->ranges[0].first, b = shard->ranges[0].second;
+  if (a < 0 || b < a || b > len) fail("shard range outside the weight");
+  if (a % unit != 0 || (b % unit != 0 && b != len)) {
+    std::string ok;
+    int n_ok = 0;
+    for (int64_t n = 1; n <= std::min<int64_t>(len, 1024); ++n) {
+      if (len % n == 0 && (len / n) % unit == 0) ok += (n_ok++ ? ", " : "") + std::to_string(n);
+    }
+    fail("tensor-parallel degree " + std::to_string(tp_size) + " splits " + dim_name + " (" +
+         std::to_string(len) + ") at " + std::to_string(a % unit != 0 ? a : b) + ", off the " +
+         quant_scheme_name(dequant_scheme(config)) + " boundaries: " + boundary +
+         "; degrees that split it on boundaries: " + (ok.empty() ? "none" : ok));
+  }
+  if (dim == 0) {
+    win.row0 = a;
+    win.rows = b - a;
+  } else {
+    win.col0 = a;
+    win.cols = b - a;
+  }
+  return win;
+}
+
+QuantView quant_view(const Checkpoint& ckpt, const QuantConfig& c, const QuantModule& m) {
+  QuantView v;
+  v.scheme = dequant_scheme(c);
+  v.out = m.out;
+  v.in = m.in;
+  v.bits = c.bits;
+  v.groups = m.groups;
+  if (auto s = m.parts.find("scales");
+      s != m.parts.end() && c.kind != QuantKind::kBnb4 && c.kind != QuantKind::kCtNvfp4) {
+    v.scales_format = float_format(ckpt.find(s->second)->dtype);
+  }
+  const int64_t whole = std::max<int64_t>(m.in, 1);  // one group per row
+  switch (c.kind) {
+    case QuantKind::kGptq:
+      v.group_size = c.group_size > 0 ? c.group_size : whole;
+      v.zero_offset = c.gptq_v2 ? 0 : 1;
+      break;
+    case QuantKind::kAwq:
+    case QuantKind::kCtPacked:
+    case QuantKind::kCtNvfp4:
+      v.group_size = c.group_size > 0 ? c.group_size : whole;
+      break;
+    case QuantKind::kBnb4:
+      v.group_size = m.block;
+      v.nested_block = m.nested_block;
+      v.offset = m.nested_offset;
+      break;
+    case QuantKind::kBnb8:
+      break;
+    case QuantKind::kFp8Block:
+      v.group_size = c.block_rows;
+      v.block_in = c.block_cols;
+      break;
+  }
+  return v;
+}
+
+QuantView with_data(QuantView v, const std::map<std::string, const void*>& data) {
+  auto get = [&](const char* role) -> const void* {
+    auto it = data.find(role);
+    return it == data.end() ? nullptr : it->second;
+  };
+  v.q = get("q");
+  v.zeros = get("zeros");
+  v.scales = get("scales");
+  v.g_idx = get("g_idx");
+  v.code = get("code");
+  v.nested_scales = get("nested_scales");
+  v.nested_code = get("nested_code");
+  v.global_scale = get("global");
+  return v;
+}
 
 DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
                          const LoadOptions& opt) {
@@ -53,7 +258,7 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
                     " needs the model family's TP plan (LoadOptions::names.tp_shard)");
   }
   DequantPlan plan;
-  plan.layout = find_quant_layout(ckpt);
+  plan.layout = dequant_layout(ckpt);
   plan.dequantized.assign(targets.size(), false);
   plan.rest = ckpt;
   std::unordered_map<std::string, size_t> by_name;
@@ -61,23 +266,25 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
     if (!targets[i].computed) by_name.emplace(targets[i].name, i);
   }
   std::vector<MismatchItem> mismatched;
-  for (size_t k = 0; k < plan.layout.weights.size(); ++k) {
-    const QuantWeight& w = plan.layout.weights[k];
-    std::optional<std::string> mname = w.weight;
-    if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(w.weight);
+  for (size_t k = 0; k < plan.layout.modules.size(); ++k) {
+    const QuantModule& m = plan.layout.modules[k];
+    const std::string weight = m.name + ".weight";
+    std::optional<std::string> mname = weight;
+    if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(weight);
     if (!mname) continue;
     auto it = by_name.find(*mname);
     if (it == by_name.end()) continue;  // no target: its parts stay, unexpected under strict
     const LoadTarget& t = targets[it->second];
     DequantTarget d;
     d.target = it->second;
-    d.weight = k;
-    const std::string where = quote_text(w.weight, '\'') + " (" + quant_scheme_name(w.scheme) +
-                              ", " + shape_str({w.out, w.in}) + ")";
+    d.module = k;
+    const std::string where = quote_text(weight, '\'') + " (" +
+                              quant_scheme_name(dequant_scheme(plan.layout.config)) + ", " +
+                              shape_str({m.out, m.in}) + ")";
     std::optional<TpShard> shard;
     if (opt.tp_size > 1) {
       try {
-        shard = opt.names.tp_shard(t.name, {w.out, w.in}, opt.tp_rank, opt.tp_size);
+        shard = opt.names.tp_shard(t.name, {m.out, m.in}, opt.tp_rank, opt.tp_size);
       } catch (const std::exception& e) {
         mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
                                           " of " + std::to_string(opt.tp_size) + ": " +
@@ -85,7 +292,7 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
         continue;
       }
     }
-    d.window = dequant_window(ckpt, w, shard ? &*shard : nullptr, opt.tp_size);
+    d.window = dequant_window(ckpt, plan.layout.config, m, shard ? &*shard : nullptr, opt.tp_size);
     const std::vector<int64_t> shape = {d.window.rows, d.window.cols};
     if (!t.tensor.defined() || t.tensor.sizes().vec() != shape) {
       mismatched.push_back(
@@ -96,15 +303,18 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
                                         : "")});
       continue;
     }
-    for (const auto& [role, p] : w.parts) {
-      plan.rest.lookup.erase(p.name);
+    d.view = quant_view(ckpt, plan.layout.config, m);
+    for (const auto& [role, name] : m.parts) {
+      plan.rest.lookup.erase(name);
       if (!loaded_role(role)) continue;
+      const TensorRef& r = ckpt.lookup.at(name);
+      const TensorInfo& info = ckpt.tensor(r);
       SlotSpec s;
-      s.name = p.name;
-      s.file = p.file;
-      s.data_offset = ckpt.files[p.file].data_start + p.info->begin;
-      s.stored_shape = {static_cast<int64_t>(p.info->nbytes() / (dtype_bits(p.info->dtype) / 8))};
-      s.stored_dtype = s.dtype = raw_dtype(p.info->dtype);
+      s.name = name;
+      s.file = r.file;
+      s.data_offset = ckpt.files[r.file].data_start + info.begin;
+      s.stored_shape = {static_cast<int64_t>(info.nbytes() / (dtype_bits(info.dtype) / 8))};
+      s.stored_dtype = s.dtype = raw_dtype(info.dtype);
       d.parts.emplace_back(role, plan.parts.size());
       plan.parts.push_back(std::move(s));
     }
@@ -143,7 +353,6 @@ std::vector<at::Tensor> run_dequant(const DequantPlan& plan, const std::vector<s
   const bool cuda = opt.device.is_cuda();
   std::vector<at::Tensor> on_device;  // the parts copied to the GPU, freed on return
   for (const DequantTarget& d : plan.targets) {
-    const QuantWeight& w = plan.layout.weights[d.weight];
     std::map<std::string, const void*> host, dev;
     for (const auto& [role, i] : d.parts) {
       host[role] = parts.tensors[i].data_ptr();
@@ -152,12 +361,17 @@ std::vector<at::Tensor> run_dequant(const DequantPlan& plan, const std::vector<s
         dev[role] = on_device.back().data_ptr();
       }
     }
-    const QuantView hv = quant_view(w, host);
+    const QuantView hv = with_data(d.view, host);
     try {
       check_g_idx(hv);
     } catch (const ShapeError& e) {
-      const QuantPart& g = w.part("g_idx");
-      throw DequantError(files[g.file], g.name, "g_idx-range", e.message());
+      for (const auto& [role, i] : d.parts) {
+        if (role == "g_idx") {
+          throw DequantError(files[plan.parts[i].file], plan.parts[i].name, "g_idx-range",
+                             e.message());
+        }
+      }
+      throw;
     }
     at::Tensor t = at::empty({d.window.rows, d.window.cols},
                              at::TensorOptions().dtype(dtype).device(opt.device));
@@ -170,7 +384,7 @@ std::vector<at::Tensor> run_dequant(const DequantPlan& plan, const std::vector<s
     dst.col0 = d.window.col0;
     dst.cols = d.window.cols;
     if (cuda) {
-      dequant_cuda(quant_view(w, dev), dst, nullptr);
+      dequant_cuda(with_data(d.view, dev), dst, nullptr);
     } else {
       dequant_cpu(hv, dst);
     }
@@ -190,18 +404,16 @@ namespace {
 // quant_method or "", "weights": [{"weight", "scheme", "shape": [out, in], "parts": {role:
 // name}}]}. Raises DequantError as a dequantizing load would.
 std::string quant_layout_op(std::string ref, c10::optional<std::string> revision) {
-  const QuantLayout layout = find_quant_layout(
+  const QuantLayout layout = dequant_layout(
       open_checkpoint(ref, revision ? std::optional<std::string>(*revision) : std::nullopt));
   nlohmann::json weights = nlohmann::json::array();
-  for (const QuantWeight& w : layout.weights) {
-    nlohmann::json parts = nlohmann::json::object();
-    for (const auto& [role, p] : w.parts) parts[role] = p.name;
-    weights.push_back({{"weight", w.weight},
-                       {"scheme", quant_scheme_name(w.scheme)},
-                       {"shape", {w.out, w.in}},
-                       {"parts", parts}});
+  for (const QuantModule& m : layout.modules) {
+    weights.push_back({{"weight", m.name + ".weight"},
+                       {"scheme", quant_scheme_name(dequant_scheme(layout.config))},
+                       {"shape", {m.out, m.in}},
+                       {"parts", m.parts}});
   }
-  return nlohmann::json{{"method", layout.method}, {"weights", weights}}.dump();
+  return nlohmann::json{{"method", layout.config.method}, {"weights", weights}}.dump();
 }
 
 }  // namespace

@@ -65,10 +65,11 @@ struct LoadOptions {
   // cache blob (content-addressed, never rewritten in place; however the checkpoint was named),
   // off for plain files, which someone may overwrite while the model lives.
   std::optional<bool> map_files;
-  // Quantized weights (GPTQ, AWQ, bitsandbytes NF4/FP4 and int8, FP8 with block scales;
-  // load/dequant_layout.h) load dequantized into their ordinary weight targets as this dtype
-  // (float32, float16 or bfloat16), in the same all-or-nothing load; LoadReport::dequantized names
-  // them. Unset: every tensor loads as stored, by name.
+  // Quantized weights (GPTQ, AWQ, bitsandbytes NF4/FP4 and int8, FP8 with block scales,
+  // compressed-tensors pack-quantized and NVFP4; quant/layout.h, load/dequant_load.h) load
+  // dequantized into their ordinary weight targets as this dtype (float32, float16 or bfloat16),
+  // in the same all-or-nothing load; LoadReport::dequantized names them. Unset: every tensor
+  // loads as stored, by name.
   std::optional<at::ScalarType> dequantize;
   NameMapping names;
   EngineOptions engine;  // the rest of the engine's knobs (hooks, cancel, chunk and ring sizes)

@@ -156,21 +156,23 @@ class ShardError(FormatError):
     """A sharded checkpoint's index disagrees with its shards (loader/errors.h)."""
 
 
-class DequantError(FormatError):
-    """A quantized checkpoint that cannot be dequantized (a part of the wrong shape, a malformed
-    quant_state blob, a scheme that config.json and the tensors disagree on, a TP degree that
-    splits a pack or group); `.rule` names the rule (loader/errors.h)."""
-
-
 class QuantLayoutError(FormatError):
     """A quantized checkpoint whose tensors contradict its quantization_config or each other (a
     packed shape that does not match the logical shape, scales of the wrong shape, a malformed
-    quant_state blob, ...); names the file, the tensor and the rule (quant/errors.h)."""
+    quant_state blob, ...); names the file, the tensor and the rule (quant/errors.h). The base of
+    every quantization error: QuantSchemeError and DequantError derive from it."""
 
 
-class QuantSchemeError(FormatError):
+class QuantSchemeError(QuantLayoutError):
     """A quantization scheme metaload does not know or cannot size: an unknown quant_method, an
     unknown preset name, a field of the wrong type (quant/errors.h)."""
+
+
+class DequantError(QuantLayoutError):
+    """Whatever a dequantizing load rejects: the layout and scheme errors of the checkpoint (same
+    rules as QuantLayoutError / QuantSchemeError), a layout without kernels (unsupported-scheme), a
+    GPTQ g_idx out of range (g_idx-range), a TP degree that splits a pack or group (tp-boundary);
+    `.rule` names the rule (quant/errors.h)."""
 
 
 class ResolveError(Error):

@@ -69,6 +69,17 @@ def main():
           "m.q_proj.weight_scale": torch.ones(16, 4).to(torch.float8_e4m3fn),
           "m.q_proj.weight_global_scale": torch.ones(1),
           "m.q_proj.input_global_scale": torch.ones(1)})
+    inferred()
+
+
+def inferred():
+    """The same tensors without a quantization_config: the scheme a dequantizing load reads off
+    the tensors (quant/layout.h infer_quant_config)."""
+    for name in ("gptq", "awq", "bnb-nf4-dq", "bnb-fp4", "bnb-int8", "fp8", "ct-nvfp4"):
+        with open(os.path.join(OUT, name), "rb") as f:
+            data = f.read()
+        with open(os.path.join(OUT, "inferred-" + name), "wb") as f:
+            f.write(b'{"model_type": "llama"}' + data[data.index(b"\0"):])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 // libFuzzer target: quantized-checkpoint recognition (quant/layout.h) and estimate
 // (quant/estimate.h) on hostile input. An input is "<config.json text>\0<safetensors file>": the
-// quantization_config is parsed, the file's header validated, and its tensors recognised, with
-// quant_state blobs and weight_shape read from the file's own data. Beyond "no crash, no sanitizer
+// quantization_config is parsed (without one, the scheme is read off the tensors as a
+// dequantizing load does: infer_quant_config), the file's header validated, and its tensors
+// recognised, with quant_state blobs and weight_shape read from the file's own data -- the one
+// parser describe, estimate and the dequantizing loads share. Beyond "no crash, no sanitizer
 // report": every rejection is a typed error with a rule, and an accepted layout's parts are the
-// file's own tensors with sizes that add up.
+// file's own tensors with sizes that add up, every part a load would read is one of them, and
+// the TP granularity a load slices by is defined for both dims.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -35,6 +39,16 @@ void check_layout(const Checkpoint& c, const QuantLayout& layout) {
     }
     check(a == m.aux_bytes);
     check(m.n_params == static_cast<uint64_t>(m.out) * static_cast<uint64_t>(m.in));
+    // What a dequantizing load reads: the packed weight and aux tensors of this module.
+    check(m.parts.count("q") && m.parts.at("q") == m.weight_tensor && m.parts.count("scales"));
+    for (const auto& [role, name] : m.parts) {
+      check(name == m.weight_tensor ||
+            std::find(m.aux_tensors.begin(), m.aux_tensors.end(), name) != m.aux_tensors.end());
+    }
+    for (int dim = 0; dim < 2; ++dim) {
+      std::string boundary;
+      check(tp_unit(layout.config, m, dim, &boundary) >= 0 && !boundary.empty());
+    }
     weight += m.weight_bytes;
     aux += m.aux_bytes;
   }
@@ -55,9 +69,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     config = parse_json_strict(all.substr(0, nul), "config.json");
     auto qc = find_quant_config(config);
-    if (!qc) return 0;
-    cfg = parse_quant_config(*qc, "config.json");
+    if (qc) cfg = parse_quant_config(*qc, "config.json");
     c.files.push_back(parse_safetensors_bytes(file, "fuzz.safetensors"));
+    cfg.inferred = !qc;
   } catch (const FormatError& e) {
     check(!e.rule().empty());
     return 0;
@@ -65,17 +79,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (uint32_t i = 0; i < c.files[0].tensors.size(); ++i) {
     c.lookup[c.files[0].tensors[i].name] = TensorRef{0, i};
   }
+  if (cfg.inferred) {
+    // No quantization_config: the scheme the tensors say, as a dequantizing load reads it.
+    std::optional<QuantConfig> inferred = infer_quant_config(c);
+    if (!inferred) return 0;
+    check(inferred->inferred && inferred->method.empty());
+    cfg = *inferred;
+  }
   const TensorBytes bytes = [&](const SafetensorsHeader& h, const TensorInfo& t) {
     check(h.data_start + t.end <= file.size());  // the parser checked the extent
     return std::string(file.substr(h.data_start + t.begin, t.nbytes()));
   };
   try {
-    check_layout(c, recognise_quantized(c, cfg, "config.json", bytes));
+    const QuantLayout layout =
+        recognise_quantized(c, cfg, "config.json", bytes, /*require_modules=*/!cfg.inferred);
+    if (!layout.modules.empty()) check_layout(c, layout);
   } catch (const FormatError& e) {
     check(!e.rule().empty() && !e.file().empty());
   } catch (const SizeOverflowError&) {
   }
   // The same tensors estimated under the same scheme: refusals are typed, sizes add up.
+  if (cfg.inferred) return 0;
   std::vector<TensorSpec> specs;
   for (const auto& t : c.files[0].tensors) specs.push_back({t.name, t.dtype, t.shape});
   try {

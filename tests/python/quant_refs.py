@@ -16,6 +16,14 @@ Layouts (the logical weight is nn.Linear's [out, in]):
         f32 [256], nested_offset in the blob: absmax = nested_map[code] * nested_absmax + offset.
   int8  weight i8 [out, in], SCB f32 [out], weight_format u8 scalar 0: w = q * SCB / 127.
   FP8   weight e4m3fn [out, in], weight_scale_inv f32 [ceil(out / 128), ceil(in / 128)]: w = x * s.
+  compressed-tensors pack-quantized (int, 1 to 8 bits): weight_packed int32 [out, ceil(in * bits /
+        32)], each row a dense little-endian bit stream of q + 2^(bits - 1) (input i at bit
+        i * bits); weight_scale [out, groups]; weight_shape int64 [out, in]; asymmetric:
+        weight_zero_point int32 [ceil(out * bits / 32), groups], the same stream down each column.
+        w = (q - z) * s (z = 0 when symmetric).
+  compressed-tensors NVFP4: weight_packed u8 [out, in / 2] (input 2k in the low nibble), FP4 E2M1
+        codes (bit 3 the sign; magnitudes 0 0.5 1 1.5 2 3 4 6); weight_scale e4m3fn [out, in / 16];
+        weight_global_scale f32 [1]. w = e2m1(q) * f32(e4m3(s) / global).
 """
 import json
 import os
@@ -193,3 +201,77 @@ def fp8_tensors(rng, prefix: str, out: int, inp: int, block=(128, 128)):
     rows, cols = np.arange(out) // block[0], np.arange(inp) // block[1]
     ref = e4m3_decode(q) * sinv[rows][:, cols]
     return t, ref.astype(np.float32), q, sinv
+
+
+# ---- compressed-tensors --------------------------------------------------------------------------
+
+def bf16_bytes(x: np.ndarray) -> bytes:
+    """f32 values exactly representable in bfloat16 -> their bfloat16 bytes."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return (u >> 16).astype(np.uint16).tobytes()
+
+
+def pack_stream(u: np.ndarray, bits: int) -> np.ndarray:
+    """[rows, n] unsigned fields -> int32 [rows, ceil(n * bits / 32)]: each row one little-endian
+    bit stream, field i at bit i * bits (fields may straddle words)."""
+    rows, n = u.shape
+    words = -(-n * bits // 32)
+    out = np.zeros((rows, words), dtype=np.uint32)
+    for r in range(rows):
+        acc = 0
+        for i in range(n):
+            acc |= int(u[r, i]) << (i * bits)
+        out[r] = np.frombuffer(acc.to_bytes(words * 4, "little"), dtype=np.uint32)
+    return out.view(np.int32)
+
+
+def ct_int_tensors(rng, prefix: str, out: int, inp: int, bits=4, group=32, symmetric=True,
+                   scale_dtype="BF16"):
+    """compressed-tensors pack-quantized parts of one Linear (group strategy; group=None: one
+    scale per output channel) and their dequantization (f32, exact)."""
+    groups = 1 if group is None else -(-inp // group)
+    half = 1 << (bits - 1)
+    q = rng.integers(-half, half, size=(out, inp))
+    z = np.zeros((out, groups), dtype=np.int64) if symmetric else rng.integers(-half, half, size=(out, groups))
+    scales = bf16_round((rng.random((out, groups)) * 0.05 + 0.001).astype(np.float32))
+    t = {f"{prefix}.weight_packed": arr("I32", pack_stream(q + half, bits)),
+         f"{prefix}.weight_shape": arr("I64", np.array([out, inp]))}
+    if scale_dtype == "BF16":
+        t[f"{prefix}.weight_scale"] = ("BF16", [out, groups], bf16_bytes(scales))
+    else:
+        scales = scales.astype(np.float16).astype(np.float32)
+        t[f"{prefix}.weight_scale"] = arr("F16", scales)
+    if not symmetric:
+        t[f"{prefix}.weight_zero_point"] = arr("I32", pack_stream((z + half).T, bits).T)
+    g = np.arange(inp) // (inp if group is None else group)
+    ref = ((q - z[:, g]).astype(np.float32) * scales[:, g]).astype(np.float32)
+    return t, ref
+
+
+def e2m1_decode(c: np.ndarray) -> np.ndarray:
+    mag = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)[c & 7]
+    return np.where(c & 8, -mag, mag).astype(np.float32)
+
+
+def nvfp4_tensors(rng, prefix: str, out: int, inp: int, group=16):
+    """compressed-tensors NVFP4 parts of one Linear and their dequantization (f32)."""
+    codes = rng.integers(0, 16, size=(out, inp))
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    s8 = rng.integers(0x20, 0x60, size=(out, inp // group)).astype(np.uint8)  # e4m3, no NaN
+    glob = np.float32(rng.random() * 100 + 1)
+    scale = (e4m3_decode(s8) / glob).astype(np.float32)  # f32 division, as compressed-tensors
+    t = {f"{prefix}.weight_packed": arr("U8", packed),
+         f"{prefix}.weight_scale": ("F8_E4M3", [out, inp // group], s8.tobytes()),
+         f"{prefix}.weight_global_scale": arr("F32", np.array([glob]))}
+    ref = (e2m1_decode(codes) * scale[:, np.arange(inp) // group]).astype(np.float32)
+    return t, ref
+
+
+def ct_config(fmt="pack-quantized", bits=4, group=32, symmetric=True):
+    weights = ({"num_bits": bits, "type": "int", "symmetric": symmetric,
+                "strategy": "channel" if group is None else "group", "group_size": group}
+               if fmt == "pack-quantized" else
+               {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+                "symmetric": True})
+    return {"quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}

@@ -1,5 +1,6 @@
 """Dequantizing loads: load_into(model, path, dequantize=dtype) on GPTQ, AWQ, bitsandbytes
-NF4/FP4/int8 and FP8 checkpoints written by quant_refs.py (each library's documented layout),
+NF4/FP4/int8, FP8 and compressed-tensors (pack-quantized int, NVFP4) checkpoints written by
+quant_refs.py (each library's documented layout),
 against quant_refs' own numpy dequantization; tensor-parallel slices on pack/group boundaries;
 typed errors for malformed checkpoints with nothing half-loaded; the torch ops dequant_*.
 Comparisons with the real libraries (bitsandbytes, compressed-tensors) are in
@@ -13,8 +14,8 @@ import torch
 
 import metaload
 from metaload import _lib
-from quant_refs import (awq_tensors, bnb4_tensors, bnb8_tensors, fp8_tensors, gptq_tensors,
-                        rounded, write_safetensors)
+from quant_refs import (awq_tensors, bnb4_tensors, bnb8_tensors, ct_config, ct_int_tensors,
+                        fp8_tensors, gptq_tensors, nvfp4_tensors, rounded, write_safetensors)
 
 OUT, IN = 64, 128  # every Linear below is [OUT, IN]
 DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
@@ -201,6 +202,52 @@ def test_fp8_decoding_matches_torch():
     assert torch.equal(got[~got.isnan()], want[~want.isnan()])
 
 
+def ct_checkpoint(tmp_path, bits=4, group=32, symmetric=True, scale_dtype="BF16", seed=11):
+    rng = np.random.default_rng(seed)
+    tensors, refs = norms(rng), {}
+    for p in linears():
+        t, r = ct_int_tensors(rng, p, OUT, IN, bits, group, symmetric, scale_dtype)
+        tensors.update(t)
+        refs[p] = r
+    return write(tmp_path, tensors, ct_config("pack-quantized", bits, group, symmetric)), refs
+
+
+def nvfp4_checkpoint(tmp_path, seed=12):
+    rng = np.random.default_rng(seed)
+    tensors, refs = norms(rng), {}
+    for p in linears():
+        t, r = nvfp4_tensors(rng, p, OUT, IN)
+        tensors.update(t)
+        refs[p] = r
+    return write(tmp_path, tensors, ct_config("nvfp4-pack-quantized")), refs
+
+
+@pytest.mark.parametrize("bits,group,symmetric,scale_dtype,dtype", [
+    (4, 32, True, "BF16", torch.bfloat16),    # W4A16
+    (4, 32, False, "BF16", torch.float32),    # W4A16_ASYM
+    (8, 64, True, "F16", torch.float16),      # W8A16
+    (3, None, False, "BF16", torch.float32),  # channel strategy; 3-bit fields straddle words
+])
+def test_compressed_tensors_pack_quantized(tmp_path, bits, group, symmetric, scale_dtype, dtype):
+    path, refs = ct_checkpoint(tmp_path, bits, group, symmetric, scale_dtype)
+    layout = metaload.quant_layout(path)
+    assert layout["method"] == "compressed-tensors"
+    assert {w["scheme"] for w in layout["weights"]} == {"ct-int"}
+    assert set(layout["weights"][0]["parts"]) == (
+        {"q", "scales", "shape"} | (set() if symmetric else {"zeros"}))
+    model = meta_model(bias=False)
+    check(model, refs, dtype, metaload.load_into(model, path, dequantize=dtype, progress=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nvfp4(tmp_path, dtype):
+    path, refs = nvfp4_checkpoint(tmp_path)
+    model = meta_model(bias=False)
+    report = metaload.load_into(model, path, dequantize=dtype, progress=False)
+    check(model, refs, dtype, report)
+    assert {w["scheme"] for w in metaload.quant_layout(path)["weights"]} == {"nvfp4"}
+
+
 # ---- tensor parallelism --------------------------------------------------------------------------
 
 PLAN = {"layers.*.q_proj": "colwise", "layers.*.o_proj": "rowwise"}
@@ -216,7 +263,7 @@ def tp_model(rank, size, bias=True):
     return m
 
 
-@pytest.mark.parametrize("scheme", ["gptq", "bnb4", "fp8_small_blocks"])
+@pytest.mark.parametrize("scheme", ["gptq", "bnb4", "fp8_small_blocks", "ct_int_asym", "nvfp4"])
 def test_tp_slices(tmp_path, scheme):
     """tp_size 2: each rank's q_proj (colwise) and o_proj (rowwise) weights are its slices of the
     full dequantized weights; the biases split with the weights (colwise) or stay whole."""
@@ -224,6 +271,10 @@ def test_tp_slices(tmp_path, scheme):
         path, refs = gptq_checkpoint(tmp_path, 4, False, "gptq", group=32)
     elif scheme == "fp8_small_blocks":
         path, refs = fp8_checkpoint(tmp_path, block=(16, 32))
+    elif scheme == "ct_int_asym":  # zero points packed along out: 32 rows per rank, 4 words
+        path, refs = ct_checkpoint(tmp_path, 4, 32, symmetric=False)
+    elif scheme == "nvfp4":  # 64 inputs per rank: 4 groups of 16
+        path, refs = nvfp4_checkpoint(tmp_path)
     else:
         rng = np.random.default_rng(5)
         tensors, refs = norms(rng), {}
@@ -336,9 +387,14 @@ def test_bad_zeros_and_g_idx(tmp_path):
 
 
 def test_config_contradicts_tensors(tmp_path):
+    """GPTQ tensors under an AWQ config: g_idx is a tensor AWQ never stores."""
     path = bad_gptq(tmp_path, lambda t: None, {"quant_method": "awq"})
-    expect_dequant_error(tmp_path, path, "config-contradiction", "layers.0.o_proj.qweight",
-                         "quant_method 'awq'", "gptq's")
+    msg = expect_dequant_error(tmp_path, path, "foreign-tensor", "layers.0.o_proj.g_idx",
+                               "quant_method 'awq'", "a GPTQ tensor")
+    # One error family: what a load rejects is a QuantLayoutError too, as describe's would be.
+    assert issubclass(metaload.DequantError, metaload.QuantLayoutError)
+    assert issubclass(metaload.QuantSchemeError, metaload.QuantLayoutError)
+    assert "quantization_config says AWQ" in msg
     path = bad_gptq(tmp_path, lambda t: None, {"group_size": 64})
     expect_dequant_error(tmp_path, path, "scale-shape", "layers.0.o_proj.scales",
                          "expected [2, 64]", "groups of 64 (config.json)")
@@ -375,7 +431,7 @@ def test_malformed_quant_state(tmp_path, blob, detail):
     name = "layers.1.o_proj.weight.quant_state.bitsandbytes__nf4"
     tensors[name] = ("U8", [len(blob)], blob)
     path = write(tmp_path, tensors, None)
-    expect_dequant_error(tmp_path, path, "quant-state", name, detail)
+    expect_dequant_error(tmp_path, path, "quant-state-blob", name, detail)
 
 
 def test_bnb4_packed_shape_against_quant_state(tmp_path):
@@ -389,6 +445,44 @@ def test_bnb4_packed_shape_against_quant_state(tmp_path):
     tensors[name] = (dt, [shape[0] - 8, 1], data[:-8])
     path = write(tmp_path, tensors, None)
     expect_dequant_error(tmp_path, path, "packed-shape", name, "packs into 4096")
+
+
+def test_bad_compressed_tensors(tmp_path):
+    """Scales of the wrong shape, a packed weight that does not hold weight_shape, NVFP4 scales
+    that do not cover the inputs: typed errors naming the tensor and the rule, nothing loaded."""
+    rng = np.random.default_rng(13)
+
+    def ct(mutate, fmt="pack-quantized"):
+        tensors = norms(rng)
+        for p in linears():
+            tensors.update((ct_int_tensors(rng, p, OUT, IN, 4, 32, False) if fmt == "pack-quantized"
+                            else nvfp4_tensors(rng, p, OUT, IN))[0])
+        mutate(tensors)
+        return write(tmp_path, tensors, ct_config(fmt, 4, 32, False))
+
+    q = "layers.0.q_proj"
+
+    def scales(t):
+        dt, shape, data = t[q + ".weight_scale"]
+        t[q + ".weight_scale"] = (dt, [shape[0], shape[1] // 2], data[:len(data) // 2])
+    expect_dequant_error(tmp_path, ct(scales), "scale-shape", q + ".weight_scale",
+                         "shape [64, 2], expected [64, 4]")
+
+    def shape(t):
+        t[q + ".weight_shape"] = ("I64", [2], np.array([OUT, 2 * IN], dtype=np.int64).tobytes())
+    expect_dequant_error(tmp_path, ct(shape), "packed-shape", q + ".weight_packed",
+                         "packs into [64, 32]")
+
+    def zeros(t):
+        dt, shape, data = t[q + ".weight_zero_point"]
+        t[q + ".weight_zero_point"] = (dt, [shape[0] * 2, shape[1] // 2], data)
+    expect_dequant_error(tmp_path, ct(zeros), "zeros-shape", q + ".weight_zero_point")
+
+    def nv_scales(t):
+        dt, shape, data = t[q + ".weight_scale"]
+        t[q + ".weight_scale"] = (dt, [shape[0], shape[1] - 1], data[:-shape[0]])
+    expect_dequant_error(tmp_path, ct(nv_scales, "nvfp4-pack-quantized"), "scale-shape",
+                         q + ".weight_scale", "groups of 16")
 
 
 def test_module_shape_mismatch_is_a_mismatch_error(tmp_path):
@@ -463,7 +557,7 @@ def test_ops_with_windows():
 # ---- CUDA (where a GPU is lent: tools/gpu_check) -------------------------------------------------
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("scheme", ["gptq", "awq", "bnb4", "bnb8", "fp8"])
+@pytest.mark.parametrize("scheme", ["gptq", "awq", "bnb4", "bnb8", "fp8", "ct_int", "nvfp4"])
 def test_cuda_equals_cpu(tmp_path, scheme):
     """The CUDA kernels write the CPU kernels' bits, full weights and TP windows."""
     rng = np.random.default_rng(10)
@@ -478,6 +572,12 @@ def test_cuda_equals_cpu(tmp_path, scheme):
             tensors.update(bnb4_tensors(rng, p, OUT, IN, nested=True, nested_block=4)[0])
         elif scheme == "bnb8":
             tensors.update(bnb8_tensors(rng, p, OUT, IN)[0])
+        elif scheme == "ct_int":
+            tensors.update(ct_int_tensors(rng, p, OUT, IN, 4, 32, symmetric=False)[0])
+            config = ct_config("pack-quantized", 4, 32, False)
+        elif scheme == "nvfp4":
+            tensors.update(nvfp4_tensors(rng, p, OUT, IN)[0])
+            config = ct_config("nvfp4-pack-quantized")
         else:
             tensors.update(fp8_tensors(rng, p, OUT, IN, (16, 32))[0])
             config = {"quant_method": "fp8", "weight_block_size": [16, 32]}

@@ -5,7 +5,9 @@
     plain nn.Linear layers: equal to bitsandbytes.functional.dequantize_4bit /
     int8_vectorwise_dequant;
   - compressed-tensors: its dequantize() on group-quantized ints (the GPTQ and AWQ math, from the
-    unpacked codes of quant_refs' checkpoints) and on FP8 with 128x128 block scales."""
+    unpacked codes of quant_refs' checkpoints) and on FP8 with 128x128 block scales;
+  - compressed-tensors' own files (pack-quantized int4 / int8, symmetric and asymmetric, and
+    NVFP4), written by its ModelCompressor: equal to its decompress_model."""
 import numpy as np
 import pytest
 import torch
@@ -143,3 +145,59 @@ def test_fp8_blocks_match_compressed_tensors(tmp_path):
     for dtype in (torch.float32, torch.bfloat16):
         metaload.load_into(model, str(tmp_path), dequantize=dtype, progress=False)
         assert torch.equal(model["lin"].weight, want.to(dtype))
+
+
+class Pair(torch.nn.Module):
+    """Two Linears whose inputs compressed-tensors groups whole (128 and 256 inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(128, 256, bias=False)
+        self.down = torch.nn.Linear(256, 128, bias=False)
+
+
+@pytest.mark.parametrize("preset,fmt", [("W4A16", "pack-quantized"),
+                                        ("W4A16_ASYM", "pack-quantized"),
+                                        ("W8A16", "pack-quantized"),
+                                        ("NVFP4A16", "nvfp4-pack-quantized")])
+def test_compressed_tensors_files(tmp_path, preset, fmt):
+    """Files written by compressed-tensors itself (its scheme, its min-max qparams, its
+    ModelCompressor), loaded dequantized: equal to its own decompression of the same model, in
+    the dtype it decompresses to (the scales' bfloat16)."""
+    import copy
+
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus,
+                                                 apply_quantization_config, preset_name_to_scheme)
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    torch.manual_seed(5)
+    m = Pair().to(torch.bfloat16)
+    apply_quantization_config(m, QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}))
+    for mod in (m.up, m.down):
+        w, args = mod.weight.data.float(), mod.quantization_scheme.weights
+        groups = w.reshape(w.shape[0], -1, args.group_size)
+        glob = None
+        if args.strategy == "tensor_group":
+            glob = generate_gparam(-w.abs().amax().reshape(1), w.abs().amax().reshape(1))
+            mod.weight_global_scale.data.copy_(glob)
+        scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
+        mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
+        if hasattr(mod, "weight_zero_point"):
+            mod.weight_zero_point.data.copy_(zp.to(mod.weight_zero_point.dtype))
+        mod.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(m, fmt)
+    compressor.compress_model(m)
+    st.save_file({k: v.contiguous() for k, v in m.state_dict().items()},
+                 str(tmp_path / "model.safetensors"))
+    compressor.update_config(str(tmp_path))
+    want = copy.deepcopy(m)
+    compressor.decompress_model(want)
+    with metaload.meta():
+        model = Pair()
+    report = metaload.load_into(model, str(tmp_path), dequantize=torch.bfloat16, progress=False)
+    assert sorted(report.dequantized_keys) == ["down.weight", "up.weight"]
+    for name in ("up", "down"):
+        ref = getattr(want, name).weight
+        assert ref.dtype == torch.bfloat16
+        assert torch.equal(getattr(model, name).weight, ref), name

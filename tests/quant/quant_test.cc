@@ -364,6 +364,87 @@ TEST(QuantErrors, UnknownSchemes) {
   EXPECT_NE(std::string(p.what()).find("gptq-int4"), std::string::npos);  // lists the presets
 }
 
+// Without a quantization_config (a dequantizing load's case) the scheme is read off the tensors,
+// and the same parser checks every module against it.
+TEST(QuantInfer, SchemeFromTheTensorsAlone) {
+  struct Case {
+    void (*layer)(Ck&, const std::string&, int64_t, int64_t);
+    QuantKind kind;
+    size_t parts;                                  // of model.layers.0.mlp.down_proj
+  } cases[] = {{gptq_layer, QuantKind::kGptq, 4},  // q, scales, zeros, g_idx
+               {awq_layer, QuantKind::kAwq, 3},
+               {nf4_layer, QuantKind::kBnb4, 4}};  // q, scales (absmax), code, state
+  for (const auto& c : cases) {
+    TempDir d;
+    Ck ck;
+    add_unquantized(ck);
+    add_projections(ck, c.layer);
+    ck.write(d.path(), tiny_config(nullptr));
+    const Checkpoint ckpt = open_checkpoint(d.path());
+    std::optional<QuantConfig> cfg = infer_quant_config(ckpt);
+    ASSERT_TRUE(cfg);
+    EXPECT_TRUE(cfg->inferred);
+    EXPECT_EQ(cfg->kind, c.kind);
+    EXPECT_EQ(cfg->method, "");
+    if (c.kind != QuantKind::kBnb4) {
+      EXPECT_EQ(cfg->bits, 4);
+      EXPECT_EQ(cfg->group_size, 128);
+    } else {
+      EXPECT_EQ(cfg->quant_type, "nf4");
+      EXPECT_FALSE(cfg->double_quant);
+    }
+    const QuantLayout l = recognise_quantized(ckpt, *cfg, d.path());
+    ASSERT_EQ(l.modules.size(), 14u);
+    const QuantModule& down = l.modules[0];
+    EXPECT_EQ(down.name, "model.layers.0.mlp.down_proj");
+    EXPECT_EQ(down.parts.size(), c.parts);
+    EXPECT_EQ(down.parts.at("q"), down.weight_tensor);
+    if (c.kind == QuantKind::kBnb4) EXPECT_EQ(down.block, 64);
+  }
+  TempDir d;
+  Ck ck;
+  add_unquantized(ck);
+  ck.write(d.path(), tiny_config(nullptr));
+  EXPECT_FALSE(infer_quant_config(open_checkpoint(d.path())));
+}
+
+TEST(QuantTp, SliceUnitsFallOnPacksGroupsAndBlocks) {
+  QuantModule m;
+  m.name = "model.layers.0.mlp.down_proj";
+  m.out = 256;
+  m.in = 512;
+  std::string b;
+  const QuantConfig gptq = parse_quant_config(kGptq, "c.json");
+  EXPECT_EQ(tp_unit(gptq, m, 1, &b), 128);
+  EXPECT_NE(b.find("groups of 128"), std::string::npos);
+  EXPECT_EQ(tp_unit(gptq, m, 0, &b), 8);  // zero points: 8 per int32
+  EXPECT_TRUE(tp_sliceable(gptq, m, 4, nullptr));
+  EXPECT_FALSE(tp_sliceable(gptq, m, 8, &b));  // 64 inputs: half a group
+  EXPECT_NE(b.find("groups of 128"), std::string::npos);
+  const QuantConfig nf4 = parse_quant_config(kNf4, "c.json");
+  m.in = 100;  // rows of 100 elements do not start on 64-element blocks
+  EXPECT_EQ(tp_unit(nf4, m, 1, &b), 0);
+  EXPECT_EQ(tp_unit(nf4, m, 0, &b), 16);  // 16 rows of 100 = 25 blocks
+}
+
+// One family: a load's DequantError and a scheme's QuantSchemeError are QuantLayoutErrors.
+TEST(QuantErrors, OneFamily) {
+  try {
+    throw DequantError(QuantLayoutError("m.safetensors", "w", "scale-shape", "too small"));
+  } catch (const QuantLayoutError& e) {
+    EXPECT_EQ(e.rule(), "scale-shape");
+    EXPECT_EQ(e.tensor(), "w");
+    EXPECT_NE(dynamic_cast<const DequantError*>(&e), nullptr);
+    EXPECT_NE(std::string(e.what()).find("DequantError"), std::string::npos);
+  }
+  try {
+    parse_quant_config({{"quant_method", "hqq"}}, "c.json");
+    FAIL();
+  } catch (const QuantLayoutError& e) {
+    EXPECT_NE(dynamic_cast<const QuantSchemeError*>(&e), nullptr);
+  }
+}
+
 // The estimate of a scheme over an unquantized checkpoint equals describe's stored bytes of the
 // checkpoint written in that scheme's layout (by this test's own writers above).
 TEST(QuantEstimate, MatchesTheLayoutWrittenByHand) {
