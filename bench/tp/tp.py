@@ -12,8 +12,8 @@ load_into call on each rank (handshake, staging, vote and swap), after a barrier
 rank process's (libtorch included), with its RSS before the load beside it.
 
 "forward" rows: metaload.TransformersModel(ckpt, tp_size=N, process_group=the default group) in
-fresh processes, dispatched (shared mode; load s is the construction with its handshake and the
-dispatch), then a greedy generation of NEW_TOKENS tokens after a PROMPT-token prompt (batch 1,
+fresh processes, dispatched into float32 (bf16 matmuls are the slow path on CPUs without
+AVX-512 BF16; shared mode; load s is the construction with its handshake and the dispatch), then a greedy generation of NEW_TOKENS tokens after a PROMPT-token prompt (batch 1,
 the same on every tp), timed after a one-token warm-up and a barrier: tokens/s is NEW_TOKENS over
 the rank's generate() time (prefill included), its ratio against the forward at tp 1; every tp's
 tokens must equal tp 1's. Each rank runs one thread (OMP_NUM_THREADS=1): tp N uses N cores where
@@ -80,7 +80,7 @@ def forward_main(args):
     before = rss_mib()
     dist.barrier()
     t0 = time.perf_counter()
-    m = metaload.TransformersModel(args.ckpt, dtype=config.get("torch_dtype"), tp_size=args.world,
+    m = metaload.TransformersModel(args.ckpt, dtype="float32", tp_size=args.world,
                                    process_group=dist.group.WORLD if args.world > 1 else None,
                                    collective_timeout=600, progress=False)
     r = m.dispatch()
