@@ -289,7 +289,8 @@ int run_child(const Options& o, const Layout& lay) {
                                    int rank, int size) {
         return metaload::even_shard(shape, {tp_dim.at(n), rank, size}, n);
       };
-      // Row-parallel rows one pread each instead of gathered through staging.
+      // Row-parallel rows straight into the slot instead of packed through staging (both read
+      // each row alone: a TP slice never reads the other rank's bytes).
       if (o.child == "metaload_tp2_rows") {
         lo.engine.merge_gap = 0;
         lo.engine.direct_row_min = 1;
@@ -474,7 +475,7 @@ int main(int argc, char** argv) {
         {"metaload CPU load, zero-copy (map_files)", "metaload_mapped", "af", ">= 0.85", 0.85,
          false},
         {"metaload CPU load, bf16 -> f32", "metaload_f32", "af", "", 0, false},
-        {"metaload CPU load, TP rank 0/2, rows gathered", "metaload_tp2", "af", "", 0, false},
+        {"metaload CPU load, TP rank 0/2, rows staged", "metaload_tp2", "af", "", 0, false},
         {"metaload CPU load, TP rank 0/2, row by row", "metaload_tp2_rows", "af", "", 0, false},
         {"torch::load of model_cpp.pt (anchor b1)", "torch_load_cpp", "", "", 0, false},
         {"python torch.load of model.pt (anchor b2)", "torch_load_py", "", "", 0, false},

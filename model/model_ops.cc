@@ -201,6 +201,10 @@ METALOAD_LIBRARY_FRAGMENT(m) {
            [](const c10::intrusive_ptr<ModelHolder>& self) {
              return report_json(self->model->dispatch()).dump();
            })
+      .def("dispatch_from",
+           [](const c10::intrusive_ptr<ModelHolder>& self, std::vector<std::string> names,
+              std::vector<at::Tensor> tensors,
+              bool check_only) { self->model->dispatch_from(names, tensors, check_only); })
       .def("load_report",
            [](const c10::intrusive_ptr<ModelHolder>& self) -> std::string {
              auto r = self->model->load_report();

@@ -206,6 +206,16 @@ class TransformersModel {
   // tried again.
   LoadReport dispatch();
   std::optional<LoadReport> load_report() const;
+  // Dispatches from `tensors` (names[i] -> tensors[i]) instead of the checkpoint: this rank's
+  // shard of every parameter, as dispatch() would load it (a tied group under any of its names),
+  // e.g. received over the process group from the rank that read the checkpoint (Python's
+  // TransformersModel(..., source_rank=)). Tensors are converted to the model's dtype and device
+  // where they differ. The same Parameter objects take them, all or nothing; then the
+  // non-persistent buffers are computed, and the model is dispatched (load_report(): no bytes
+  // read). check_only: the checks alone, nothing changes. MismatchError listing every missing,
+  // unexpected and misshapen name (nothing changes); ModelError when already dispatched.
+  void dispatch_from(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                     bool check_only = false);
 
   // Logits [B, S, vocab] of ids [B, S]. Real ids: dispatches first (once), then a real forward.
   // Fake or meta ids: a scan (nothing loaded); the logits are fake. Weights loaded zero-copy are

@@ -1,9 +1,15 @@
 // TransformersModel's dispatch (the weights into the skeleton) and the real runs that need it.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/text.h"
 #include "c10_ext/meta_mode.h"
 #include "fake_mode/fake_tensor.h"
 #include "loader/load/slots_torch.h"
+#include "loader/load/swap.h"
 #include "model/family_load.h"
 #include "model/transformers_model.h"
 
@@ -59,6 +65,117 @@ LoadReport TransformersModel::dispatch_locked() {
   dispatched_ = true;
   if (report.mapped_bytes > 0) remember_mappings_locked();
   return report;
+}
+
+namespace {
+
+std::string shape_text(at::IntArrayRef s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+// dispatch_from's pairing of the module's parameters (in shard shapes) with the tensors given:
+// each parameter once (a tied group under any of its names), and every problem.
+struct GivenWeights {
+  std::vector<at::Tensor> targets, sources;
+  std::vector<std::string> names;
+  std::vector<MismatchItem> missing, unexpected, mismatched;
+  bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+};
+
+// The check of one parameter's source; empty when it fits.
+std::string misfit(const at::Tensor& source, const at::Tensor& target, int rank, int size) {
+  if (!source.defined() || source.is_meta()) return ": holds no data (undefined or meta)";
+  if (source.sizes() != target.sizes())
+    return fmt::format(": shape {} given, rank {} of {} holds {}", shape_text(source.sizes()), rank,
+                       size, shape_text(target.sizes()));
+  if (source.is_floating_point() != target.is_floating_point())
+    return fmt::format(": dtype {} given, the model's is {}", c10::toString(source.scalar_type()),
+                       c10::toString(target.scalar_type()));
+  return "";
+}
+
+GivenWeights match_given(CausalLM& module, const std::vector<std::string>& names,
+                         const std::vector<at::Tensor>& tensors, int rank, int size) {
+  GivenWeights out;
+  std::unordered_map<std::string, at::Tensor> given;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!given.emplace(names[i], tensors[i]).second)
+      out.mismatched.push_back({names[i], ": given twice"});
+  std::vector<std::pair<at::Tensor, std::vector<std::string>>> groups;
+  std::unordered_map<const void*, size_t> group_of;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto [it, fresh] = group_of.emplace(item.value().unsafeGetTensorImpl(), groups.size());
+    if (fresh) groups.push_back({item.value(), {}});
+    groups[it->second].second.push_back(item.key());
+  }
+  std::unordered_set<std::string> used;
+  for (const auto& [target, group_names] : groups) {
+    const at::Tensor* source = nullptr;
+    for (const std::string& n : group_names) {
+      auto it = given.find(n);
+      if (it == given.end()) continue;
+      used.insert(n);
+      if (source == nullptr) source = &it->second;
+    }
+    const std::string& name = group_names.front();
+    if (source == nullptr) {
+      out.missing.push_back({name, " " + shape_text(target.sizes())});
+    } else if (std::string why = misfit(*source, target, rank, size); !why.empty()) {
+      out.mismatched.push_back({name, why});
+    } else {
+      out.targets.push_back(target);
+      out.sources.push_back(*source);
+      out.names.push_back(name);
+    }
+  }
+  for (const std::string& n : names)
+    if (!used.count(n)) out.unexpected.push_back({n, ""});
+  return out;
+}
+
+}  // namespace
+
+void TransformersModel::dispatch_from(const std::vector<std::string>& names,
+                                      const std::vector<at::Tensor>& tensors, bool check_only) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  if (names.size() != tensors.size())
+    throw ModelError(
+        fmt::format("dispatch_from: {} names but {} tensors", names.size(), tensors.size()));
+  if (dispatched_)
+    throw ModelError(fmt::format("{} is already dispatched: its weights are loaded", reference_));
+  // The shard shapes this rank holds (undone unless the swap happens).
+  ShardShapes shards(*module_, options_.tp_rank, options_.tp_size, reference_);
+  GivenWeights w = match_given(*module_, names, tensors, options_.tp_rank, options_.tp_size);
+  if (!w.ok()) {
+    shards.undo();
+    const size_t n = w.missing.size() + w.unexpected.size() + w.mismatched.size();
+    throw MismatchError(fmt::format("the tensors given do not fit {} (rank {} of {}): {} problems",
+                                    escape_path(reference_), options_.tp_rank, options_.tp_size, n),
+                        std::move(w.missing), std::move(w.unexpected), std::move(w.mismatched));
+  }
+  if (check_only) {
+    shards.undo();
+    return;
+  }
+  LoadReport report;
+  try {
+    RealGuard real;
+    for (size_t i = 0; i < w.sources.size(); ++i) {
+      w.sources[i] = w.sources[i].to(options_.device, w.targets[i].scalar_type()).contiguous();
+      report.slot_bytes += w.sources[i].nbytes();
+    }
+    swap_in(w.targets, w.sources, w.names);
+  } catch (...) {
+    shards.undo();
+    throw;
+  }
+  {
+    RealGuard real;
+    module_->init_nonpersistent_buffers(options_.device);
+  }
+  report.engine = "given";
+  report_ = report;
+  dispatched_ = true;
 }
 
 void TransformersModel::remember_mappings_locked() {

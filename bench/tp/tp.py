@@ -1,6 +1,7 @@
 """bench/tp: metaload.load_into across tensor-parallel ranks (processes over gloo on loopback,
 CPU): per-rank load time, bytes read and peak RSS for tp 1, 2 and 4, as ratios to tp 1 of the
-same run, on the GPT-2 124M fixture and a Llama-3.2-1B-shaped fixture (1.24B parameters, bf16).
+same run, on the GPT-2 124M fixture and a Llama-3.2-1B-shaped fixture (1.24B parameters, bf16);
+and the tensor-parallel forward's tokens/s.
 
     METALOAD_LIB=... PYTHONPATH=python python bench/tp/tp.py [--quick] [--keep DIR]
 
@@ -8,8 +9,15 @@ Each tp degree runs in fresh processes (one per rank): "shared" (every rank read
 from the same files) and "broadcast" (rank 0 reads every slice and sends each rank its own, 64 MiB
 buffers). The files are in the page cache (written just before): warm loads. Time is the
 load_into call on each rank (handshake, staging, vote and swap), after a barrier; peak RSS is the
-rank process's (libtorch included), with its RSS before the load beside it. Tokens/s need the TP
-forward (TransformersModel with a process group, on another branch): not measured here.
+rank process's (libtorch included), with its RSS before the load beside it.
+
+"forward" rows: metaload.TransformersModel(ckpt, tp_size=N, process_group=the default group) in
+fresh processes, dispatched into float32 (bf16 matmuls are the slow path on CPUs without
+AVX-512 BF16; shared mode; load s is the construction with its handshake and the dispatch), then a greedy generation of NEW_TOKENS tokens after a PROMPT-token prompt (batch 1,
+the same on every tp), timed after a one-token warm-up and a barrier: tokens/s is NEW_TOKENS over
+the rank's generate() time (prefill included), its ratio against the forward at tp 1; every tp's
+tokens must equal tp 1's. Each rank runs one thread (OMP_NUM_THREADS=1): tp N uses N cores where
+the machine has them. CUDA with NCCL needs a device with several GPUs; none is lent here.
 """
 import argparse
 import datetime
@@ -26,6 +34,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = [("gpt2-124m", "gpt2", "float32"), ("llama-1b", "llama-3.2-1b", "bfloat16")]
 QUICK = [("gpt2-tiny", "gpt2-tiny", "float32"), ("llama-tiny", "llama-tiny", "float32")]
+PROMPT, NEW_TOKENS = 8, 4
 
 
 def rss_mib():
@@ -62,11 +71,43 @@ def skeleton(ckpt):
     return root
 
 
+def forward_main(args):
+    """One rank of the "forward" rows: a TP TransformersModel, dispatched, then generate()."""
+    import torch.distributed as dist
+    import metaload
+    with open(os.path.join(args.ckpt, "config.json")) as f:
+        config = json.load(f)
+    before = rss_mib()
+    dist.barrier()
+    t0 = time.perf_counter()
+    m = metaload.TransformersModel(args.ckpt, dtype="float32", tp_size=args.world,
+                                   process_group=dist.group.WORLD if args.world > 1 else None,
+                                   collective_timeout=600, progress=False)
+    r = m.dispatch()
+    seconds = time.perf_counter() - t0
+    held = sum(p.numel() * p.element_size()
+               for p in {id(p): p for p in m.named_parameters().values()}.values())
+    ids = (torch.arange(PROMPT) * 7 + 3).remainder(config["vocab_size"]).reshape(1, PROMPT)
+    m.generate(ids, 1)  # warm-up: first-call costs stay out of the timing
+    dist.barrier()
+    t1 = time.perf_counter()
+    tokens = m.generate(ids, NEW_TOKENS)
+    gen = time.perf_counter() - t1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rank": args.rank, "seconds": seconds, "bytes_read": r.bytes, "held": held,
+                      "rss_before": before, "peak_rss": peak, "tokens_s": NEW_TOKENS / gen,
+                      "tokens": tokens[0, PROMPT:].tolist()}), flush=True)
+    dist.barrier()
+    os._exit(0)
+
+
 def rank_main(args):
     import torch.distributed as dist
     import metaload
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=600))
+    if args.mode == "forward":
+        return forward_main(args)
     module = skeleton(args.ckpt)
     before = rss_mib()
     kw = {}
@@ -119,32 +160,39 @@ def main():
     tmp = args.keep or tempfile.mkdtemp(prefix="bench-tp-")
     port = 29600 + os.getpid() % 1000
     print("| model | tp | mode | rank | load s | x tp1 | read MB | x tp1 | held MB | x tp1 | "
-          "RSS before MiB | peak RSS MiB | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "RSS before MiB | peak RSS MiB | tokens/s | x tp1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, config, dtype in (QUICK if args.quick else MODELS):
         out = os.path.join(tmp, label)
         if not os.path.exists(os.path.join(out, "config.json")):
             metaload.make_checkpoint(out, config=config, dtype=dtype, layout="saved")
         info = metaload.describe_checkpoint(out)
-        anchor = None
+        anchors = {}  # load rows: the shared load at tp 1; forward rows: the forward at tp 1
         for world in (1, 2, 4):
-            for mode in ("shared", "broadcast") if world > 1 else ("shared",):
+            for mode in ("shared", "broadcast", "forward") if world > 1 else ("shared", "forward"):
                 port += 1
                 rows = run_degree(out, world, mode, port)
-                if anchor is None:
-                    anchor = rows[0]
+                anchor = anchors.setdefault(mode == "forward", rows[0])
                 for x in rows:
+                    if mode == "forward":
+                        if x["tokens"] != anchor["tokens"]:
+                            raise SystemExit(f"bench/tp: {label} tp {world} rank {x['rank']} "
+                                             f"generated {x['tokens']}, tp 1 {anchor['tokens']}")
+                        tok = f"{x['tokens_s']:.2f} | {x['tokens_s'] / anchor['tokens_s']:.2f}"
+                    else:
+                        tok = "- | -"
                     print(f"| {label} | {world} | {mode} | {x['rank']} | {x['seconds']:.3f} | "
                           f"{x['seconds'] / anchor['seconds']:.2f} | {x['bytes_read'] / 1e6:.1f} | "
                           f"{x['bytes_read'] / anchor['bytes_read']:.3f} | {x['held'] / 1e6:.1f} | "
                           f"{x['held'] / anchor['held']:.3f} | {x['rss_before']:.0f} | "
-                          f"{x['peak_rss']:.0f} | n/a (TP forward: branch tpfwd) |", flush=True)
+                          f"{x['peak_rss']:.0f} | {tok} |", flush=True)
         print(f"({label}: {info.n_params / 1e6:.0f}M parameters, {info.size_bytes / 1e6:.0f} MB "
-              f"stored as {dtype})")
+              f"stored as {dtype}; forward rows: {PROMPT}-token prompt, {NEW_TOKENS} new tokens, "
+              f"greedy, the same tokens on every tp)")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:
-        print(f"CUDA/NCCL: no device with several GPUs was lent to this run ({n} CUDA devices "
-              "visible): not measured")
+        print(f"CUDA/NCCL rows need a lent device with several GPUs; none was lent to this run "
+              f"({n} CUDA devices visible): not measured")
     if not args.keep:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)

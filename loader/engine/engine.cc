@@ -57,7 +57,8 @@ struct Segment {
   uint64_t row_bytes;
   uint64_t stride;
   uint64_t dst_off;
-  bool direct;  // may be read straight into the slot
+  bool direct;          // may be read straight into the slot
+  bool packed = false;  // an exact job's rows: each read alone, back to back in staging
   uint64_t footprint() const { return (rows - 1) * stride + row_bytes; }
 };
 
@@ -155,6 +156,16 @@ void split_job(const CopyJob& j, size_t i, const PlanLimits& limits, std::vector
   const uint64_t gap = j.stride() - j.row_bytes;
   const bool row_direct = identity && limits.direct_bytes > 0 && limits.direct_row_min > 0 &&
                           j.row_bytes >= limits.direct_row_min;
+  if (!row_direct && j.exact && j.row_bytes <= cap) {
+    // Packed: the holes are other ranks' rows, never read; k rows share one staging buffer.
+    const uint64_t k = cap / j.row_bytes;
+    for (uint64_t r = 0; r < j.rows; r += k) {
+      const uint64_t n = std::min(k, j.rows - r);
+      segs.push_back({i, j.file, j.offset + r * j.stride(), n, j.row_bytes, j.stride(), r * dst_row,
+                      false, true});
+    }
+    return;
+  }
   if (!row_direct && gap <= limits.merge_gap && j.row_bytes <= cap) {
     // Gather: read k rows (holes included) at once and pick the rows out of staging.
     const uint64_t k = std::max<uint64_t>(1, (cap - j.row_bytes) / j.stride() + 1);
@@ -192,7 +203,10 @@ class PieceBuilder {
   PieceBuilder(const std::vector<CopyJob>& jobs, const PlanLimits& limits)
       : jobs_(jobs), limits_(limits), cap_(limits.staged_bytes) {}
 
-  void add(const Segment& s) { s.rows > 1 ? add_gather(s) : add_run(s); }
+  void add(const Segment& s) {
+    if (s.packed) return add_packed(s);
+    s.rows > 1 ? add_gather(s) : add_run(s);
+  }
 
   std::vector<Piece> finish() {
     flush();
@@ -205,8 +219,8 @@ class PieceBuilder {
   void add_gather(const Segment& s) {
     const CopyJob& j = jobs_[s.job];
     const uint64_t fp = s.footprint();
-    const bool joins = open_ && !cur_.direct && cur_.file == s.file && s.offset >= cur_.offset &&
-                       may_reach(s.offset, j.exact) &&
+    const bool joins = open_ && !cur_.direct && cur_.extents.empty() && cur_.file == s.file &&
+                       s.offset >= cur_.offset && may_reach(s.offset, j.exact) &&
                        std::max(cur_.offset + cur_.length, s.offset + fp) - cur_.offset <= cap_;
     if (!joins) start(s.file, s.offset, false, nullptr);
     PiecePart part;
@@ -259,7 +273,7 @@ class PieceBuilder {
   // The bytes of a staged run that go into the open (or a new) staged piece from `at`: whole
   // elements, within the staging size.
   uint64_t place_staged(const Segment& s, const CopyJob& j, uint64_t at, uint64_t pos) {
-    if (open_ && !cur_.direct && cur_.file == s.file && at >= cur_.offset &&
+    if (open_ && !cur_.direct && cur_.extents.empty() && cur_.file == s.file && at >= cur_.offset &&
         may_reach(at, j.exact)) {
       const uint64_t room = cap_ > at - cur_.offset ? cap_ - (at - cur_.offset) : 0;
       const uint64_t take = round_down(std::min(s.row_bytes - pos, room), j.unit);
@@ -267,6 +281,35 @@ class PieceBuilder {
     }
     start(s.file, at, false, nullptr);
     return round_down(std::min(s.row_bytes - pos, cap_), j.unit);
+  }
+
+  // Rows of an exact strided job: appended to the open packed piece of the same file while it
+  // stays within the staging size, each row an extent (one that continues the last extends it).
+  void add_packed(const Segment& s) {
+    const CopyJob& j = jobs_[s.job];
+    const uint64_t bytes = s.rows * s.row_bytes;
+    const bool joins =
+        open_ && !cur_.extents.empty() && cur_.file == s.file && cur_.length + bytes <= cap_;
+    if (!joins) start(s.file, s.offset, false, nullptr);
+    PiecePart part;
+    part.job = s.job;
+    part.src = cur_.length;
+    part.rows = s.rows;
+    part.row_bytes = s.row_bytes;
+    part.src_pitch = s.row_bytes;
+    part.dst = static_cast<unsigned char*>(j.dst) + s.dst_off;
+    part.dst_pitch = j.dst_pitch();
+    part.dst_bytes = s.rows * j.dst_row_bytes();
+    cur_.parts.push_back(part);
+    for (uint64_t r = 0; r < s.rows; ++r) {
+      const uint64_t at = s.offset + r * s.stride;
+      if (!cur_.extents.empty() && cur_.extents.back().offset + cur_.extents.back().length == at) {
+        cur_.extents.back().length += s.row_bytes;
+      } else {
+        cur_.extents.push_back({at, s.row_bytes});
+      }
+    }
+    cur_.length += bytes;
   }
 
   // Whether a staged read may run on from the open piece's end to `at`: a hole next to an exact
@@ -580,17 +623,40 @@ class Run : public ProgressRun {
     return s;
   }
 
-  // Reads the whole piece into buf (short reads resumed, EINTR retried).
+  // Reads the whole piece into buf (short reads resumed, EINTR retried): its one range, or its
+  // extents back to back.
   void read_piece(size_t index, unsigned char* buf) {
     const Piece& p = pieces[index];
     const int64_t start = now_ns();
     const OpenFiles::Lease file(files, p.file);
+    if (p.extents.empty()) {
+      read_range(p, file.fd(), buf, p.offset, p.length);
+    } else {
+      uint64_t at = 0;
+      for (const Extent& e : p.extents) {
+        read_range(p, file.fd(), buf + at, e.offset, e.length);
+        at += e.length;
+      }
+    }
+    const int64_t end = now_ns();
+    file_bytes[p.file] += p.length;
+    int64_t v = file_first[p.file].load();
+    while (start < v && !file_first[p.file].compare_exchange_weak(v, start)) {
+    }
+    v = file_last[p.file].load();
+    while (end > v && !file_last[p.file].compare_exchange_weak(v, end)) {
+    }
+    if (opt.hooks.after_read) opt.hooks.after_read(index);
+  }
+
+  // [offset, offset + length) of piece p's file into buf.
+  void read_range(const Piece& p, int fd, unsigned char* buf, uint64_t offset, uint64_t length) {
     uint64_t got = 0;
-    while (got < p.length) {
-      const size_t want = static_cast<size_t>(p.length - got);
-      const uint64_t off = p.offset + got;
-      const ssize_t r = opt.hooks.pread ? opt.hooks.pread(file.fd(), buf + got, want, off)
-                                        : ::pread(file.fd(), buf + got, want, off);
+    while (got < length) {
+      const size_t want = static_cast<size_t>(length - got);
+      const uint64_t off = offset + got;
+      const ssize_t r = opt.hooks.pread ? opt.hooks.pread(fd, buf + got, want, off)
+                                        : ::pread(fd, buf + got, want, off);
       reads.fetch_add(1, std::memory_order_relaxed);
       if (r < 0) {
         const int e = errno;
@@ -602,20 +668,11 @@ class Run : public ProgressRun {
       if (r == 0) {
         throw ReadError(files.path(p.file) + ": unexpected end of file at offset " +
                         std::to_string(off) + " while reading " + piece_names(p) + " (bytes [" +
-                        std::to_string(p.offset) + ", " + std::to_string(p.offset + p.length) +
+                        std::to_string(offset) + ", " + std::to_string(offset + length) +
                         ")); the file was truncated");
       }
       got += static_cast<uint64_t>(r);
     }
-    const int64_t end = now_ns();
-    file_bytes[p.file] += p.length;
-    int64_t v = file_first[p.file].load();
-    while (start < v && !file_first[p.file].compare_exchange_weak(v, start)) {
-    }
-    v = file_last[p.file].load();
-    while (end > v && !file_last[p.file].compare_exchange_weak(v, end)) {
-    }
-    if (opt.hooks.after_read) opt.hooks.after_read(index);
   }
 
   void delivered(const Piece& p) {

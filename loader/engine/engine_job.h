@@ -30,9 +30,10 @@ struct CopyJob {
   FloatFormat to = FloatFormat::kF32;
   void* dst = nullptr;          // host memory (CPU engine) or device memory (staged engine)
   uint64_t dst_row_stride = 0;  // bytes between destination rows; 0 = dst_row_bytes()
-  // Read only this job's bytes: no read runs through a hole before or after it (merge_gap does
-  // not apply). Set for a TP rank's contiguous slice, whose neighbouring holes are other ranks'
-  // rows, so a rank reads only its own bytes on the staged (conversion, CUDA) path too.
+  // Read only this job's bytes: no read runs through a hole before, after or (strided rows)
+  // inside it (merge_gap does not apply); the rows of a strided slice are read one by one, into
+  // staging back to back (a packed piece) or straight into the slot. Set for every TP rank's
+  // slice, whose holes are other ranks' rows, so a rank reads exactly its own bytes.
   bool exact = false;
 
   uint64_t stride() const { return row_stride == 0 ? row_bytes : row_stride; }

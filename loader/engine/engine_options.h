@@ -64,8 +64,8 @@ struct EngineOptions {
   uint64_t chunk_bytes = 16ull << 20;    // largest single read
   uint64_t staging_bytes = 64ull << 20;  // bound on all staging memory (CPU buffers or pinned ring)
   // Holes between needed byte ranges up to this size are read through instead of skipped (one
-  // read beats many small ones), except next to an exact job (CopyJob::exact); strided slices
-  // whose row gaps are larger are read row by row.
+  // read beats many small ones), except next to or inside an exact job (CopyJob::exact: a TP
+  // slice); strided slices whose row gaps are larger are read row by row.
   uint64_t merge_gap = 64ull << 10;
   // CPU engine: rows of a strided slice (no conversion) at least this long are read one by one
   // straight into the slot; shorter ones are gathered through staging (bench/load measures both).

@@ -24,8 +24,17 @@ struct PiecePart {
   uint64_t dst_bytes = 0;
 };
 
+// A range of a file, [offset, offset + length).
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 // One read: [offset, offset + length) of a file. `direct`: the bytes land in `direct_dst` as they
-// are (the parts are then only bookkeeping).
+// are (the parts are then only bookkeeping). A packed piece (`extents` not empty: the rows of
+// exact strided slices, CopyJob::exact) reads each extent on its own, back to back into the
+// buffer, and never the holes between them (other ranks' bytes); `offset` is then its first
+// extent's and `length` their sum.
 struct Piece {
   size_t file = 0;
   uint64_t offset = 0;
@@ -33,6 +42,7 @@ struct Piece {
   bool direct = false;
   unsigned char* direct_dst = nullptr;
   std::vector<PiecePart> parts;
+  std::vector<Extent> extents;
 };
 
 struct PlanLimits {

@@ -201,6 +201,7 @@ std::optional<at::ScalarType> slot_dtype(const LoadTarget& t, at::ScalarType sto
 std::optional<std::vector<int64_t>> slot_shape(const LoadTarget& t, SlotSpec& spec,
                                                const LoadOptions& opt, Mismatches& bad) {
   if (opt.tp_size <= 1) return spec.stored_shape;
+  spec.exact = true;  // a rank reads its share and the replicated tensors, nothing between
   try {
     TpShard shard = opt.names.tp_shard(t.name, spec.stored_shape, opt.tp_rank, opt.tp_size);
     if (shard.dim < 0) return spec.stored_shape;

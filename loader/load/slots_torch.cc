@@ -66,8 +66,8 @@ SpecPlan plan_spec(const SlotSpec& s) {
   for (const ShardCopy& c : shard_copies(s.stored_shape, elem, s.data_offset, shard, s.name)) {
     CopyJob j = base;
     apply_region(j, c.src);
-    // A contiguous slice of a sharded tensor: the bytes around it are other ranks' rows.
-    j.exact = shard.dim >= 0 && j.rows == 1;
+    // A slice of a sharded tensor: the bytes around it (and between its rows) are other ranks'.
+    j.exact = shard.dim >= 0 || s.exact;
     j.dst = reinterpret_cast<void*>(static_cast<uintptr_t>(c.dst_offset_elems * dst_elem));
     if (j.rows > 1) j.dst_row_stride = c.dst_row_stride_elems * dst_elem;
     p.jobs.push_back(j);

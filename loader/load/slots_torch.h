@@ -27,6 +27,10 @@ struct SlotSpec {
   at::ScalarType dtype = at::kFloat;  // of the slot; differs only among float32/float16/bfloat16
   TpSlice slice;                      // an even split of one dim ...
   std::optional<TpShard> shard;       // ... or any shard a family's TP plan describes (wins)
+  // Part of a tensor-parallel load: no read runs through a hole beside it (CopyJob::exact), even
+  // when it is replicated -- a hole may be a split tensor of which this rank holds nothing (a
+  // vocabulary block past the vocabulary). A split tensor's slice is always exact.
+  bool exact = false;
 };
 
 struct SlotLoad {

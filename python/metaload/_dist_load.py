@@ -4,9 +4,7 @@ load: dist.new_group(backend="gloo")); the weights still go to `device`.
 
     dist.init_process_group("gloo", ...)          # torchrun, mp.spawn, or by hand
     report = metaload.load_into(model, ckpt, tp_size=dist.get_world_size())  # the default group
-    report.distributed.bytes_read      # this rank's share + the replicated tensors, and the holes
-                                       # (<= 64 KiB) between the rows of strided slices that the
-                                       # engine reads through rather than issue many small reads
+    report.distributed.bytes_read      # this rank's share + the replicated tensors, exactly
 
 Every rank of the group calls load_into with the same tp_size. The steps, each bounded by
 `timeout` seconds (a rank that dies or hangs is an error on the others, never a hang):
@@ -247,8 +245,16 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
         staged.update((n, t) for n, t, _ in comp)
         return _Staged(staged, rep.bytes, rep)
     # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
-    from .model import TransformersModel
     want = dtype if dtype is not None else _main_dtype(targets)
+    return _stage_family(ref, dev, want, tp_rank, tp_size, threads, revision)
+
+
+def _stage_family(ref: str, dev, want, tp_rank: int, tp_size: int, threads: int,
+                  revision) -> _Staged:
+    """Rank tp_rank's tensors of a family checkpoint (a TransformersModel with no group)."""
+    from ._mode import real
+    from .model import TransformersModel
+    ops = _lib.load()
     with real():
         _lib.typed_errors(ops.open_checkpoint)(str(ref), revision)  # ResolveError: nothing there
         try:
@@ -647,7 +653,7 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
 
 def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
                buffer_bytes, progress, own: Optional[_Staged],
-               own_error: Optional[BaseException]) -> int:
+               own_error: Optional[BaseException], keep=None) -> int:
     """The source's part of a broadcast: each other rank's slice, read and sent in turn (one
     slice in memory at a time). Returns the bytes read. A failure sends the ranks not yet served
     the error, so they vote at once instead of waiting out the timeout; it is raised after."""
@@ -673,8 +679,10 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
                 g.send_text(json.dumps({"error": error}), r, f"telling rank {r}")
             continue
         read += staged.bytes_read
+        tensors = staged.tensors if keep is None else \
+            {n: t for n, t in staged.tensors.items() if n in keep}
         try:
-            _serve(g, r, staged.tensors, buffer_bytes, progress)
+            _serve(g, r, tensors, buffer_bytes, progress)
         except _Lost as e:
             error = f"serving rank {r}: {e}"
         del staged
@@ -682,3 +690,96 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
     if error is not None and own_error is None:
         raise _lib.LoadError(error)
     return read
+
+
+# -- broadcast into a TransformersModel: TransformersModel(..., source_rank=) ---------------------
+
+
+def share_config(process_group, source_rank: int, ref: str, revision, timeout) -> Optional[str]:
+    """The source's config.json for every rank of the group (the receivers build their skeleton
+    from it; they need no file of the checkpoint): the folder of a temporary config.json on the
+    receivers, None on the source. DistributedError on every rank when the source cannot read it
+    (naming its error) or a rank is lost."""
+    import tempfile
+    g = _Group(process_group, _timeout_s(timeout))
+    if not 0 <= source_rank < g.size:
+        raise _error(f"source_rank {source_rank} is not a rank of the group (0..{g.size - 1})")
+    mine = ""
+    if g.rank == source_rank:
+        try:
+            from .model import TransformersModel
+            probe = TransformersModel(ref, revision=revision, progress=False, process_group=False)
+            with open(probe.info["config_path"]) as f:
+                mine = json.dumps({"config": f.read()})
+        except Exception as e:  # the others learn it now, not after a timeout
+            mine = json.dumps({"error": _describe(e)})
+    try:
+        texts = g.all_gather_text(mine, "sharing config.json")
+    except _Lost as e:
+        raise _error(f"rank {g.rank} of {g.size}: sharing the source's config.json failed, "
+                     f"nothing was loaded: {e}") from None
+    sent = json.loads(texts[source_rank])
+    if "error" in sent:
+        raise _error(f"the source rank {source_rank} cannot read {_lib.quote(ref)}, nothing was "
+                     f"loaded: {sent['error']}", {source_rank: sent["error"]})
+    if g.rank == source_rank:
+        return None
+    folder = tempfile.mkdtemp(prefix="metaload-config-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        f.write(sent["config"])
+    return folder
+
+
+def dispatch_broadcast(model, ref: str, *, process_group, source_rank: int, buffer_bytes: int,
+                       timeout, threads: int, revision):
+    """Dispatches `model` (a TransformersModel of every rank of the group, not dispatched) in
+    broadcast mode: rank source_rank reads each rank's slice and sends it to that rank alone, the
+    others never open the files; every rank checks what it staged against its skeleton, votes,
+    and only after a unanimous yes do the models take the weights (dispatch_from). Returns the
+    rank's LoadReport with .distributed; DistributedError on every rank otherwise (every model
+    stays undispatched)."""
+    t0 = time.monotonic()
+    g = _Group(process_group, _timeout_s(timeout))
+    info = model.info
+    rank, size = info["tp_rank"], info["tp_size"]
+    device, dtype = info["device"], getattr(torch, info["dtype"])
+    keep = set(model._m.parameter_names())
+    job = _Job(g, None, ref, device, dtype, threads, True, revision, None, source_rank,
+               buffer_bytes or DEFAULT_BUFFER_BYTES)
+    job.handshake(rank, size, buffer_bytes)
+    t_stage = time.monotonic()
+    staged: Dict[str, torch.Tensor] = {}
+    try:
+        if g.rank == source_rank:
+            own, own_error = None, None
+            try:
+                _fault(g.rank, "fail_stage")
+                own = _stage_family(ref, torch.device(device), dtype, rank, size, threads,
+                                    revision)
+                job.bytes_read, job.load_report = own.bytes_read, own.report
+                staged = own.tensors
+            except Exception as e:
+                own_error = e
+            job.bytes_read += _serve_all(g, job.peers, ref, dtype, threads, revision, True, None,
+                                         None, job.buffer_bytes, job.progress, own, own_error,
+                                         keep)
+            if own_error is not None:
+                raise own_error
+        else:
+            _fault(g.rank, "fail_stage")
+            staged, job.received, job.progress["buffer"] = _receive(g, source_rank, device,
+                                                                    g.rank)
+        staged = {n: t for n, t in staged.items() if n in keep}
+        _lib.typed_errors(model._m.dispatch_from)(list(staged), list(staged.values()), True)
+        status: Dict[str, Any] = {"ok": True}
+    except _Lost as e:
+        status = {"ok": False, "error": f"lost contact: {e}"}
+    except Exception as e:  # this rank's "no" in the vote
+        status = {"ok": False, "error": _describe(e)}
+    unique = list({id(t): t for t in staged.values()}.values()) if status["ok"] else []
+    job.pairs = [(None, t, "") for t in unique]
+    status.update(bytes_read=job.bytes_read, held_bytes=_held(job.pairs))
+    stage_seconds = time.monotonic() - t_stage
+    votes = job.vote(status)
+    _lib.typed_errors(model._m.dispatch_from)(list(staged), list(staged.values()), False)
+    return job.report(rank, size, votes, stage_seconds, time.monotonic() - t0)

@@ -69,7 +69,8 @@ class TransformersModel:
                  tp_rank: Optional[int] = None, tp_size: int = 1, process_group=None,
                  collective_timeout: float = 300.0, threads: int = 0, dispatch: bool = False,
                  progress: _progress.Progress = True, progress_bar: Optional[bool] = None,
-                 allow_local_paths: bool = False):
+                 allow_local_paths: bool = False, source_rank: Optional[int] = None,
+                 buffer_bytes: int = 0):
         """progress: as load_into's (True: a bar on stderr when it is a terminal; False; a
         callable (done_bytes, total_bytes) or a tqdm-like object), for the dispatch, whenever it
         happens. progress_bar: the old name of progress (deprecated).
@@ -84,8 +85,22 @@ class TransformersModel:
         listing each rank's values otherwise); every collective waits collective_timeout
         seconds at most (a rank that died or hangs: metaload.DistributedError, never a hang).
         Without a group (or with process_group=False, which takes none even under
-        torch.distributed) a rank can scan and load its shard but not run."""
+        torch.distributed) a rank can scan and load its shard but not run.
+        source_rank: broadcast mode, for hosts without the checkpoint. Every rank of the group
+        constructs the model together (a collective) and it is dispatched at once: rank
+        source_rank reads `ref` (its config.json, then each rank's slice) and sends every other
+        rank its config.json and its slice alone through buffers of buffer_bytes (0: 64 MiB);
+        the other ranks never open `ref`. All or nothing: unless every rank got its weights,
+        every rank raises metaload.DistributedError. dispatch() then returns the rank's
+        LoadReport with .distributed (metaload.load_into's broadcast mode, DistReport)."""
         _lib.load()
+        self._dist_report = None
+        if source_rank is not None:
+            return self._init_broadcast(
+                ref, source_rank, buffer_bytes, revision=revision, device=device, dtype=dtype,
+                tp_rank=tp_rank, tp_size=tp_size, process_group=process_group,
+                collective_timeout=collective_timeout, threads=threads, progress=progress,
+                progress_bar=progress_bar, allow_local_paths=allow_local_paths)
         group = _tp.resolve(tp_size, process_group)
         if tp_rank is None:
             tp_rank = -1 if group is not None else 0  # -1: the group's rank
@@ -109,6 +124,35 @@ class TransformersModel:
             raise _lib.Error(f"{_lib.library_path()} predates allow_local_paths: rebuild it")
         with self._watch(dispatching=dispatch):
             self._m = torch.classes.metaload.TransformersModel(*args)
+
+    def _init_broadcast(self, ref, source_rank, buffer_bytes, *, process_group,
+                        collective_timeout, revision, **placement):
+        """TransformersModel(..., source_rank=): the receivers build from the source's
+        config.json, then the broadcast dispatch (metaload._dist_load)."""
+        import shutil
+        import torch.distributed as dist
+        from . import _dist_load
+        if not (dist.is_available() and dist.is_initialized()):
+            raise _lib.error_class("DistributedError")(
+                "source_rank needs torch.distributed initialised (init_process_group) on every "
+                "rank")
+        if process_group is False or isinstance(process_group, torch.ScriptObject):
+            raise _lib.error_class("DistributedError")(
+                "source_rank needs a torch.distributed process group (None: the default group)")
+        group = process_group if process_group is not None else dist.group.WORLD
+        folder = _dist_load.share_config(group, source_rank, str(ref), revision,
+                                         collective_timeout)
+        try:
+            self.__init__(ref if folder is None else folder, revision=revision if folder is None
+                          else None, process_group=process_group,
+                          collective_timeout=collective_timeout, **placement)
+        finally:
+            if folder is not None:  # read at construction only
+                shutil.rmtree(folder, ignore_errors=True)
+        self._dist_report = _dist_load.dispatch_broadcast(
+            self, str(ref), process_group=group, source_rank=source_rank,
+            buffer_bytes=buffer_bytes, timeout=collective_timeout, threads=placement["threads"],
+            revision=revision)
 
     def _watch(self, dispatching=None):
         """Forwards the dispatch's progress to the callback while a call that may dispatch runs."""
@@ -146,6 +190,8 @@ class TransformersModel:
     @typed_errors
     def dispatch(self) -> LoadReport:
         """Loads the weights into the same tensors (idempotent: later calls load nothing)."""
+        if self._dist_report is not None:  # dispatched by the broadcast at construction
+            return self._dist_report
         with self._watch():
             return _report(self._m.dispatch())
 

@@ -202,6 +202,45 @@ TEST(PlanTest, ExactJobsAreNeverReadThroughAHole) {
   }
 }
 
+TEST(PlanTest, ExactStridedSlicesReadEachRowAloneBackToBackInStaging) {
+  std::vector<unsigned char> mem(1 << 20);
+  // A rank's columns: 64 rows of 256 bytes every 1024 bytes; the 768-byte holes are other ranks'
+  // rows, well under the merge gap, yet never read.
+  std::vector<CopyJob> jobs = {strided("o_proj", 0, 256, 64, 256, 1024)};
+  jobs[0].dst = mem.data();
+  jobs[0].exact = true;
+  std::vector<Piece> p = plan_pieces(jobs, one_file(1 << 16), {0, 1 << 20, 64 << 10, 0});
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].length, 64u * 256);
+  ASSERT_EQ(p[0].extents.size(), 64u);
+  EXPECT_EQ(p[0].extents[3].offset, 256u + 3 * 1024);
+  EXPECT_EQ(p[0].extents[3].length, 256u);
+  ASSERT_EQ(p[0].parts.size(), 1u);
+  EXPECT_EQ(p[0].parts[0].rows, 64u);
+  EXPECT_EQ(p[0].parts[0].src_pitch, 256u);  // packed
+  // Staging pieces of 24 rows: a second exact job further on in the file (another tensor's
+  // slice) joins the last, unfilled one.
+  jobs.push_back(strided("o_proj.b", 0, 256 + 64 * 1024, 8, 256, 1024));
+  jobs[1].dst = mem.data() + 65536;
+  jobs[1].exact = true;
+  p = plan_pieces(jobs, one_file(1 << 17), {0, 6144, 64 << 10, 0});
+  ASSERT_EQ(p.size(), 3u);  // 24 + 24 + (16 + 8) rows
+  EXPECT_EQ(p[2].parts.size(), 2u);
+  for (const Piece& pc : p) {
+    EXPECT_EQ(pc.length, 6144u);
+    EXPECT_EQ(pc.extents.size(), 24u);
+    for (const Extent& e : pc.extents) {
+      EXPECT_EQ((e.offset - 256) % 1024, 0u) << e.offset;
+      EXPECT_EQ(e.length, 256u);
+    }
+  }
+  // The CPU engine reads rows of at least direct_row_min straight into the slot, one by one.
+  p = plan_pieces({jobs[0]}, one_file(1 << 16), {1 << 20, 1 << 20, 64 << 10, 128});
+  ASSERT_EQ(p.size(), 64u);
+  EXPECT_TRUE(p[7].direct);
+  EXPECT_EQ(p[7].length, 256u);
+}
+
 TEST(PlanTest, MalformedJobsAreNamedErrors) {
   std::vector<unsigned char> mem(64);
   auto plan = [&](CopyJob j) {
@@ -294,7 +333,8 @@ TEST_P(EngineTest, JobsInterleaveIntoOneSlotThroughTheDestinationPitch) {
   Scenario s;
   s.add_file(64 * 144 * 4, 5);
   const uint64_t in = 64, sec = 48, take = 24;
-  for (bool convert : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool convert = variant & 1, exact = variant & 2;
     const uint64_t de = convert ? 2 : 4;
     std::vector<unsigned char> slot(in * 3 * take * de + 64, 0xEE);
     std::vector<CopyJob> jobs;
@@ -308,12 +348,20 @@ TEST_P(EngineTest, JobsInterleaveIntoOneSlotThroughTheDestinationPitch) {
       }
       j.dst = slot.data() + q * take * de;
       j.dst_row_stride = 3 * take * de;
+      j.exact = exact;  // a TP rank's slice: the other rank's columns are never read
       jobs.push_back(j);
     }
     EngineOptions opt;
     opt.bar = ProgressBar::kOff;
-    opt.merge_gap = convert ? 1 << 20 : 0;  // gathered, and row by row
-    run_engine(GetParam(), s.files, jobs, opt);
+    opt.threads = 2;
+    opt.staging_bytes = 16 << 10;                    // several packed pieces
+    opt.merge_gap = convert || exact ? 1 << 20 : 0;  // gathered (or packed), and row by row
+    const LoadReport rep = run_engine(GetParam(), s.files, jobs, opt);
+    if (exact) {
+      EXPECT_EQ(rep.bytes, in * 3 * take * 4) << "convert " << convert;
+    } else if (convert) {
+      EXPECT_GT(rep.bytes, in * 3 * take * 4);  // gathered through the holes
+    }
     for (uint64_t r = 0; r < in; ++r) {
       for (uint64_t q = 0; q < 3; ++q) {
         std::vector<unsigned char> want(take * de);

@@ -838,6 +838,62 @@ TEST(TransformersModel, TensorParallelRanksLoadTheirShards) {
   EXPECT_TRUE(all_meta(m3));
 }
 
+TEST(TransformersModel, DispatchFromTakesHandedOverShardsAllOrNothing) {
+  // A broadcast receiver: config.json only, rank 1 of 2's shards handed over (here from a rank
+  // that read them), never a read of its own.
+  TempDir d;
+  const std::string dir = make("llama-tiny", d / "ckpt");
+  ModelOptions opt;
+  opt.tp_rank = 1;
+  opt.tp_size = 2;
+  TransformersModel source(dir, opt);
+  source.dispatch();
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : source.module().named_parameters(/*recurse=*/true)) {
+    names.push_back(item.key());
+    tensors.push_back(item.value().clone());
+  }
+  testing::make_dir(d / "receiver");
+  testing::write_file(d / "receiver/config.json", builtin_config_json("llama-tiny"));
+  EngineCounter engine;
+  engine.attach(opt);
+  TransformersModel m(d / "receiver", opt);
+  const std::string q_name = "model.layers.0.self_attn.q_proj.weight";
+  const at::Tensor q = m.parameter(q_name);
+  // Every problem listed at once; nothing changes.
+  std::vector<std::string> bad_names = names;
+  std::vector<at::Tensor> bad = tensors;
+  bad_names.back() = "model.no_such.weight";  // the last one missing, an unexpected one
+  bad[0] = at::zeros({3, 3});                 // misshapen
+  bad[1] = tensors[1].to(at::kLong);          // not floating point
+  const auto e = expect_error<MismatchError>([&] { m.dispatch_from(bad_names, bad); });
+  EXPECT_EQ(e.missing(), std::vector<std::string>{names.back()});
+  EXPECT_EQ(e.unexpected(), std::vector<std::string>{"model.no_such.weight"});
+  EXPECT_EQ(e.mismatched().size(), 2u);
+  EXPECT_NE(std::string(e.what()).find("shape [3, 3] given, rank 1 of 2 holds ["),
+            std::string::npos)
+      << e.what();
+  EXPECT_FALSE(m.dispatched());
+  EXPECT_TRUE(all_meta(m));
+  EXPECT_EQ(q.sizes(), (at::IntArrayRef{64, 64}));  // whole again
+  // The checks alone change nothing either.
+  m.dispatch_from(names, tensors, /*check_only=*/true);
+  EXPECT_FALSE(m.dispatched());
+  EXPECT_TRUE(all_meta(m));
+  EXPECT_EQ(q.sizes(), (at::IntArrayRef{64, 64}));
+  m.dispatch_from(names, tensors);
+  EXPECT_TRUE(m.dispatched());
+  EXPECT_EQ(*engine.reads, 0);
+  EXPECT_EQ(q.sizes(), (at::IntArrayRef{32, 64}));  // the same Parameter, now rank 1's shard
+  for (const auto& item : source.module().named_parameters(/*recurse=*/true))
+    EXPECT_TRUE(m.parameter(item.key()).equal(item.value())) << item.key();
+  for (const auto& item : source.module().named_buffers(/*recurse=*/true))
+    EXPECT_TRUE(m.parameter(item.key()).equal(item.value())) << item.key();  // computed
+  EXPECT_EQ(m.dispatch().bytes, 0u);  // dispatched: nothing to read
+  expect_error<ModelError>([&] { m.dispatch_from(names, tensors); });
+}
+
 // Puts the ranks' local tensors of one parameter back together by its TP rule, independently of
 // tp_shard's ranges: cat per section (de-duplicating replicated kv heads, which must agree), or cat
 // the vocabulary blocks, check the padding rows are zero and trim them.

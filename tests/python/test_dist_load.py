@@ -75,15 +75,15 @@ def shares(ckpt, size):
 
 def check_bytes(results, step, ckpt, size):
     """Bytes per rank: it holds its share plus the replicated tensors (and a padded vocabulary's
-    zero rows), and reads at least that; the engine reads through holes of up to 64 KiB between
-    the rows of a strided slice (EngineOptions::merge_gap), so it reads what a single-process TP
-    load of that rank reads, no more; every rank's report lists every rank's bytes."""
+    zero rows) and reads exactly its share plus the replicated tensors: never the holes between
+    the rows of a strided slice, which are other ranks' bytes (CopyJob::exact), as a
+    single-process TP load of that rank; every rank's report lists every rank's bytes."""
     per_rank, total, replicated = shares(ckpt, size)
     assert sum(p for p, _, _ in per_rank) == total + (size - 1) * replicated
     got = [res[step]["distributed"]["bytes_read"] for res in results]
     for r, (payload, padding, buffers) in enumerate(per_rank):
         d = results[r][step]["distributed"]
-        assert payload <= d["bytes_read"] <= total, (r, d, payload, total)
+        assert d["bytes_read"] == payload, (r, d, payload, total)
         assert d["held_bytes"] == payload + padding + buffers, (r, d, payload, padding, buffers)
         assert d["rank_bytes_read"] == got and d["rank_held_bytes"][r] == d["held_bytes"]
         single = metaload.TransformersModel(ckpt, tp_rank=r, tp_size=size, dispatch=True,
@@ -134,6 +134,39 @@ def test_llama_gqa_tp_loads_equal_single_process_tp_loads(llama, tmp_path, size)
     check_equal_to_reference(out, 0, ckpt, size)
     check_equal_to_reference(out, 1, ckpt, size)
     check_bytes(results, 0, ckpt, size)
+
+
+GEN_IDS = [[3, 14, 15, 92, 65], [35, 89, 79, 32, 38]]
+
+
+def test_broadcast_feeds_a_tp_forward_on_ranks_without_the_checkpoint(llama, tmp_path):
+    """TransformersModel(ref, tp_size=2, process_group=, source_rank=0): rank 0 reads config.json
+    and every slice, rank 1's path does not exist; both generate tp 1's greedy tokens. Then the
+    source's copy is missing: a DistributedError on both ranks, at once, naming its error."""
+    ckpt, spec = llama
+    absent = str(tmp_path / "absent")
+    gen = {"ids": GEN_IDS, "new_tokens": 4}
+    steps = [{"ref": {"0": ckpt, "*": absent}, "source_rank": 0, "buffer_bytes": 4096,
+              "generate": gen},
+             {"ref": absent, "source_rank": 0, "generate": gen, "timeout": 20}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec)
+    want = metaload.TransformersModel(ckpt, progress=False).generate(torch.tensor(GEN_IDS), 4)
+    per_rank, _, _ = shares(ckpt, 2)
+    for r in range(2):
+        e = results[r][0]
+        assert e["ok"], (e, logs[r])
+        assert torch.equal(torch.tensor(e["tokens"]), want), (r, e["tokens"], want)
+        d = e["distributed"]
+        assert d["mode"] == "broadcast" and d["tp_rank"] == r and d["tp_size"] == 2
+    src, recv = results[0][0]["distributed"], results[1][0]["distributed"]
+    assert src["bytes_read"] == sum(p for p, _, _ in per_rank)  # both slices, exactly
+    assert recv["bytes_read"] == 0 and recv["bytes_received"] == recv["held_bytes"] > 4096
+    assert src["bytes_sent"] == recv["held_bytes"]
+    for r in range(2):
+        e = results[r][1]
+        assert not e["ok"] and e["is_distributed_error"] and e["seconds"] < 10, e
+        assert "the source rank 0 cannot read" in e["message"] and "ResolveError" in \
+            e["message"], e["message"]
 
 
 def check_failed_everywhere(results, step, world, dead=(), within=30.0):

@@ -1,7 +1,8 @@
 """Two hosts: two network namespaces joined by a veth pair (ip netns, Debian's iproute2), one
 rank in each, rendezvous over their addresses. The same weights load on both; in broadcast mode
 the checkpoint is visible in the first namespace only (the second rank runs in its own mount
-namespace with an empty tmpfs over the checkpoint's folder). Skips, saying why, where the machine
+namespace with an empty tmpfs over the checkpoint's folder), into a module and into a
+tensor-parallel TransformersModel whose greedy tokens are tp 1's. Skips, saying why, where the machine
 forbids namespaces (not root, no `ip`, no CAP_NET_ADMIN)."""
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import pytest
 import torch
 
+import metaload
 from dist_load_util import GPT2_12, make_fixture, reference, run_ranks, saved, skeleton_spec
 
 SUBNET = "10.231.{}.{}"
@@ -72,14 +74,22 @@ def test_two_hosts_shared_and_broadcast_with_the_checkpoint_on_one_host(hosts, t
     for r in range(2):
         assert results[r] and results[r][0]["ok"], (r, results[r], logs[r])
         assert all(torch.equal(t, ref[r][n]) for n, t in saved(out, r, 0).items())
-    steps = [{"ref": ckpt, "source_rank": 0, "buffer_bytes": 8192, "save": True}]
+    # Broadcast into a module, then into a tensor-parallel TransformersModel that runs: host b
+    # builds it from host a's config.json and slice, and generates tp 1's greedy tokens.
+    ids = [[3, 14, 15, 92, 65], [35, 89, 79, 32, 38]]
+    steps = [{"ref": ckpt, "source_rank": 0, "buffer_bytes": 8192, "save": True},
+             {"ref": ckpt, "source_rank": 0, "generate": {"ids": ids, "new_tokens": 4}}]
     results, out, logs = run_ranks(tmp_path, 2, steps, spec, addr=addr_a, prefix=prefix,
                                    extra_env=extra)
+    want = metaload.TransformersModel(ckpt, progress=False).generate(torch.tensor(ids), 4)
     for r in range(2):
         assert results[r] and results[r][0]["ok"], (r, results[r], logs[r])
         assert all(torch.equal(t, ref[r][n]) for n, t in saved(out, r, 0).items())
-    d = results[1][0]["distributed"]
-    assert d["bytes_read"] == 0 and d["bytes_received"] == d["held_bytes"] > 0
+        e = results[r][1]
+        assert e["ok"] and torch.equal(torch.tensor(e["tokens"]), want), (r, e, logs[r])
+    for step in (0, 1):
+        d = results[1][step]["distributed"]
+        assert d["bytes_read"] == 0 and d["bytes_received"] == d["held_bytes"] > 0
     # On host b the checkpoint's folder is empty: the receiver could not have read it.
     probe = subprocess.run(prefix[1] + ["ls", "-A", str(only_a)], capture_output=True, text=True,
                            timeout=20)

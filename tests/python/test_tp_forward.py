@@ -69,10 +69,10 @@ def check_rank(result, ref_logits, ref_tokens, full, n, rank, vocab):
             replicated += torch.Size(whole).numel() * 4
         else:
             split_full += torch.Size(whole).numel() * 4
-    # The engine reads a strided slice (Conv1D columns, Linear input features) as the span that
-    # covers its rows, so a rank reads at least its share, and less than the whole checkpoint.
-    whole_bytes = sum(torch.Size(full[name]).numel() * 4 for name in result["shapes"])
-    assert expected_read <= result["report_bytes"] < whole_bytes, (rank, n)
+    # Exactly those bytes: the holes between the rows of a strided slice (Conv1D columns, Linear
+    # input features) are other ranks' bytes, never read, however small (CopyJob::exact).
+    assert result["report_bytes"] == expected_read, (rank, n, result["report_bytes"],
+                                                     expected_read)
     assert split_full > 0
     # Held: 1/N of the split tensors (plus vocabulary padding and kv heads replicated across
     # ranks, both small here) and the replicated ones; the scan of a skeleton says the same.

@@ -6,12 +6,14 @@ JOB.json: {"world": N, "addr": host, "port": p, "skeleton": spec.json, "out": di
            "steps": [{"ref": path or {rank: path}, "tp_size": n or {rank: n}, "source_rank": r,
                       "buffer_bytes": b, "timeout": s, "expect": "ok" | "error",
                       "fault": "RANK:POINT", "save": true, "group": [global ranks],
-                      "fresh": true}, ...]}
+                      "fresh": true, "generate": {"ids": [[...]], "new_tokens": n}}, ...]}
 Each step loads into the same module (a skeleton on meta made from the spec: the parameters and
 buffers a TransformersModel of the checkpoint has, with its ties), so a failing step finds the
 weights of the step before. The rank writes OUT/rank{R}.json (one entry per step) and, for steps
 with "save", OUT/rank{R}.step{i}.pt (its tensors), then exits without tearing down the group (a
-group broken by a dead rank may block in its destructor).
+group broken by a dead rank may block in its destructor). A step with "generate" builds a
+metaload.TransformersModel(ref, tp_size, process_group, source_rank=...) instead (broadcast mode
+feeding the tensor-parallel forward) and records its greedy tokens.
 """
 import datetime
 import json
@@ -99,7 +101,17 @@ def main():
             t0 = time.monotonic()
             entry = {"step": i}
             try:
-                r = metaload.load_into(module, per_rank(step["ref"], rank), **kw)
+                if step.get("generate"):
+                    kw.pop("timeout")
+                    m = metaload.TransformersModel(
+                        per_rank(step["ref"], rank), collective_timeout=step.get("timeout", 20),
+                        **dict(kw, tp_size=kw["tp_size"] or dist.get_world_size(group)))
+                    gen = step["generate"]
+                    tokens = m.generate(torch.tensor(gen["ids"]), gen["new_tokens"])
+                    r = m.dispatch()  # the broadcast's report
+                    entry["tokens"] = tokens.tolist()
+                else:
+                    r = metaload.load_into(module, per_rank(step["ref"], rank), **kw)
                 entry.update(ok=True, distributed=r.distributed._asdict(), bytes=r.bytes)
             except Exception as e:
                 entry.update(ok=False, error_type=type(e).__name__,
