@@ -481,16 +481,24 @@ class Recogniser {
     m.groups = g;
     set_weight(m, qw, out, in);
     add_aux(m, scales, "scales");
+    add_zeros_and_g_idx(m, name, out, in, awq);
+    return m;
+  }
+
+  // qzeros (packed along out; AWQ without zero points may lack them) and GPTQ's g_idx.
+  void add_zeros_and_g_idx(QuantModule& m, const std::string& name, int64_t out, int64_t in,
+                           bool awq) const {
+    const std::string& module = m.name;
     const TensorInfo* zeros = c_.find(module + ".qzeros");
     if (!zeros && (!awq || cfg_.zero_point)) zeros = &need(name, module + ".qzeros");
     if (zeros) {
       dtype_is(*zeros, {DType::I32}, "qzeros");
-      const int64_t out_bits = checked_mul<int64_t>(out, bits, "zero point bits of " + name);
+      const int64_t out_bits = checked_mul<int64_t>(out, cfg_.bits, "zero point bits of " + name);
       if (out_bits % 32 != 0) {
         fail(zeros->name, "zeros-shape",
              std::to_string(out) + " output features do not pack into int32 zero points");
       }
-      shape_is(*zeros, {g, out_bits / 32}, "zeros-shape", "zero points packed along out");
+      shape_is(*zeros, {m.groups, out_bits / 32}, "zeros-shape", "zero points packed along out");
       add_aux(m, *zeros, "zeros");
     }
     if (const TensorInfo* gi = c_.find(module + ".g_idx")) {
@@ -499,7 +507,6 @@ class Recogniser {
       shape_is(*gi, {in}, "g-idx-shape", "one group index per input feature");
       add_aux(m, *gi, "g_idx");
     }
-    return m;
   }
 
   // ---- FP8 block -------------------------------------------------------------------------------

@@ -246,6 +246,29 @@ QuantView with_data(QuantView v, const std::map<std::string, const void*>& data)
   return v;
 }
 
+namespace {
+
+// The module's stored parts leave the plain load (plan.rest); those the kernels read become raw
+// byte slots of the plan, each named in d.parts by its role.
+void add_parts(DequantPlan& plan, DequantTarget& d, const QuantModule& m, const Checkpoint& ckpt) {
+  for (const auto& [role, name] : m.parts) {
+    plan.rest.lookup.erase(name);
+    if (!loaded_role(role)) continue;
+    const TensorRef& r = ckpt.lookup.at(name);
+    const TensorInfo& info = ckpt.tensor(r);
+    SlotSpec s;
+    s.name = name;
+    s.file = r.file;
+    s.data_offset = ckpt.files[r.file].data_start + info.begin;
+    s.stored_shape = {static_cast<int64_t>(info.nbytes() / (dtype_bits(info.dtype) / 8))};
+    s.stored_dtype = s.dtype = raw_dtype(info.dtype);
+    d.parts.emplace_back(role, plan.parts.size());
+    plan.parts.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
 DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
                          const LoadOptions& opt) {
   const at::ScalarType want = *opt.dequantize;
@@ -304,20 +327,7 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
       continue;
     }
     d.view = quant_view(ckpt, plan.layout.config, m);
-    for (const auto& [role, name] : m.parts) {
-      plan.rest.lookup.erase(name);
-      if (!loaded_role(role)) continue;
-      const TensorRef& r = ckpt.lookup.at(name);
-      const TensorInfo& info = ckpt.tensor(r);
-      SlotSpec s;
-      s.name = name;
-      s.file = r.file;
-      s.data_offset = ckpt.files[r.file].data_start + info.begin;
-      s.stored_shape = {static_cast<int64_t>(info.nbytes() / (dtype_bits(info.dtype) / 8))};
-      s.stored_dtype = s.dtype = raw_dtype(info.dtype);
-      d.parts.emplace_back(role, plan.parts.size());
-      plan.parts.push_back(std::move(s));
-    }
+    add_parts(plan, d, m, ckpt);
     plan.dequantized[d.target] = true;
     plan.targets.push_back(std::move(d));
   }
