@@ -275,3 +275,22 @@ def ct_config(fmt="pack-quantized", bits=4, group=32, symmetric=True):
                 "symmetric": True})
     return {"quant_method": "compressed-tensors", "format": fmt,
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+
+
+def ct_calibrate(mod) -> None:
+    """Sets a compressed-tensors module's weight scale (global scale, zero point) from its weight's
+    min and max per group, as llm-compressor's calibration does, and freezes it for compression.
+    Needs compressed-tensors (torch 2.x)."""
+    from compressed_tensors.quantization import QuantizationStatus
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    w, args = mod.weight.data.float(), mod.quantization_scheme.weights
+    groups = w.reshape(w.shape[0], -1, args.group_size)
+    glob = None
+    if args.strategy == "tensor_group":
+        glob = generate_gparam(-w.abs().amax().reshape(1), w.abs().amax().reshape(1))
+        mod.weight_global_scale.data.copy_(glob)
+    scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
+    mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
+    if hasattr(mod, "weight_zero_point"):
+        mod.weight_zero_point.data.copy_(zp.to(mod.weight_zero_point.dtype))
+    mod.quantization_status = QuantizationStatus.FROZEN

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import metaload
-from quant_refs import awq_tensors, fp8_tensors, gptq_tensors, write_safetensors
+from quant_refs import awq_tensors, ct_calibrate, fp8_tensors, gptq_tensors, write_safetensors
 
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes comes from PyPI (torch 2.x venv)")
 st = pytest.importorskip("safetensors.torch", reason="safetensors comes from PyPI")
@@ -167,25 +167,14 @@ def test_compressed_tensors_files(tmp_path, preset, fmt):
     import copy
 
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus,
-                                                 apply_quantization_config, preset_name_to_scheme)
-    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
+                                                 preset_name_to_scheme)
     torch.manual_seed(5)
     m = Pair().to(torch.bfloat16)
     apply_quantization_config(m, QuantizationConfig(
         config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}))
     for mod in (m.up, m.down):
-        w, args = mod.weight.data.float(), mod.quantization_scheme.weights
-        groups = w.reshape(w.shape[0], -1, args.group_size)
-        glob = None
-        if args.strategy == "tensor_group":
-            glob = generate_gparam(-w.abs().amax().reshape(1), w.abs().amax().reshape(1))
-            mod.weight_global_scale.data.copy_(glob)
-        scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
-        mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
-        if hasattr(mod, "weight_zero_point"):
-            mod.weight_zero_point.data.copy_(zp.to(mod.weight_zero_point.dtype))
-        mod.quantization_status = QuantizationStatus.FROZEN
+        ct_calibrate(mod)
     compressor = ModelCompressor.from_pretrained_model(m, fmt)
     compressor.compress_model(m)
     st.save_file({k: v.contiguous() for k, v in m.state_dict().items()},

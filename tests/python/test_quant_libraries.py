@@ -22,6 +22,7 @@ bnb = pytest.importorskip("bitsandbytes")
 ct = pytest.importorskip("compressed_tensors")
 
 import metaload  # noqa: E402
+from quant_refs import ct_calibrate  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 
@@ -79,9 +80,8 @@ def compress(base, preset, fmt, out_dir):
     """compressed-tensors' own quantize + pack: its scheme applied to the model, min-max scales
     computed with its calculate_qparams, then its ModelCompressor writes the checkpoint."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus,
-                                                 apply_quantization_config, preset_name_to_scheme)
-    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
+                                                 preset_name_to_scheme)
     m = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
     qc = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])},
                             ignore=["lm_head"])
@@ -90,19 +90,9 @@ def compress(base, preset, fmt, out_dir):
         scheme = getattr(mod, "quantization_scheme", None)
         if scheme is None:
             continue
-        w, args = mod.weight.data.float(), scheme.weights
-        groups = w.reshape(w.shape[0], -1, args.group_size)
-        glob = None
-        if args.strategy == "tensor_group":
-            glob = generate_gparam(-w.abs().amax().reshape(1), w.abs().amax().reshape(1))
-            mod.weight_global_scale.data.copy_(glob)
-        scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
-        mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
-        if hasattr(mod, "weight_zero_point"):
-            mod.weight_zero_point.data.copy_(zp.to(mod.weight_zero_point.dtype))
+        ct_calibrate(mod)
         if hasattr(mod, "input_global_scale"):
             mod.input_global_scale.data.fill_(1.0)
-        mod.quantization_status = QuantizationStatus.FROZEN
     compressor = ModelCompressor.from_pretrained_model(m, fmt)
     compressor.compress_model(m)
     m.save_pretrained(out_dir)
