@@ -223,17 +223,23 @@ class PieceBuilder {
                        s.offset >= cur_.offset && may_reach(s.offset, j.exact) &&
                        std::max(cur_.offset + cur_.length, s.offset + fp) - cur_.offset <= cap_;
     if (!joins) start(s.file, s.offset, false, nullptr);
+    cur_.parts.push_back(rows_part(s, j, s.offset - cur_.offset, s.stride));
+    extend(s.offset + fp, j.exact);
+  }
+
+  // A strided job's rows as one part of the open piece: they start at `src` in the piece's bytes,
+  // `src_pitch` apart (the file's stride, or the row size once packed back to back).
+  static PiecePart rows_part(const Segment& s, const CopyJob& j, uint64_t src, uint64_t src_pitch) {
     PiecePart part;
     part.job = s.job;
-    part.src = s.offset - cur_.offset;
+    part.src = src;
     part.rows = s.rows;
     part.row_bytes = s.row_bytes;
-    part.src_pitch = s.stride;
+    part.src_pitch = src_pitch;
     part.dst = static_cast<unsigned char*>(j.dst) + s.dst_off;
     part.dst_pitch = j.dst_pitch();
     part.dst_bytes = s.rows * j.dst_row_bytes();
-    cur_.parts.push_back(part);
-    extend(s.offset + fp, j.exact);
+    return part;
   }
 
   // One contiguous run, split into reads of at most the piece size.
@@ -291,16 +297,7 @@ class PieceBuilder {
     const bool joins =
         open_ && !cur_.extents.empty() && cur_.file == s.file && cur_.length + bytes <= cap_;
     if (!joins) start(s.file, s.offset, false, nullptr);
-    PiecePart part;
-    part.job = s.job;
-    part.src = cur_.length;
-    part.rows = s.rows;
-    part.row_bytes = s.row_bytes;
-    part.src_pitch = s.row_bytes;
-    part.dst = static_cast<unsigned char*>(j.dst) + s.dst_off;
-    part.dst_pitch = j.dst_pitch();
-    part.dst_bytes = s.rows * j.dst_row_bytes();
-    cur_.parts.push_back(part);
+    cur_.parts.push_back(rows_part(s, j, cur_.length, s.row_bytes));
     for (uint64_t r = 0; r < s.rows; ++r) {
       const uint64_t at = s.offset + r * s.stride;
       if (!cur_.extents.empty() && cur_.extents.back().offset + cur_.extents.back().length == at) {
