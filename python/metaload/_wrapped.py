@@ -78,9 +78,13 @@ def _skips(tensor):
 _valid_kaiming = set()  # (type(a), a, mode, nonlinearity) that torch's checks accepted
 
 
-def _kaiming(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", *rest, **kwargs):
+def _two_dims(tensor, *rest, **kwargs):
     if tensor.dim() < 2:
-        raise _Unchecked  # torch's ValueError
+        raise _Unchecked  # torch's ValueError (fan in and out, orthogonal_)
+
+
+def _kaiming(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", *rest, **kwargs):
+    _two_dims(tensor)
     try:
         key = (type(a), a, mode, nonlinearity)
         if key in _valid_kaiming:  # the checks below depend on these alone for >= 2 dimensions
@@ -94,13 +98,8 @@ def _kaiming(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", *rest, **kwa
         _valid_kaiming.add(key)
 
 
-def _xavier(tensor, *rest, **kwargs):
-    if tensor.dim() < 2:
-        raise _Unchecked  # torch's ValueError
-
-
 def _uniform(tensor, a=0.0, b=1.0, *rest, **kwargs):
-    if a > b:  # the real call's error (uniform_'s from <= to)
+    if a > b:  # reversed bounds: torch's call decides what they mean
         raise _Unchecked
 
 
@@ -111,11 +110,6 @@ def _normal(tensor, mean=0.0, std=1.0, *rest, **kwargs):
 
 def _trunc_normal(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, *rest, **kwargs):
     if mean < a - 2 * std or mean > b + 2 * std:  # the real call warns
-        raise _Unchecked
-
-
-def _two_dims(tensor, *rest, **kwargs):
-    if tensor.dim() < 2:
         raise _Unchecked
 
 
@@ -142,8 +136,8 @@ def _skip_init(name, check):
 
 
 _INITS = {"uniform_": _uniform, "normal_": _normal, "trunc_normal_": _trunc_normal,
-          "kaiming_uniform_": _kaiming, "kaiming_normal_": _kaiming, "xavier_uniform_": _xavier,
-          "xavier_normal_": _xavier, "orthogonal_": _two_dims}
+          "kaiming_uniform_": _kaiming, "kaiming_normal_": _kaiming, "xavier_uniform_": _two_dims,
+          "xavier_normal_": _two_dims, "orthogonal_": _two_dims}
 # Not sparse_: it draws a CPU randperm even for a meta tensor, so skipping it would change the state.
 
 
