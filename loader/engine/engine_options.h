@@ -46,8 +46,10 @@ enum class SlotPages { kAuto, kHuge, kSmall };
 //  kAuto: where the mapping holds a read lease (no writer can change the file unseen, see
 //    file_mapping.h), only the pages not in the page cache, in parallel (a cold load reads now,
 //    and its read errors surface as ReadError now); cached pages map lazily at first touch, as
-//    safetensors' and torch.load(mmap=True)'s do, so a warm load returns in milliseconds. Without
-//    a lease, every page (kAlways).
+//    safetensors' and torch.load(mmap=True)'s do. When a sample of the page cache
+//    (page_cache.h) finds at least 95% of the pages cached, nothing waits: the load returns at
+//    once and a background thread reads the few missing pages ahead (a read error among those is
+//    then a SIGBUS naming the file, at first touch). Without a lease, every page (kAlways).
 //  kAlways: every page, in parallel, before the load returns.
 //  kLazy: none: each page at first touch (a read error is then a SIGBUS naming the file).
 enum class MapPopulate { kAuto, kAlways, kLazy };

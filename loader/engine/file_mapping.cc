@@ -481,41 +481,64 @@ std::atomic<bool> g_no_cachestat{false};  // ENOSYS / EPERM once: not asked agai
 
 }  // namespace
 
-bool FileMapping::all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const {
-  if (g_no_cachestat.load(std::memory_order_relaxed)) return false;
-  int fd = -1;
-  {
-    std::lock_guard<std::mutex> g(Registry::get().mu);  // fd_ may be closed by a detach
-    if (fd_ >= 0) fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-  }
-  if (fd < 0) return false;
-  CachestatRange range{start, end - start};
-  Cachestat stat{};
-  const long rc = ::syscall(__NR_cachestat, fd, &range, &stat, 0);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) {
-    if (err == ENOSYS || err == EPERM) g_no_cachestat = true;
-    return false;
-  }
-  return stat.nr_cache >= n_pages;
+int FileMapping::dup_fd() const {
+  if (g_no_cachestat.load(std::memory_order_relaxed)) return -1;
+  std::lock_guard<std::mutex> g(Registry::get().mu);  // fd_ may be closed by a detach
+  return fd_ >= 0 ? ::fcntl(fd_, F_DUPFD_CLOEXEC, 0) : -1;
 }
 
-uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const {
+namespace {
+
+// Pages of [start, start + length) the page cache holds (cachestat on `fd`); -1 where the kernel
+// cannot say.
+int64_t cachestat_pages(int fd, uint64_t start, uint64_t length) {
+  CachestatRange range{start, length};
+  Cachestat stat{};
+  if (::syscall(__NR_cachestat, fd, &range, &stat, 0) == 0)
+    return static_cast<int64_t>(stat.nr_cache);
+  if (errno == ENOSYS || errno == EPERM) g_no_cachestat = true;
+  return -1;
+}
+
+}  // namespace
+
+bool FileMapping::all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const {
+  const int fd = dup_fd();
+  if (fd < 0) return false;
+  const int64_t cached = cachestat_pages(fd, start, end - start);
+  ::close(fd);
+  return cached >= 0 && static_cast<uint64_t>(cached) >= n_pages;
+}
+
+int64_t FileMapping::cached_pages(const std::vector<std::pair<uint64_t, uint64_t>>& windows) const {
+  const int fd = dup_fd();
+  if (fd < 0) return -1;
+  int64_t sum = 0;
+  for (const auto& [offset, length] : windows) {
+    const int64_t n = length == 0 ? 0 : cachestat_pages(fd, offset, length);
+    if (n < 0) {
+      sum = -1;
+      break;
+    }
+    sum += n;
+  }
+  ::close(fd);
+  return sum;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> FileMapping::uncached_runs(uint64_t offset,
+                                                                      uint64_t length) const {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
   const uint64_t end = std::min(size_, offset + length);
-  if (end <= start) return 0;
+  if (end <= start) return {};
   const uint64_t n_pages = (end - start + page - 1) / page;
   // The page cache's own count first (cachestat): a range it holds whole needs nothing, found
   // without mincore's lookup of every page (5x the time on a warm 2.5 GB file).
-  if (all_cached(start, end, n_pages)) return 0;
+  if (all_cached(start, end, n_pages)) return {};
   std::vector<unsigned char> resident(n_pages);
-  if (::mincore(data_ + start, end - start, resident.data()) != 0) {
-    populate(start, end - start);
-    return end - start;
-  }
-  uint64_t faulted = 0;
+  if (::mincore(data_ + start, end - start, resident.data()) != 0) return {{start, end - start}};
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
   for (uint64_t i = 0; i < n_pages;) {
     if (resident[i] & 1) {
       ++i;
@@ -524,9 +547,30 @@ uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const 
     uint64_t j = i;
     while (j < n_pages && !(resident[j] & 1)) ++j;
     const uint64_t a = start + i * page, b = std::min(end, start + j * page);
-    populate(a, b - a);
-    faulted += b - a;
+    runs.emplace_back(a, b - a);
     i = j;
+  }
+  return runs;
+}
+
+uint64_t FileMapping::prefetch_uncached(uint64_t offset, uint64_t length) const {
+  uint64_t asked = 0;
+  for (const auto& [a, n] : uncached_runs(offset, length)) {
+    ::madvise(data_ + a, n, MADV_WILLNEED);  // readahead; a failure only means no head start
+    asked += n;
+  }
+  return asked;
+}
+
+uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const {
+  const auto runs = uncached_runs(offset, length);
+  // Every run's reads in flight at once, then each waited for and mapped.
+  if (runs.size() > 1)
+    for (const auto& [a, n] : runs) ::madvise(data_ + a, n, MADV_WILLNEED);
+  uint64_t faulted = 0;
+  for (const auto& [a, n] : runs) {
+    populate(a, n);
+    faulted += n;
   }
   return faulted;
 }

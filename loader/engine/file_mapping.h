@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loader/engine/engine.h"
 
@@ -60,8 +62,16 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // rather than as SIGBUS later (MADV_POPULATE_READ; older kernels: one read per page).
   void populate(uint64_t offset, uint64_t length) const;
   // populate() for the pages of [offset, offset + length) that are not in the page cache (mincore;
-  // where it cannot tell, all of them). Returns the bytes it faulted in.
+  // where it cannot tell, all of them). Returns the bytes it faulted in. The reads of all missing
+  // runs start together (readahead), so scattered pages cost one wait, not one each.
   uint64_t populate_uncached(uint64_t offset, uint64_t length) const;
+  // Starts reading the pages of [offset, offset + length) that the page cache lacks (readahead)
+  // and returns without waiting for them or mapping them. Returns the bytes asked for. Never
+  // throws: a page that cannot be read fails when it is touched (SIGBUS, named; see above).
+  uint64_t prefetch_uncached(uint64_t offset, uint64_t length) const;
+  // How many pages of the file's byte windows {offset, length} the page cache holds, summed
+  // (cachestat, one call each); -1 where the kernel cannot say (before Linux 6.5, detached).
+  int64_t cached_pages(const std::vector<std::pair<uint64_t, uint64_t>>& windows) const;
 
   // Throws FileChangedError naming the file when it was truncated or written in place since it
   // was mapped (its size or mtime differ). A file deleted or replaced by rename is fine, and so is
@@ -86,6 +96,12 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // Whether the page cache holds every page of file bytes [start, end) (cachestat; false where
   // the kernel cannot say).
   bool all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const;
+  // The page-aligned runs of [offset, offset + length) the page cache lacks (all of it where the
+  // kernel cannot say).
+  std::vector<std::pair<uint64_t, uint64_t>> uncached_runs(uint64_t offset, uint64_t length) const;
+  // A duplicate of the file's descriptor for cachestat (the caller closes it), or -1: no fd held,
+  // or no cachestat in this kernel.
+  int dup_fd() const;
   void detach_locked();  // the registry's mutex held
   std::string path_;
   unsigned char* data_;

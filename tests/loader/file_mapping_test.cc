@@ -2,6 +2,8 @@
 // that is truncated, overwritten in place, replaced by rename or deleted while tensors map it.
 #include "loader/engine/file_mapping.h"
 
+#include "loader/engine/page_cache.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,9 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -307,6 +312,122 @@ TEST(FileMappingPopulate, FaultsInOnlyThePagesTheCacheLacks) {
   EXPECT_LE(faulted, kSize - before * page);
   EXPECT_GT(cached_pages(*m), before);
   EXPECT_TRUE(holds(*m, bytes));
+}
+
+const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+
+// Leaves only pages `keep` of the file in the page cache: all dropped (clean after fdatasync; no
+// mapping may hold them), then those read back one by one without readahead. A partial drop
+// would not do: the kernel keeps a large folio whole. The caller checks what is cached.
+void cache_only(const std::string& path, const std::vector<uint64_t>& keep) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+  std::vector<char> buf(kPage);
+  for (uint64_t p : keep)
+    ASSERT_EQ(::pread(fd, buf.data(), kPage, static_cast<off_t>(p * kPage)),
+              static_cast<ssize_t>(kPage));
+  ::close(fd);
+}
+
+// Every page index of the file but `except`.
+std::vector<uint64_t> pages_but(const std::vector<uint64_t>& except) {
+  std::vector<uint64_t> out;
+  for (uint64_t p = 0; p < kSize / kPage; ++p)
+    if (std::find(except.begin(), except.end(), p) == except.end()) out.push_back(p);
+  return out;
+}
+
+// Waits up to 5 s for `done`.
+template <class F>
+bool eventually(F done) {
+  for (int i = 0; i < 500 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+// Scattered missing pages: populate_uncached reads exactly those runs (all in flight together).
+TEST(FileMappingPopulate, ReadsScatteredMissingRunsAndNothingElse) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  const std::string bytes = pattern(4);
+  write_file(path, bytes);
+  cache_only(path, pages_but({3, 10, 50, 51, 52, 200}));
+  auto m = FileMapping::open(path, kSize);
+  const uint64_t missing = kSize / kPage - cached_pages(*m);
+  if (missing == 0) GTEST_SKIP() << "the kernel kept the file's pages cached";
+  EXPECT_EQ(missing, 6u);
+  EXPECT_EQ(m->populate_uncached(0, kSize), missing * kPage);
+  EXPECT_EQ(cached_pages(*m), kSize / kPage);
+  EXPECT_EQ(m->populate_uncached(0, kSize), 0u);
+  EXPECT_TRUE(holds(*m, bytes));
+}
+
+// cachestat's counts per window, and the sample map_slots decides a warm load by.
+TEST(PageCacheSample, CountsTheCachedPagesOfItsWindows) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  write_file(path, pattern(5));
+  auto m = FileMapping::open(path, kSize);
+  m->populate(0, kSize);
+  const int64_t all = m->cached_pages({{0, kSize}});
+  if (all < 0) GTEST_SKIP() << "no cachestat in this kernel";
+  EXPECT_EQ(all, static_cast<int64_t>(kSize / kPage));
+  EXPECT_EQ(m->cached_pages({{0, 4 * kPage}, {8 * kPage, 2 * kPage}, {kPage, 0}}), 6);
+  CacheSample s = sample_page_cache({{m, 0, kSize}});
+  EXPECT_TRUE(s.known);
+  EXPECT_EQ(s.pages, kSize / kPage);  // 1 MiB: 16 windows of 64 KiB cover it whole
+  EXPECT_EQ(s.cached, s.pages);
+  // 5 pages in two ranges: one window, from their first byte to the first range's end.
+  s = sample_page_cache({{m, 0, 2 * kPage}, {m, kSize - 3 * kPage, 3 * kPage}});
+  EXPECT_TRUE(s.known);
+  EXPECT_EQ(s.pages, 2u);
+  // 128 KiB in two ranges: two windows, the second at the second range's own file offset.
+  s = sample_page_cache({{m, 0, 64 << 10}, {m, kSize / 2, 64 << 10}});
+  EXPECT_EQ(s.pages, 2 * (64 << 10) / kPage);
+  EXPECT_EQ(s.cached, s.pages);
+  EXPECT_EQ(sample_page_cache({}).pages, 0u);
+  m.reset();
+  std::vector<uint64_t> first_half;
+  for (uint64_t p = 0; p < kSize / 2 / kPage; ++p) first_half.push_back(p);
+  cache_only(path, first_half);
+  m = FileMapping::open(path, kSize);
+  const uint64_t cached = cached_pages(*m);
+  if (cached == kSize / kPage) GTEST_SKIP() << "the kernel kept the file's pages cached";
+  s = sample_page_cache({{m, 0, kSize}});
+  EXPECT_EQ(s.cached, cached);
+  EXPECT_EQ(m->cached_pages({{0, kSize / 2}}), static_cast<int64_t>(kSize / 2 / kPage));
+  // The second window lies in the evicted half: the sample sees it there.
+  s = sample_page_cache({{m, 0, 64 << 10}, {m, kSize / 2, 64 << 10}});
+  EXPECT_EQ(s.cached, (64 << 10) / kPage);
+  EXPECT_EQ(s.pages, 2 * (64 << 10) / kPage);
+}
+
+// The background read-ahead brings the missing pages into the cache without mapping them, and
+// lets go of mappings freed meanwhile.
+TEST(PageCacheSample, PrefetchInBackgroundReadsTheMissingPages) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  const std::string bytes = pattern(6);
+  write_file(path, bytes);
+  cache_only(path, {});
+  auto m = FileMapping::open(path, kSize);
+  if (cached_pages(*m) == kSize / kPage) GTEST_SKIP() << "the kernel kept the file's pages cached";
+  ASSERT_TRUE(prefetch_in_background({{m, 0, kSize}}));
+  EXPECT_TRUE(eventually([] { return background_prefetches() == 0; }));
+  EXPECT_TRUE(eventually([&] { return cached_pages(*m) == kSize / kPage; }));
+  EXPECT_TRUE(holds(*m, bytes));
+  // A mapping gone before the thread's turn: skipped, and the thread holds it no longer.
+  const int64_t live = FileMapping::live_count();
+  auto gone = FileMapping::open(path, kSize);
+  std::weak_ptr<FileMapping> weak = gone;
+  ASSERT_TRUE(prefetch_in_background({{gone, 0, kSize}}));
+  gone.reset();
+  EXPECT_TRUE(eventually([] { return background_prefetches() == 0; }));
+  EXPECT_TRUE(weak.expired());
+  EXPECT_EQ(FileMapping::live_count(), live);
 }
 
 }  // namespace
