@@ -104,6 +104,15 @@ def _transformers_renames(module) -> Dict[str, str]:
     return out
 
 
+def _with_transformers_renames(module, in_checkpoint: List[str],
+                               key_mapping: Dict[str, str]) -> Dict[str, str]:
+    """_renames with transformers' own renames for `module` after the given key_mapping."""
+    merged = dict(key_mapping)
+    for pattern, replacement in _transformers_renames(module).items():
+        merged.setdefault(pattern, replacement)
+    return _renames(in_checkpoint, merged)
+
+
 def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str, str]:
     """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
     pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them)."""
@@ -267,7 +276,8 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     the checkpoint files instead of being copied (no fresh memory); default: on for checkpoints in
     the Hugging Face cache (immutable blobs), off for other files. Pages in the page cache map
     lazily (first touch) where the file is leased; the rest are read during the call, so a read
-    error is a ReadError there. Mapped files may be deleted or
+    error is a ReadError there, unless a sample finds 95% of the pages cached: then the call
+    returns at once and the few missing pages are read ahead in the background. Mapped files may be deleted or
     replaced by rename, never truncated or written in place while the module uses them (see
     check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
     changes unless every tensor loaded.
@@ -323,29 +333,48 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     in_checkpoint: List[str] = []
     key_mapping = dict(key_mapping or {})  # the given patterns first, then transformers' own
     hf = _is_transformers_model(module)
-    if not strict or key_mapping or hf:
+    # A transformers model's own renames matter only where a name is unfound. A strict load
+    # without renames of its own tries first without them (no header read twice, no table of
+    # conversions: 150 ms on a process's first load, more than a warm zero-copy load itself);
+    # a MismatchError then asks the checkpoint's names.
+    try_plain = hf and strict and not key_mapping and dequantize is None
+    if not strict or key_mapping or (hf and not try_plain):
         in_checkpoint = _names_in_checkpoint(ref, revision, dequantize is not None)
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
-    # transformers' renames only where the names leave something unfound: building its table of
-    # conversions costs 150 ms on a process's first load, more than a warm zero-copy load itself.
-    if hf and not _all_found(state, in_checkpoint, renamed, computed.names):
-        for pattern, replacement in _transformers_renames(module).items():
-            key_mapping.setdefault(pattern, replacement)
-        renamed = _renames(in_checkpoint, key_mapping)
+    if hf and not try_plain and not _all_found(state, in_checkpoint, renamed, computed.names):
+        renamed = _with_transformers_renames(module, in_checkpoint, key_mapping)
     missing: List[str] = []
     unexpected: List[str] = []
     if not strict:
         state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
-    names = [renamed.get(n, n) for n in state.keys()]
-    tensors = list(state.values())
     tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
-    args = [tensors, names, str(ref), revision, dev, dtype, tp_rank, tp_size, threads,
-            staging_bytes, strict, bar, mmap]
-    with real(), _progress.Watch(callback) as watch:
-        out = ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
-                            computed_names=computed.names, computed_values=computed.values,
-                            dequantize=dequantize, tp_dims=tp_dims)
+
+    def call(renamed: Dict[str, str]) -> str:
+        names = [renamed.get(n, n) for n in state.keys()]
+        args = [list(state.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
+                threads, staging_bytes, strict, bar, mmap]
+        with real(), _progress.Watch(callback) as watch:
+            return ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
+                                 computed_names=computed.names,
+                                 computed_values=computed.values, dequantize=dequantize,
+                                 tp_dims=tp_dims)
+
+    try:
+        out = call(renamed)
+    except (_lib.Error, RuntimeError) as e:
+        typed = e if isinstance(e, _lib.Error) else _lib.translate(e)
+        if not try_plain or not isinstance(typed, _lib.MismatchError):
+            raise
+        # Nothing changed (a load applies all or nothing): with transformers' renames, if
+        # they find what was missing.
+        in_checkpoint = _names_in_checkpoint(ref, revision, False)
+        if _all_found(state, in_checkpoint, renamed, computed.names):
+            raise
+        renamed = _with_transformers_renames(module, in_checkpoint, key_mapping)
+        if not renamed:
+            raise
+        out = call(renamed)
     return _report(out, missing, unexpected, computed.names)
 
 
