@@ -80,9 +80,14 @@ def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
 
 
 @_lib.typed_errors
-def load_file(filename: PathLike, device: Device = "cpu") -> Dict[str, torch.Tensor]:
+def load_file(filename: PathLike, device: Device = "cpu",
+              mmap: bool = False) -> Dict[str, torch.Tensor]:
     """Every tensor of safetensors file `filename`, in file order, on `device` ("cpu", "cuda:0",
-    an index, ...). Read by metaload's loader (threads; pinned staging for cuda)."""
+    an index, ...). Read by metaload's loader (threads; pinned staging for cuda).
+
+    mmap=True (cpu): the tensors point into a copy-on-write mapping of the file, as safetensors'
+    own load_file does, instead of being copied; the same contract as load_into(mmap=True)
+    (check_mapped_files; pages the page cache lacks are read during the call)."""
     path = os.fspath(filename)
     ops = _lib.load()
     header = json.loads(ops.read_safetensors_header(path))
@@ -93,7 +98,7 @@ def load_file(filename: PathLike, device: Device = "cpu") -> Dict[str, torch.Ten
                                              device="meta")
         if targets:
             ops.load_into(list(targets.values()), list(targets), path, None, _device(device),
-                          None, 0, 1, 0, 0, True, False, False)
+                          None, 0, 1, 0, 0, True, False, bool(mmap))
     return targets
 
 

@@ -259,6 +259,40 @@ def test_slices_are_torch_indexing(tmp_path):
             f.get_tensor("nope")
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_load_file_mmap_gives_the_same_tensors(tmp_path, case):
+    tensors, metadata = _case(case)
+    path = tmp_path / "m.safetensors"
+    metaload.save_file(tensors, path, metadata=metadata)
+    mapped = metaload.load_file(path, mmap=True)
+    _assert_same_tensors(mapped, tensors)
+    assert list(mapped) == list(metaload.load_file(path))  # file order, as the copying load
+
+
+def test_load_file_mmap_maps_the_file_copy_on_write(tmp_path):
+    path = str(tmp_path / "w.safetensors")
+    want = {"a": torch.arange(4096.0), "b": torch.ones(64, 64, dtype=torch.bfloat16)}
+    metaload.save_file(want, path)
+    before = open(path, "rb").read()
+    got = metaload.load_file(path, mmap=True)
+    guards = metaload.check_mapped_files(got)
+    assert list(guards) == [path] and guards[path] in ("lease", "checked")
+    got["a"].add_(1)  # a private copy of the page: the file keeps its bytes
+    assert torch.equal(got["a"], want["a"] + 1)
+    assert open(path, "rb").read() == before
+    assert metaload.check_mapped_files(metaload.load_file(path)) == {}  # the copying load
+
+
+@needs_safetensors
+def test_load_file_mmap_equals_safetensors_load_file(tmp_path):
+    path = str(tmp_path / "st.safetensors")
+    gen = torch.Generator().manual_seed(1)
+    safetensors.torch.save_file({f"w{i}": torch.randn(33, 17, generator=gen).to(dt)
+                                 for i, dt in enumerate([torch.float32, torch.bfloat16,
+                                                         torch.float16])}, path)
+    _assert_same_tensors(metaload.load_file(path, mmap=True), safetensors.torch.load_file(path))
+
+
 def test_safe_open_reads_the_header_only(tmp_path):
     path = tmp_path / "lazy.safetensors"
     metaload.save_file({"big": torch.ones(2**20), "small": torch.arange(3)}, path)
