@@ -113,9 +113,13 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
             if out is None:
                 return
             before = modules.get(path)
-            modules[path] = ModuleShape(path, type(module).__name__, tuple(out.shape), out.dtype,
-                                        out.device, (before.calls if before else 0) + 1,
-                                        out.numel() * out.element_size())
+            # Read past the fake mode's __torch_function__ (each .shape / .dtype / ... would go
+            # through it: a third of a Llama scan's time); torch 1.13 ignores this and still asks.
+            with torch._C.DisableTorchFunction():
+                shape, dtype, device = tuple(out.shape), out.dtype, out.device
+                nbytes = out.numel() * out.element_size()
+            modules[path] = ModuleShape(path, type(module).__name__, shape, dtype, device,
+                                        (before.calls if before else 0) + 1, nbytes)
         return hook
 
     for path, module in model.named_modules():
