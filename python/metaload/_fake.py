@@ -61,6 +61,15 @@ class _FakeFunctionMode(TorchFunctionMode):
         if _interplay.torch_fake_mode_inside():  # entered in this scope: it wins (innermost)
             with _interplay.without_metaload_keys():
                 return func(*args, **(kwargs or {}))
+        if func not in _SPECIAL and not (kwargs and "device" in kwargs):
+            # Nothing to change (most calls: ops, .shape, .dtype, ...): the C++ FakeMode does it.
+            try:
+                return func(*args, **(kwargs or {}))
+            except RuntimeError as e:
+                typed = _lib.translate(e)
+                if typed is None:
+                    raise
+                raise typed from None
         kwargs = dict(kwargs or {})
         target = None
         mode_device = _mode_device()
@@ -121,6 +130,11 @@ class _FakeFunctionMode(TorchFunctionMode):
 # torch 1.13's Tensor.__rpow__(self, other) is torch.tensor(other, dtype, device=self.device)
 # ** self: the tensor made on a cuda fake's device initialises CUDA (2.x's: torch.pow(other, self)).
 _RPOW_MAKES_A_TENSOR = int(torch.__version__.split(".")[0]) < 2
+
+# Every function __torch_function__ may change (besides calls given a device=).
+_SPECIAL = frozenset(_FACTORIES | _NEW_METHODS | _LIKE | _INDEXING |
+                     {torch.Tensor.to, torch.Tensor.cuda} |
+                     ({torch.Tensor.__rpow__} if _RPOW_MAKES_A_TENSOR else set()))
 
 
 def _rpow_args(self, other):
