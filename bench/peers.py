@@ -9,7 +9,8 @@ Three tables, each a ratio against an anchor measured in the same run, peak RSS 
      nnsight's scan. Target: metaload at least 10x faster than FakeTensorMode per forward;
   3. CPU load of one bf16 Llama-3.2-1B-shaped checkpoint (~2.5 GB; also written as a torch.save .pt
      and a tensorizer file, all cached under ~/.cache/metaload/bench-peers), warm and cold page
-     cache: metaload.load_into copying and zero-copy against safetensors, transformers,
+     cache: metaload.load_into copying and zero-copy, and metaload.load_file(mmap=True) (a dict,
+     as safetensors' load_file), against safetensors, transformers,
      torch.load, fastsafetensors, runai-model-streamer and tensorizer. Every result's bytes are
      checked against the file.
 
@@ -310,6 +311,7 @@ def touch_pages(tensors):
 LOAD_ROUTES = [
     ("metaload.load_into, copying (mmap=False)", "safetensors"),
     ("metaload.load_into, zero-copy (mmap=True)", "safetensors"),
+    ("metaload.load_file, zero-copy (mmap=True)", "safetensors"),
     ("safetensors.torch.load_file", "safetensors"),
     ("safetensors.torch.load_model (into to_empty(cpu))", "safetensors"),
     ("safetensors.torch.load_file + load_state_dict(assign=True)", "safetensors"),
@@ -377,7 +379,9 @@ def case_load(spec):
     rss = Rss()
     rss.start()
     t0 = built = time.perf_counter()
-    if route.startswith("metaload"):
+    if route.startswith("metaload.load_file"):  # a dict of tensors, as safetensors' load_file
+        sd = metaload.load_file(st, mmap=True)
+    elif route.startswith("metaload"):
         with metaload.meta():
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         built = time.perf_counter()
@@ -749,14 +753,14 @@ def render_load(args, config, specs, res):
                     verdict += (f", load + touch {ratio_t:.2f}x "
                                 f"({'met' if ok and ratio_t <= 1.0 else 'MISSED'})")
                     b = sums.get(ZERO_COPY_MODEL_ANCHOR, {})
-                    if "s" in b:  # into a model, as metaload's row: the build on both sides
+                    if "s" in b and "load_into" in r:  # into a model: the build on both sides
                         r_m = s["s"] / b["s"]
                         r_mt = (s["s"] + s["touch"]) / (b["s"] + b["touch"])
                         verdict += (f"; against {ZERO_COPY_MODEL_ANCHOR} (into a model built on "
                                     f"meta, as this row): {r_m:.2f}x "
                                     f"({'met' if ok and r_m <= 1.0 else 'MISSED'}), load + touch "
                                     f"{r_mt:.2f}x ({'met' if ok and r_mt <= 1.0 else 'MISSED'})")
-                targets.append(f"{m}: {r.split(', ')[1]} against {anchor}: {verdict}")
+                targets.append(f"{m}: {r} against {anchor}: {verdict}")
         if m == "cold" and not any("eviction" in n for n in notes):
             notes.append("cold: eviction took for every case (mincore: at most 5% of the file "
                          "cached after posix_fadvise(DONTNEED))")

@@ -2,6 +2,7 @@
 
     metaload.save_file({"w": w, "b": b}, "model.safetensors", metadata={"format": "pt"})
     tensors = metaload.load_file("model.safetensors", device="cpu")       # {name: tensor}
+    mapped = metaload.load_file("model.safetensors", mmap=True)   # views of a copy-on-write map
     with metaload.safe_open("model.safetensors", framework="pt") as f:     # reads the header only
         f.keys(), f.metadata()
         w = f.get_tensor("w")                                             # reads w's bytes only

@@ -79,6 +79,7 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     head, rows = table_rows(out, "### 3. CPU load")
     routes = ["metaload.load_into, copying (mmap=False)",
               "metaload.load_into, zero-copy (mmap=True)",
+              "metaload.load_file, zero-copy (mmap=True)",
               "safetensors.torch.load_file", "safetensors.torch.load_model (into to_empty(cpu))",
               "safetensors.torch.load_file + load_state_dict(assign=True)",
               "transformers from_pretrained(dtype=bf16)", "torch.load(mmap=True)",
@@ -99,7 +100,8 @@ def test_quick_run_prints_every_row_with_numbers_and_writes_the_chart(tmp_path):
     assert backing[("warm", routes[0])] == "copy"
     assert backing[("warm", routes[1])] == "zero-copy (mmap)"
     assert backing[("warm", "safetensors.torch.load_file")] == "zero-copy (mmap)"
-    assert backing[("warm", routes[4])] == "zero-copy (mmap)"  # load_file + assign, into a model
+    assert backing[("warm", routes[2])] == "zero-copy (mmap)"  # metaload's load_file: a dict
+    assert backing[("warm", routes[5])] == "zero-copy (mmap)"  # load_file + assign, into a model
     assert "(into a model built on meta, as this row)" in out
     assert all(r[col["anchor"]] == "safetensors.torch.load_file" for r in rows
                if r[col["backing"]] != "copy")
