@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "base/text.h"
@@ -496,6 +497,32 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   return load_report_json(load_tensors(t, ref, opt));
 }
 
+// Python: metaload.load_file(path, device, mmap): every tensor of one safetensors file, in file
+// order, loaded (mapped where `map_files`) into fresh targets made here from one header read, with
+// no Python pass over the header. The third result names the file's first dtype this libtorch
+// has none for (then nothing is loaded: Python raises DTypeError), else "".
+std::tuple<std::vector<std::string>, std::vector<at::Tensor>, std::string> load_file_op(
+    std::string path, at::Device device, bool map_files) {
+  const SafetensorsHeader header = read_safetensors_header(path);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  std::vector<LoadTarget> t;
+  for (const TensorInfo& info : header.tensors) {
+    const std::optional<at::ScalarType> dtype = torch_dtype_of(info.dtype);
+    if (!dtype) return {{}, {}, dtype_name(info.dtype)};
+    names.push_back(info.name);
+    tensors.push_back(at::empty(info.shape, at::TensorOptions().dtype(*dtype).device(at::kMeta)));
+    t.push_back({info.name, tensors.back()});
+  }
+  if (t.empty()) return {names, tensors, ""};
+  LoadOptions opt;
+  opt.device = device;
+  opt.map_files = map_files;
+  opt.engine.bar = ProgressBar::kOff;
+  load_tensors(t, path, opt);
+  return {names, tensors, ""};
+}
+
 // Python: the latest {bytes_done, bytes_total} of a load started with `progress_id` (see
 // loader/load/progress_board.h), or [] before its first report.
 std::vector<int64_t> load_progress_op(int64_t progress_id, bool release) {
@@ -519,6 +546,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
       "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None) -> str",
       &load_into_op);
+  m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
+        &load_file_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
   m.def("mismatch_names(str message) -> str?", &mismatch_names_op);
 }

@@ -90,17 +90,12 @@ def load_file(filename: PathLike, device: Device = "cpu",
     own load_file does, instead of being copied; the same contract as load_into(mmap=True)
     (check_mapped_files; pages the page cache lacks are read during the call)."""
     path = os.fspath(filename)
-    ops = _lib.load()
-    header = json.loads(ops.read_safetensors_header(path))
-    targets = {}
     with _real():
-        for t in header["tensors"]:
-            targets[t["name"]] = torch.empty(t["shape"], dtype=_torch_dtype(t["dtype"], path),
-                                             device="meta")
-        if targets:
-            ops.load_into(list(targets.values()), list(targets), path, None, _device(device),
-                          None, 0, 1, 0, 0, True, False, bool(mmap))
-    return targets
+        names, tensors, lacking = _lib.load().load_file(path, _device(device), bool(mmap))
+    if lacking:
+        raise _lib.DTypeError(f"{path}: this torch ({torch.__version__}) has no dtype for the "
+                              f"file's {lacking}")
+    return dict(zip(names, tensors))
 
 
 class safe_open:  # noqa: N801 (safetensors' name)

@@ -293,6 +293,21 @@ def test_load_file_mmap_equals_safetensors_load_file(tmp_path):
     _assert_same_tensors(metaload.load_file(path, mmap=True), safetensors.torch.load_file(path))
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_load_file_of_a_dtype_this_torch_lacks_is_a_dtype_error(tmp_path, mmap):
+    # F8_E4M3: torch 2.x has float8_e4m3fn; Debian's torch 1.13 has not.
+    header = json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})
+    header += " " * (-len(header) % 8)
+    path = tmp_path / "f8.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\x38\xb8")
+    if hasattr(torch, "float8_e4m3fn"):
+        w = metaload.load_file(path, mmap=mmap)["w"]
+        assert w.dtype == torch.float8_e4m3fn and w.float().tolist() == [1.0, -1.0]
+    else:
+        with pytest.raises(metaload.DTypeError, match=f"{path}: .*no dtype for the file's F8_E4M3"):
+            metaload.load_file(path, mmap=mmap)
+
+
 def test_safe_open_reads_the_header_only(tmp_path):
     path = tmp_path / "lazy.safetensors"
     metaload.save_file({"big": torch.ones(2**20), "small": torch.arange(3)}, path)
