@@ -277,10 +277,10 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     the Hugging Face cache (immutable blobs), off for other files. Pages in the page cache map
     lazily (first touch) where the file is leased; the rest are read during the call, so a read
     error is a ReadError there, unless a sample finds 95% of the pages cached: then the call
-    returns at once and the few missing pages are read ahead in the background. Mapped files may be deleted or
-    replaced by rename, never truncated or written in place while the module uses them (see
-    check_mapped_files and the README's Reliability section). Returns a LoadReport; nothing
-    changes unless every tensor loaded.
+    returns at once and the few missing pages are read ahead in the background. Mapped files may
+    be deleted or replaced by rename, never truncated or written in place while the module uses
+    them (see check_mapped_files and the README's Reliability section). Returns a LoadReport;
+    nothing changes unless every tensor loaded.
 
     Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of each tensor by the family's
     TP plan (vLLM's layouts); a meta tensor takes its slice's shape. With process_group (or
