@@ -16,6 +16,14 @@ std::atomic<int64_t> g_running{0};
 
 }  // namespace
 
+std::vector<MappedRange> pieces_of(const std::vector<MappedRange>& ranges, uint64_t piece) {
+  std::vector<MappedRange> out;
+  for (const MappedRange& r : ranges)
+    for (uint64_t o = 0; o < r.length; o += piece)
+      out.push_back({r.map, r.offset + o, std::min(piece, r.length - o)});
+  return out;
+}
+
 CacheSample sample_page_cache(const std::vector<MappedRange>& ranges) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t total = 0;
@@ -57,9 +65,8 @@ bool prefetch_in_background(const std::vector<MappedRange>& ranges) {
   };
   constexpr uint64_t kPiece = 64ull << 20;  // a freed mapping is noticed within one piece
   std::vector<Weak> pieces;
-  for (const MappedRange& r : ranges)
-    for (uint64_t o = 0; o < r.length; o += kPiece)
-      pieces.push_back({r.map, r.offset + o, std::min(kPiece, r.length - o)});
+  for (const MappedRange& p : pieces_of(ranges, kPiece))
+    pieces.push_back({p.map, p.offset, p.length});
   ++g_running;
   try {
     std::thread([pieces = std::move(pieces)] {

@@ -17,6 +17,9 @@ struct MappedRange {
   uint64_t offset = 0, length = 0;
 };
 
+// `ranges` cut into pieces of at most `piece` bytes, in order.
+std::vector<MappedRange> pieces_of(const std::vector<MappedRange>& ranges, uint64_t piece);
+
 // Pages sampled and how many of them the page cache holds.
 struct CacheSample {
   uint64_t pages = 0, cached = 0;

@@ -133,18 +133,16 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
   // kPopulateChunk so that progress (the bar, EngineOptions::progress) counts populated bytes as
   // they come, about 10 times a second on this thread, like the engines.
   constexpr uint64_t kPopulateChunk = 64ull << 20;
-  std::vector<MappedRange> chunks;
-  for (const MappedRange& r : ranges)
-    for (uint64_t o = 0; o < r.length; o += kPopulateChunk)
-      chunks.push_back({r.map, r.offset + o, std::min(kPopulateChunk, r.length - o)});
   const MapPopulate populate = options.map_populate;
-  if (!chunks.empty() && populate == MapPopulate::kAuto && warm_and_leased(ranges)) {
+  const bool fault_now = report->mapped_bytes > 0 && populate != MapPopulate::kLazy;
+  if (fault_now && populate == MapPopulate::kAuto && warm_and_leased(ranges)) {
     // Nothing to wait for: the progress ends full at once (and a cancel is still heard).
     ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
     run.done = report->mapped_bytes;
     run.execute(0, [](int) {});
     if (run.error) std::rethrow_exception(run.error);
-  } else if (!chunks.empty() && populate != MapPopulate::kLazy) {
+  } else if (fault_now) {
+    const std::vector<MappedRange> chunks = pieces_of(ranges, kPopulateChunk);
     ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
     std::atomic<size_t> next{0};
     run.execute(

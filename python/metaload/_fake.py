@@ -56,6 +56,17 @@ def _needs_cuda_detour(device):
     return device is not None and torch.device(device).type not in ("cpu", "meta")
 
 
+def _typed_call(func, args, kwargs):
+    """func(*args, **kwargs), the extension's errors raised as metaload.<Kind>."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        typed = _lib.translate(e)
+        if typed is None:
+            raise
+        raise typed from None
+
+
 class _FakeFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _interplay.torch_fake_mode_inside():  # entered in this scope: it wins (innermost)
@@ -63,13 +74,7 @@ class _FakeFunctionMode(TorchFunctionMode):
                 return func(*args, **(kwargs or {}))
         if func not in _SPECIAL and not (kwargs and "device" in kwargs):
             # Nothing to change (most calls: ops, .shape, .dtype, ...): the C++ FakeMode does it.
-            try:
-                return func(*args, **(kwargs or {}))
-            except RuntimeError as e:
-                typed = _lib.translate(e)
-                if typed is None:
-                    raise
-                raise typed from None
+            return _typed_call(func, args, kwargs or {})
         kwargs = dict(kwargs or {})
         target = None
         mode_device = _mode_device()
@@ -112,13 +117,7 @@ class _FakeFunctionMode(TorchFunctionMode):
             elif "device" in kwargs and _needs_cuda_detour(kwargs["device"]):
                 target = torch.device(kwargs["device"])
                 kwargs["device"] = "cpu"
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as e:
-            typed = _lib.translate(e)
-            if typed is None:
-                raise
-            raise typed from None
+        out = _typed_call(func, args, kwargs)
         if target is not None and isinstance(out, torch.Tensor):
             leaf_grad = out.requires_grad and out.grad_fn is None
             out = _to_device(out.detach() if leaf_grad else out, target)
