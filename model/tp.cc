@@ -14,20 +14,28 @@ const nlohmann::json& text_part(const nlohmann::json& config) {
   return config;
 }
 
+// Sizes above this are no model's (heads, kv heads, intermediate size, experts); refusing them
+// keeps the float check below inside int64 and the divisor listing in tp_degrees short.
+constexpr int64_t kMaxField = (int64_t{1} << 31) - 1;
+
 // The first present, non-null field among `names`; 0 when none (a zero value counts as absent).
 int64_t field(const nlohmann::json& c, std::initializer_list<const char*> names) {
   for (const char* n : names) {
     auto it = c.find(n);
     if (it == c.end() || it->is_null()) continue;
-    if (it->is_number_unsigned()) return static_cast<int64_t>(it->get<uint64_t>());
-    if (it->is_number_integer() && it->get<int64_t>() >= 0) return it->get<int64_t>();
+    if (it->is_number_unsigned() && it->get<uint64_t>() <= static_cast<uint64_t>(kMaxField))
+      return static_cast<int64_t>(it->get<uint64_t>());
+    if (it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() <= kMaxField)
+      return it->get<int64_t>();
     if (it->is_number_float()) {
+      // Range first: casting a double outside int64 to an integer is undefined behaviour.
       double d = it->get<double>();
-      if (d >= 0 && d == static_cast<double>(static_cast<int64_t>(d)))
+      if (d >= 0 && d <= static_cast<double>(kMaxField) &&
+          d == static_cast<double>(static_cast<int64_t>(d)))
         return static_cast<int64_t>(d);
     }
     throw TPError(std::string("config field \"") + n + "\" is " + it->dump() +
-                  ", not a non-negative integer");
+                  ", not an integer in [0, " + std::to_string(kMaxField) + "]");
   }
   return 0;
 }
@@ -58,9 +66,14 @@ std::vector<int64_t> tp_degrees(const nlohmann::json& config, bool expert_parall
   std::vector<int64_t> out;
   auto m = max_tp_size(config, expert_parallel);
   if (!m) return out;
-  for (int64_t d = 1; d <= *m; ++d) {
-    if (*m % d == 0) out.push_back(d);
+  // Divisors in pairs up to sqrt(m): m <= kMaxField, so at most ~46k steps.
+  std::vector<int64_t> high;
+  for (int64_t d = 1; d * d <= *m; ++d) {
+    if (*m % d != 0) continue;
+    out.push_back(d);
+    if (d * d != *m) high.push_back(*m / d);
   }
+  out.insert(out.end(), high.rbegin(), high.rend());
   return out;
 }
 

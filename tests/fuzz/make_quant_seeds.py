@@ -10,10 +10,10 @@ from safetensors.torch import save
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds", "quant")
 
 
-def seed(name, quantization_config, tensors):
+def seed(name, quantization_config, tensors, **config_fields):
     config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
               "num_key_value_heads": 4, "intermediate_size": 128,
-              "quantization_config": quantization_config}
+              "quantization_config": quantization_config, **config_fields}
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(json.dumps(config).encode() + b"\0" + save(tensors))
 
@@ -46,6 +46,12 @@ def main():
           "m.layers.0.down_proj.qzeros": torch.zeros(2, 2, dtype=torch.int32),
           "m.layers.0.down_proj.scales": torch.zeros(2, 16, dtype=torch.float16),
           "m.layers.0.down_proj.g_idx": torch.zeros(64, dtype=torch.int32)})
+    # A head count no int64 holds (found by the fuzzer: model/tp.cc cast it, undefined behaviour).
+    seed("gptq-float-heads", {"quant_method": "gptq", "bits": 4, "group_size": 32},
+         {"m.layers.0.down_proj.qweight": torch.zeros(8, 16, dtype=torch.int32),
+          "m.layers.0.down_proj.qzeros": torch.zeros(2, 2, dtype=torch.int32),
+          "m.layers.0.down_proj.scales": torch.zeros(2, 16, dtype=torch.float16)},
+         num_attention_heads=4.44444e75)
     seed("awq", {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"},
          {"m.layers.0.up_proj.qweight": torch.zeros(64, 2, dtype=torch.int32),
           "m.layers.0.up_proj.qzeros": torch.zeros(2, 2, dtype=torch.int32),

@@ -120,6 +120,27 @@ TEST(TP, FieldsSkippedTextConfigAndExperts) {
   expect_error<TPError>([] { max_tp_size(nlohmann::json::array()); });
 }
 
+// Found by the quant fuzzer: a float head count beyond int64 was cast (undefined behaviour). Every
+// size past 2^31 - 1 is a TPError naming its field; integral floats inside the range still count.
+TEST(TP, OutOfRangeSizesAreTPErrors) {
+  for (nlohmann::json v : {nlohmann::json(4.44444e75), nlohmann::json(1e19), nlohmann::json(-1e19),
+                           nlohmann::json(uint64_t{1} << 63), nlohmann::json(int64_t{1} << 31),
+                           nlohmann::json(2147483648.0), nlohmann::json(16.5)}) {
+    auto e = expect_error<TPError>([&] { max_tp_size(nlohmann::json{{"n_head", v}}); });
+    EXPECT_NE(std::string(e.what()).find("\"n_head\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2147483647"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(max_tp_size(nlohmann::json{{"n_head", 16.0}, {"intermediate_size", 24}}), 8);
+  // The largest size accepted: 2^31 - 1 is prime, so its degrees are 1 and itself, listed in
+  // pairs up to its square root rather than by a walk of two billion steps.
+  nlohmann::json prime = {{"num_attention_heads", 2147483647}};
+  EXPECT_EQ(tp_degrees(prime), (std::vector<int64_t>{1, 2147483647}));
+  std::vector<int64_t> powers;
+  for (int k = 0; k <= 30; ++k) powers.push_back(int64_t{1} << k);
+  EXPECT_EQ(tp_degrees(nlohmann::json{{"num_attention_heads", int64_t{1} << 30}}), powers);
+  EXPECT_EQ(tp_degrees(cfg(36, 36, 36)), (std::vector<int64_t>{1, 2, 3, 4, 6, 9, 12, 18, 36}));
+}
+
 TEST(TP, DegreeForARequest) {
   nlohmann::json c = cfg(24, 8, 8192);
   EXPECT_EQ(tp_degrees(c), (std::vector<int64_t>{1, 2, 4, 8}));
