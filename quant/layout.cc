@@ -1,7 +1,9 @@
 #include "quant/layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -277,7 +279,12 @@ class Recogniser {
       if (!j.contains("nested_offset") || !j["nested_offset"].is_number()) {
         bad("double quantization without a number \"nested_offset\"");
       }
-      b.nested_offset = j["nested_offset"].get<float>();
+      const double offset = j["nested_offset"].get<double>();
+      // bitsandbytes stores it as a float32; past that range it would dequantize to inf.
+      if (!(std::fabs(offset) <= std::numeric_limits<float>::max())) {
+        bad("\"nested_offset\" is " + j["nested_offset"].dump() + ", outside float32's range");
+      }
+      b.nested_offset = static_cast<float>(offset);
     }
     return b;
   }

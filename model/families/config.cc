@@ -52,6 +52,16 @@ class Fields {
     if (!has(field)) fail(field, "is missing (a positive integer is required)");
     return positive_int_value(field);
   }
+  // A layer count past this is no model's; the model tree, the per-layer tables and the KV cache
+  // hold one entry per layer, so a hostile count would be an allocation failure, not an error.
+  static constexpr int64_t kMaxLayers = int64_t{1} << 16;
+  int64_t layer_count(const char* field) const {
+    const int64_t n = positive_int(field);
+    if (n > kMaxLayers)
+      fail(field,
+           fmt::format("is {}, more layers than metaload builds (at most {})", n, kMaxLayers));
+    return n;
+  }
   int64_t positive_int_or(const char* field, int64_t fallback) const {
     return has(field) ? positive_int_value(field) : fallback;
   }
@@ -118,7 +128,7 @@ void parse_gpt2(const Fields& f, FamilyConfig& c) {
   c.arch = Arch::kGPT2;
   c.vocab_size = f.positive_int("vocab_size");
   c.hidden_size = f.positive_int("n_embd");
-  c.num_layers = f.positive_int("n_layer");
+  c.num_layers = f.layer_count("n_layer");
   c.num_heads = f.positive_int("n_head");
   c.max_position_embeddings = f.positive_int("n_positions");
   if (c.hidden_size % c.num_heads != 0)
@@ -198,7 +208,7 @@ void parse_llama(const Fields& f, FamilyConfig& c, const std::string& source) {
   c.vocab_size = f.positive_int("vocab_size");
   c.hidden_size = f.positive_int("hidden_size");
   c.intermediate_size = f.positive_int("intermediate_size");
-  c.num_layers = f.positive_int("num_hidden_layers");
+  c.num_layers = f.layer_count("num_hidden_layers");
   c.num_heads = f.positive_int("num_attention_heads");
   c.num_kv_heads = f.positive_int_or("num_key_value_heads", c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)

@@ -272,6 +272,13 @@ def test_errors_are_typed_and_leave_the_model_meta(tmp_path):
     (tmp_path / "broken" / "config.json").write_text('{"model_type": ')
     with pytest.raises(_lib.error_class("FormatError")):
         TransformersModel(str(tmp_path / "broken"))
+    # A hostile layer count was a MemoryError (std::bad_alloc) when the per-layer tables were sized.
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+         "num_attention_heads": 4, "num_hidden_layers": 10**12}))
+    with pytest.raises(_lib.error_class("ConfigError"), match="num_hidden_layers.*at most 65536"):
+        TransformersModel(str(tmp_path / "deep"))
     with pytest.raises(_lib.error_class("DTypeError")):
         TransformersModel(tiny(tmp_path, "gpt2-tiny"), dtype="nf4")
     # A checkpoint whose config disagrees with its weights: every mismatch listed, still meta.

@@ -312,6 +312,13 @@ TEST(QuantErrors, BitsandbytesBlobsAndPackedShapes) {
     ck.set_bytes(b, R"({"quant_type": "fp4", "blocksize": 64, "dtype": "float16", "shape": [1]})");
   });
   EXPECT_EQ(e.rule(), "quant-state-blob");  // its name says nf4
+  // A nested offset no float32 holds would dequantize every weight to inf.
+  e = broken(kNf4, nf4_layer, [&](Ck& ck) {
+    ck.set_bytes(b, R"({"quant_type": "nf4", "blocksize": 64, "dtype": "float16", "shape": [256, )"
+                    R"(256], "nested_blocksize": 256, "nested_offset": 1e300})");
+  });
+  EXPECT_EQ(e.rule(), "quant-state-blob");
+  EXPECT_NE(std::string(e.what()).find("outside float32's range"), std::string::npos) << e.what();
   // The packed weight holds one byte per two values of the blob's logical shape.
   e = broken(kNf4, nf4_layer, [&](Ck& ck) { ck.set(kQ + ".weight", {256 * 256 / 2 - 1, 1}); });
   EXPECT_EQ(e.rule(), "packed-shape");

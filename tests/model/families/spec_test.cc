@@ -350,6 +350,35 @@ TEST(FamilyConfig, FilesDirectoriesAndBuiltinNames) {
   fs::remove_all(dir);
 }
 
+// A hostile layer count was std::bad_alloc (10^12) or a std::length_error (2^62) when the per-layer
+// tables were sized; any count past 2^16 is a ConfigError naming the field.
+TEST(FamilyConfig, LayerCountsPastTheLimitAreConfigErrors) {
+  for (const char* count : {"65537", "1000000000000", "4611686018427387904"}) {
+    expect_config_error(
+        [&] {
+          parse_family_config_text(
+              std::string(R"({"model_type": "gpt2", "vocab_size": 8, )") +
+                  R"("n_embd": 8, "n_head": 2, "n_positions": 8, "n_layer": )" + count + "}",
+              "g/config.json");
+        },
+        {"g/config.json", "'n_layer'", count, "at most 65536"});
+    expect_config_error(
+        [&] {
+          parse_family_config_text(
+              std::string(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8, )") +
+                  R"("intermediate_size": 8, "num_attention_heads": 2, "num_hidden_layers": )" +
+                  count + "}",
+              "m/config.json");
+        },
+        {"m/config.json", "'num_hidden_layers'", count, "at most 65536"});
+  }
+  FamilyConfig c = parse_family_config_text(
+      R"({"model_type": "gpt2", "vocab_size": 8, "n_embd": 8, "n_head": 2, "n_positions": 8, )"
+      R"("n_layer": 65536})",
+      "g/config.json");
+  EXPECT_EQ(c.num_layers, 65536);
+}
+
 TEST(FamilyConfig, DeepJsonAndFilesThatAreNoFilesAreConfigErrors) {
   namespace fs = std::filesystem;
   // 70,000 nested objects overflowed the stack; every JSON metaload reads has one depth limit.
