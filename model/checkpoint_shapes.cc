@@ -4,6 +4,7 @@
 
 #include "base/checked.h"
 #include "base/text.h"
+#include "model/errors.h"
 
 namespace metaload {
 namespace {
@@ -15,6 +16,18 @@ int64_t need(const nlohmann::json& c, const char* key) {
                       std::string("field \"") + key + "\" is missing or not a positive integer");
   }
   return it->get<int64_t>();
+}
+
+// A layer count, at most kMaxConfigLayers (model/errors.h): one list entry per layer tensor.
+int64_t layer_count(const nlohmann::json& c, const char* key) {
+  const int64_t n = need(c, key);
+  if (n > kMaxConfigLayers) {
+    throw FormatError("config.json", "", "unsupported-config",
+                      std::string("field \"") + key + "\" is " + std::to_string(n) +
+                          ", more layers than metaload lists (at most " +
+                          std::to_string(kMaxConfigLayers) + ")");
+  }
+  return n;
 }
 
 int64_t get_or(const nlohmann::json& c, const char* key, int64_t fallback) {
@@ -29,7 +42,8 @@ bool flag(const nlohmann::json& c, const char* key, bool fallback) {
 }
 
 void gpt2(const nlohmann::json& c, DType dt, bool buffers, std::vector<TensorSpec>& out) {
-  const int64_t e = need(c, "n_embd"), layers = need(c, "n_layer"), vocab = need(c, "vocab_size");
+  const int64_t e = need(c, "n_embd"), layers = layer_count(c, "n_layer"),
+                vocab = need(c, "vocab_size");
   const int64_t pos = need(c, "n_positions");
   const int64_t inner = c.contains("n_inner") && !c["n_inner"].is_null()
                             ? need(c, "n_inner")
@@ -62,7 +76,7 @@ void gpt2(const nlohmann::json& c, DType dt, bool buffers, std::vector<TensorSpe
 
 void llama(const nlohmann::json& c, DType dt, bool buffers, bool qkv_bias,
            std::vector<TensorSpec>& out) {
-  const int64_t h = need(c, "hidden_size"), layers = need(c, "num_hidden_layers");
+  const int64_t h = need(c, "hidden_size"), layers = layer_count(c, "num_hidden_layers");
   const int64_t vocab = need(c, "vocab_size"), inter = need(c, "intermediate_size");
   const int64_t heads = need(c, "num_attention_heads"),
                 kv = get_or(c, "num_key_value_heads", heads);

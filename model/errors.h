@@ -3,6 +3,7 @@
 // the tree class for class.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,11 @@ METALOAD_DEFINE_ERROR(FixtureError, Error);
 // A config.json field is missing, has the wrong type or an unsupported value; the message names the
 // field and the file (or built-in config) it came from.
 METALOAD_DEFINE_ERROR(ConfigError, Error);
+
+// The most layers a config may name. Both config readers (families/config.cc: ConfigError,
+// checkpoint_shapes.cc: FormatError) refuse more, naming the field: no model has a hundredth of it,
+// and the per-layer tables and tensor lists would otherwise be sized by a hostile number.
+inline constexpr int64_t kMaxConfigLayers = int64_t{1} << 16;
 // A family cannot do what was asked at run time (bad input ids, too long a sequence, a TP size that
 // does not divide the heads, unknown parameter name, ...).
 METALOAD_DEFINE_ERROR(FamilyError, Error);

@@ -52,14 +52,11 @@ class Fields {
     if (!has(field)) fail(field, "is missing (a positive integer is required)");
     return positive_int_value(field);
   }
-  // A layer count past this is no model's; the model tree, the per-layer tables and the KV cache
-  // hold one entry per layer, so a hostile count would be an allocation failure, not an error.
-  static constexpr int64_t kMaxLayers = int64_t{1} << 16;
   int64_t layer_count(const char* field) const {
     const int64_t n = positive_int(field);
-    if (n > kMaxLayers)
-      fail(field,
-           fmt::format("is {}, more layers than metaload builds (at most {})", n, kMaxLayers));
+    if (n > kMaxConfigLayers)
+      fail(field, fmt::format("is {}, more layers than metaload builds (at most {})", n,
+                              kMaxConfigLayers));
     return n;
   }
   int64_t positive_int_or(const char* field, int64_t fallback) const {

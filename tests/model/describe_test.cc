@@ -13,6 +13,7 @@
 #include "loader/format/writer.h"
 #include "model/checkpoint_shapes.h"
 #include "model/dtypes.h"
+#include "model/errors.h"
 #include "model/model_key.h"
 #include "model/reference.h"
 #include "model/registry.h"
@@ -107,6 +108,30 @@ TEST(Shapes, ReproducePublishedParameterCounts) {
   }
   expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "bert"}}, DType::F32); });
   expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "llama"}}, DType::F32); });
+}
+
+// A hostile layer count (estimate from a config.json, make-checkpoint) listed 13 tensors per layer
+// until memory ran out (std::bad_alloc after 11 s for 10^12); past kMaxConfigLayers it is a
+// FormatError naming the field, the same limit the family configs keep.
+TEST(Shapes, LayerCountsPastTheLimitAreFormatErrors) {
+  nlohmann::json gpt2 = nlohmann::json::parse(config_text("gpt2"));
+  nlohmann::json llama = nlohmann::json::parse(config_text("llama-3.2-1b"));
+  for (int64_t n : {kMaxConfigLayers + 1, int64_t{1000000000000}}) {
+    for (auto [config, key] :
+         {std::pair{&gpt2, "n_layer"}, std::pair{&llama, "num_hidden_layers"}}) {
+      nlohmann::json c = *config;
+      c[key] = n;
+      auto e = expect_error<FormatError>([&] { checkpoint_tensor_specs(c, DType::BF16); });
+      EXPECT_EQ(e.rule(), "unsupported-config");
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("\"") + key + "\" is " + std::to_string(n)),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("at most 65536"), std::string::npos) << what;
+    }
+  }
+  gpt2["n_layer"] = kMaxConfigLayers;
+  EXPECT_EQ(checkpoint_tensor_specs(gpt2, DType::BF16).size(), 4 + 12 * size_t{65536});
 }
 
 TEST(Describe, Gpt2PublishedLayoutCountsParametersNotMaskBuffers) {

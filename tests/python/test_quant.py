@@ -184,6 +184,18 @@ def test_max_tp_size_falls_on_group_boundaries(tmp_path, base):
     assert (e.max_tp_size_unquantized, e.max_tp_size, e.source) == (32, 2, "config")
 
 
+def test_estimate_of_a_config_with_a_hostile_layer_count_is_a_format_error(tmp_path):
+    # 10^12 layers were listed tensor by tensor until memory ran out (a bare MemoryError).
+    with open(os.path.join(ROOT, "model", "families", "configs", "llama-2-7b.json")) as f:
+        config = json.load(f)
+    config["num_hidden_layers"] = 10**12
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(metaload.FormatError) as e:
+        metaload.estimate(str(tmp_path / "config.json"), "gptq-int4")
+    assert e.value.rule == "unsupported-config"
+    assert '"num_hidden_layers" is 1000000000000' in str(e.value) and "at most 65536" in str(e.value)
+
+
 def test_contradicting_tensors_are_typed_errors_naming_file_tensor_and_rule(tmp_path):
     q = "model.layers.0.self_attn.q_proj"
     cases = [
