@@ -1,5 +1,6 @@
 #include "loader/load/swap.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
@@ -67,6 +68,31 @@ void reset_grad_accumulator(const at::Tensor& t, const at::TensorOptions& before
 
 }  // namespace
 
+TensorSnapshot::TensorSnapshot(const std::vector<at::Tensor>& tensors) : tensors_(tensors) {
+  before_.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    before_.push_back(impl->shallow_copy_and_detach(impl->version_counter(),
+                                                    impl->allow_tensor_metadata_change()));
+  }
+}
+
+void TensorSnapshot::restore(size_t n) const {
+  for (size_t i = 0; i < tensors_.size() && i < n; ++i)
+    tensors_[i].unsafeGetTensorImpl()->shallow_copy_from(before_[i]);
+}
+
+namespace {
+
+// Whether `t` holds real memory that `s` can be copied into as it is (the in-place path).
+bool writes_in_place(const at::Tensor& t, const at::Tensor& s) {
+  return !t.is_meta() && t.has_storage() && t.device() == s.device() &&
+         t.scalar_type() == s.scalar_type() && !t.is_inference() &&
+         t.is_non_overlapping_and_dense() && t.unsafeGetTensorImpl()->storage().data() != nullptr;
+}
+
+}  // namespace
+
 void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,
              const std::vector<std::string>& names) {
   if (targets.size() != sources.size()) {
@@ -75,6 +101,7 @@ void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tenso
   }
   // Everything that can be checked is checked before anything changes.
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
+  std::vector<at::Tensor> swapped, swapped_from, copied, copied_from;
   for (size_t i = 0; i < targets.size(); ++i) {
     check_pair(targets[i], sources[i], "tensor " + label(names, i));
     auto [it, fresh] = seen.emplace(targets[i].unsafeGetTensorImpl(), i);
@@ -82,27 +109,30 @@ void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tenso
       throw SwapError("tensor " + label(names, i) + " is the same tensor as " +
                       label(names, it->second) + " (tied) but was given different data");
     }
+    if (!fresh) continue;
+    const bool in_place = writes_in_place(targets[i], sources[i]);
+    (in_place ? copied : swapped).push_back(targets[i]);
+    (in_place ? copied_from : swapped_from).push_back(sources[i]);
   }
-  std::vector<c10::intrusive_ptr<c10::TensorImpl>> before;
   std::vector<at::TensorOptions> options;
-  before.reserve(targets.size());
-  for (const at::Tensor& t : targets) {
-    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    before.push_back(impl->shallow_copy_and_detach(impl->version_counter(),
-                                                   impl->allow_tensor_metadata_change()));
-    options.push_back(t.options());
-  }
+  for (const at::Tensor& t : swapped) options.push_back(t.options());
+  const TensorSnapshot before(swapped);
   size_t done = 0;
   try {
-    for (; done < targets.size(); ++done) {
-      targets[done].unsafeGetTensorImpl()->shallow_copy_from(sources[done].getIntrusivePtr());
-      reset_grad_accumulator(targets[done], options[done]);
+    for (; done < swapped.size(); ++done) {
+      swapped[done].unsafeGetTensorImpl()->shallow_copy_from(swapped_from[done].getIntrusivePtr());
+      reset_grad_accumulator(swapped[done], options[done]);
     }
   } catch (...) {
-    for (size_t i = 0; i < done; ++i)
-      targets[i].unsafeGetTensorImpl()->shallow_copy_from(before[i]);
+    before.restore(done);
     throw;
   }
+  // Same shape, dtype and device: copy_ cannot fail now, and the old storage stays alive. Real
+  // even inside a meta or fake mode on this thread (which would redirect the copy).
+  at::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard real(
+      c10::DispatchKeySet({c10::DispatchKey::DeferredInit, c10::DispatchKey::Fake}));
+  for (size_t i = 0; i < copied.size(); ++i) copied[i].copy_(copied_from[i]);
 }
 
 at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset,

@@ -10,6 +10,13 @@
 //
 // Every pair is checked before the first swap; if a swap still throws, the ones already done are
 // undone from snapshots, so the targets end exactly as they were.
+//
+// A target that already holds real memory of the source's shape, dtype and device is written in
+// place instead (copy_, as torch's load_state_dict does): its storage is never freed, because
+// another thread may be running a kernel on it that released the GIL and holds only its data
+// pointer (a forward, a sum). A real target whose dtype or device changes takes the new storage
+// like a meta one, which frees the old one as module.to() does: don't run such a load while
+// another thread reads the module.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,6 +29,18 @@
 #include "loader/engine/slots.h"
 
 namespace metaload {
+
+// The state of some tensors (their storage, sizes, dtype, device, keys), to put back exactly.
+class TensorSnapshot {
+ public:
+  explicit TensorSnapshot(const std::vector<at::Tensor>& tensors);
+  // Puts back the first `n` tensors (all by default) as they were at construction.
+  void restore(size_t n = static_cast<size_t>(-1)) const;
+
+ private:
+  std::vector<at::Tensor> tensors_;
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>> before_;
+};
 
 // names[i] (optional, same length) is used in error messages.
 void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,

@@ -257,6 +257,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
 
     device: where the tensors go (default cpu). dtype: floating-point checkpoint tensors load as
     this dtype (default: each tensor keeps the module's dtype; float32/float16/bfloat16 convert).
+    A module tensor that already holds real memory of the loaded shape, dtype and device is
+    written in place (copy_, as load_state_dict does), so another thread's forward never reads
+    freed memory; one whose dtype or device changes takes new storage, as module.to() does.
     strict: as load_state_dict's: with False, module tensors the checkpoint lacks keep what they
     hold (meta stays meta) and checkpoint tensors the module lacks are not read; the report's
     missing_keys and unexpected_keys name them. A tensor whose shape or dtype does not fit fails
