@@ -156,7 +156,10 @@ TEST(Collectives, ARankThatNeverAnswersIsATimeoutNamingTheOperation) {
   at::Tensor t = at::ones({4});
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = expect_error<DistributedError>([&] { c.all_reduce(t); });
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // A hang guard, not a speed claim: the 200 ms timeout ends the wait (the lonely group's work
+  // never completes, so without it the call blocks for good); the bound is 50 times the timeout.
+  // Allow-listed in tests/python/test_no_timing_asserts.py.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   const std::string m = e.what();
   EXPECT_NE(m.find("all_reduce on rank 0 of 2 (timeout 200 ms)"), std::string::npos) << m;
   EXPECT_NE(m.find("not every rank took part within 200 ms"), std::string::npos) << m;

@@ -438,7 +438,8 @@ TEST_P(EngineTest, ProgressBarOnAnAutoDetectedTerminal) {
 }
 
 // Several readers really run: each read waits (up to 2 s) until a second thread has read too, so
-// a single reader fails the test instead of passing by luck.
+// a single reader fails the test instead of passing by luck. The 2 s is no speed claim: a slow
+// second thread only makes the first wait, and any read by it before the last piece passes.
 TEST_P(EngineTest, SeveralReaderThreadsRun) {
   Scenario s;
   build_mixed(s);
@@ -584,6 +585,7 @@ TEST_P(EngineTest, FifoInPlaceOfAFileFailsWithoutBlocking) {
     }
     return "no error";
   });
+  // A hang guard, not a speed claim: the load takes milliseconds; 20 s only catches a blocked one.
   if (run.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
     ADD_FAILURE() << "the engine blocked opening a FIFO";
     const int fd = ::open(s.files[1].c_str(), O_WRONLY | O_NONBLOCK);  // releases it

@@ -340,10 +340,11 @@ std::vector<uint64_t> pages_but(const std::vector<uint64_t>& except) {
   return out;
 }
 
-// Waits up to 5 s for `done`.
+// Waits up to 20 s for `done`: a hang guard, not a speed claim (a background read of 1 MiB takes
+// milliseconds; the bound only keeps a thread that never finishes from blocking the test).
 template <class F>
 bool eventually(F done) {
-  for (int i = 0; i < 500 && !done(); ++i)
+  for (int i = 0; i < 2000 && !done(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return done();
 }

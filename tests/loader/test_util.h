@@ -101,7 +101,8 @@ E expect_error(F&& f) {
 
 // Runs f on its own thread and rethrows what it threw. A call still running after 20 s -- a reader
 // blocked in open() of a FIFO, which waits for a writer -- is a test failure: every FIFO in
-// `fifos` is then opened for writing, which releases the reader, so the test still ends.
+// `fifos` is then opened for writing, which releases the reader, so the test still ends. (A hang
+// guard, not a speed claim: the calls take milliseconds.)
 inline void run_unblocked(const std::function<void()>& f, const std::vector<std::string>& fifos) {
   auto done = std::async(std::launch::async, f);
   if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {

@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -295,14 +294,20 @@ TEST(Fixtures, HubCacheRefsOfTagsAndPullRequests) {
   }
 }
 
-TEST(Fixtures, Gpt2SizedCheckpointIsQuick) {
+// The real gpt2 config's fixture: the published parameter count, stored as float32 in full. How
+// long it takes to write: bench/model ("fixture" row); a unit test asserts no time.
+TEST(Fixtures, Gpt2SizedCheckpointHasThePublishedCount) {
   TempDir d;
-  const auto t0 = std::chrono::steady_clock::now();
   const FixtureResult r = make_checkpoint(opts("gpt2", "gpt2"), d / "gpt2");
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(r.n_params, 124439808u);  // the published count
-  std::printf("gpt2 124M fp32 fixture: %.2f s (%.2f GB/s)\n", s, r.data_bytes / s / 1e9);
-  EXPECT_LT(s, 30.0);  // "a few seconds" on this machine; generous for loaded CI
+  EXPECT_EQ(r.n_params, 124439808u);        // the published count
+  EXPECT_GE(r.data_bytes, 4 * r.n_params);  // float32 (buffers add to it)
+  uint64_t on_disk = 0;
+  for (const std::string& f : r.files) {
+    struct stat st;
+    ASSERT_EQ(::stat(f.c_str(), &st), 0) << f;
+    if (f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0) on_disk += st.st_size;
+  }
+  EXPECT_GT(on_disk, r.data_bytes);  // every tensor byte, and the headers
 }
 
 TEST(Fixtures, BadRequestsAreTypedErrors) {

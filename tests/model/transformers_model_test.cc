@@ -9,7 +9,6 @@
 #include <climits>
 
 #include <atomic>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -106,9 +105,7 @@ TEST(TransformersModel, ConstructionReadsConfigJsonOnly) {
   ModelOptions o;
   engine.attach(o);
   reset_io_bytes_read();
-  const auto t0 = std::chrono::steady_clock::now();
   TransformersModel m(dir, o);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Exactly config.json's bytes: no safetensors header, no index, no weight byte.
   EXPECT_EQ(io_bytes_read(), file_size(dir + "/config.json"));
   EXPECT_EQ(*engine.reads, 0);
@@ -116,16 +113,16 @@ TEST(TransformersModel, ConstructionReadsConfigJsonOnly) {
   for (const auto& b : m.module().buffers()) EXPECT_TRUE(b.is_meta());
   EXPECT_FALSE(m.dispatched());
   EXPECT_EQ(m.module().name(), "LlamaForCausalLM");
-  EXPECT_LT(s, 1.0);
-  EXPECT_GT(m.build_seconds(), 0);
+  EXPECT_GT(m.build_seconds(), 0);  // reported (how long it takes: bench/model, "construct")
   // A file reference works too: its directory's config.json.
   TransformersModel by_file(dir + "/model-00001-of-00002.safetensors");
   EXPECT_EQ(by_file.config_path(), m.config_path());
 }
 
-TEST(TransformersModel, SkeletonsOfRealSizesInMilliseconds) {
+TEST(TransformersModel, SkeletonsOfRealSizes) {
   // Every real-size built-in: the vocabulary and the width of layer 0's key projection (GPT-2: its
-  // fused c_attn) as published. A built-in missing here fails, so new ones get checked too.
+  // fused c_attn) as published. A built-in missing here fails, so new ones get checked too. How
+  // long each skeleton takes to build: bench/model ("skeleton" rows); a unit test asserts no time.
   struct Want {
     int64_t vocab;
     std::string key_path;
@@ -148,16 +145,10 @@ TEST(TransformersModel, SkeletonsOfRealSizesInMilliseconds) {
     ASSERT_NE(w, want.end()) << "real built-in config '" << name << "' has no expected shapes here";
     testing::make_dir(d / name);
     testing::write_file(d / (name + "/config.json"), builtin_config_json(name));
-    const auto t0 = std::chrono::steady_clock::now();
     TransformersModel m(d / name);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // A small batch on fake cuda:0 (no GPU needed): shapes only, no weight byte.
     const ModelScan scan = m.scan(1, 16, at::Device("cuda:0"));
-    std::printf("%-16s skeleton: %lld parameters in %.1f ms; scan [1, 16] in %.1f ms\n",
-                name.c_str(), static_cast<long long>(m.module().num_parameters()), s * 1e3,
-                scan.seconds * 1e3);
     EXPECT_TRUE(all_meta(m)) << name;
-    EXPECT_LT(s, 2.0) << name;  // milliseconds here (printed above); generous under load
     EXPECT_TRUE(is_fake(scan.logits)) << name;
     EXPECT_EQ(scan.logits.sizes(), (at::IntArrayRef{1, 16, w->second.vocab})) << name;
     ASSERT_NE(scan.find(w->second.key_path), nullptr) << name;

@@ -1,12 +1,10 @@
 // The GPT-2 and Llama module trees: names and shapes against the specs, meta builds of the real
 // configs, non-persistent buffers, forward with and without the KV cache, greedy generation,
-// errors, and the generation time of a gpt2-sized model.
-#include <chrono>
+// errors, and a gpt2-sized generation (how long it takes: bench/model).
 #include <cmath>
 #include <map>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include "model/families/family.h"
@@ -505,27 +503,18 @@ TEST(FamilyErrors, BadInputsAreTypedAndSayWhat) {
                       {"floating", "Int"});
 }
 
-// Greedy generation of 16 tokens on gpt2-sized random weights (the real gpt2 config): reports the
-// time with and without the KV cache. The cache must win by far (it computes 1 position per step
-// instead of the whole sequence).
-TEST(FamilySpeed, Gpt2Generate16Tokens) {
-  auto t0 = std::chrono::steady_clock::now();
+// Greedy generation of 16 tokens after a 32-token prompt on gpt2-sized random weights (the real
+// gpt2 config: 12 layers, 1024 positions): the KV cache gives exactly the tokens of recomputing
+// every position. How much faster the cache is: bench/model (its "generate" row); a unit test
+// asserts no time.
+TEST(FamilyGenerate, Gpt2SizedCachedAndUncachedGiveTheSameTokens) {
   auto model = build_causal_lm(builtin_config("gpt2"), seeded(1));
-  auto t1 = std::chrono::steady_clock::now();
   at::Tensor prompt = random_ids(model->config(), 1, 32, 1);
-  model->generate(prompt, 1);  // warm-up (allocator, BLAS threads)
-  auto t2 = std::chrono::steady_clock::now();
   at::Tensor cached = model->generate(prompt, 16);
-  auto t3 = std::chrono::steady_clock::now();
   at::Tensor plain = model->generate(prompt, 16, /*use_cache=*/false);
-  auto t4 = std::chrono::steady_clock::now();
-  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  std::printf(
-      "gpt2 (124M, float32, %d threads): build+init %.2f s; 16 tokens after a 32-token "
-      "prompt: cached %.3f s (%.1f ms/token), uncached %.3f s\n",
-      at::get_num_threads(), secs(t0, t1), secs(t2, t3), 1000 * secs(t2, t3) / 16, secs(t3, t4));
-  EXPECT_TRUE(cached.equal(plain));
-  EXPECT_LT(secs(t2, t3), secs(t3, t4));
+  EXPECT_EQ(cached.sizes().vec(), (std::vector<int64_t>{1, 48}));
+  EXPECT_TRUE(cached.narrow(1, 0, 32).equal(prompt));
+  EXPECT_TRUE(cached.equal(plain)) << cached << "\n" << plain;
 }
 
 }  // namespace
