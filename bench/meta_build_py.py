@@ -7,10 +7,16 @@ embedding and an LM head: 805 modules, 70B parameters) built four ways in one ru
   device="meta" to every constructor      -- the floor: no mode at all
   accelerate.init_empty_weights()         -- accelerate 1.15 on torch 2.x; on 1.13, 0.34.2 (the
                                              last for torch 1.x) from tools/setup's torch113-peers
+Usage: meta_build_py.py [ROUNDS] [--nested] (--nested: the second table alone).
 Median of N rounds (argv[1], default 7), wall-clock and this process's CPU time (on a shared
 machine another job's load stretches the wall clock, not the CPU time); peak RSS growth next to
 each (ru_maxrss of the process).
 Target (issue 10): metaload.meta() <= 1.0x the torch.device anchor, <= 0.5x init_empty_weights.
+
+A second table, "nested scopes": a torch.empty(1) call under 64 nested metaload.meta() scopes
+against the same call under one (the anchor), per call, wall-clock and CPU time. meta() pushes no
+Python mode, so depth should cost nothing (it was one Python mode per scope, 2x per level); this
+was a timing assertion in tests/python/test_mode.py, which now checks that no Python runs.
 """
 import contextlib
 import os
@@ -118,5 +124,40 @@ def main():
     print("Targets (CPU time): " + "; ".join(verdict))
 
 
+def nested_scopes(rounds, depths=(1, 64), n=2000):
+    """Per-call time of torch.empty(1) under each depth of nested meta() scopes, interleaved."""
+    times = {d: [] for d in depths}
+    cpu = {d: [] for d in depths}
+    rss = {d: 0.0 for d in depths}
+    for _ in range(rounds + 1):  # the first round is a warm-up
+        for depth in depths:
+            with contextlib.ExitStack() as stack:
+                for _ in range(depth):
+                    stack.enter_context(metaload.meta())
+                assert torch.empty(1).is_meta
+                before = rss_mib()
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(n):
+                    torch.empty(1)
+                times[depth].append((time.perf_counter() - t0) / n)
+                cpu[depth].append((time.process_time() - c0) / n)
+                rss[depth] = max(rss[depth], rss_mib() - before)
+    base = statistics.median(times[depths[0]][1:])
+    cpu_base = statistics.median(cpu[depths[0]][1:])
+    print(f"\nnested scopes: torch.empty(1) under N nested metaload.meta(), torch "
+          f"{torch.__version__}, {n} calls, median of {rounds}")
+    print("| scopes | us per call | x anchor | CPU us | x anchor (CPU) | peak RSS growth MiB |")
+    print("|---|---|---|---|---|---|")
+    for depth in depths:
+        m, c = statistics.median(times[depth][1:]), statistics.median(cpu[depth][1:])
+        name = f"{depth} (anchor)" if depth == depths[0] else str(depth)
+        print(f"| {name} | {m * 1e6:.2f} | {m / base:.2f} | {c * 1e6:.2f} | {c / cpu_base:.2f} | "
+              f"{rss[depth]:.1f} |")
+
+
 if __name__ == "__main__":
-    main()
+    nested_only = "--nested" in sys.argv  # the second table alone
+    sys.argv = [a for a in sys.argv if a != "--nested"]
+    if not nested_only:
+        main()
+    nested_scopes(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
