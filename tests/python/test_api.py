@@ -406,10 +406,15 @@ def test_progress_is_polled_while_the_library_works(monkeypatch):
 
     monkeypatch.setattr(_progress, "_lib", Lib)
     seen = []
+    me = threading.get_ident()
     with _progress.Watch(lambda d, t: seen.append((d, t, threading.get_ident()))) as w:
         assert w.id > 0
-        time.sleep(0.45)
-    me = threading.get_ident()
+        # Until the helper thread has forwarded twice (a fixed sleep assumed it ran on time); the
+        # 30 s is a hang guard, not a speed claim: it polls every 0.1 s.
+        for _ in range(3000):
+            if sum(tid != me for _, _, tid in seen) >= 2:
+                break
+            time.sleep(0.01)
     assert len(seen) >= 3 and seen[-1] == (100, 100, me)
     assert any(tid != me for _, _, tid in seen[:-1])
     assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)

@@ -164,6 +164,8 @@ def test_broadcast_feeds_a_tp_forward_on_ranks_without_the_checkpoint(llama, tmp
     assert src["bytes_sent"] == recv["held_bytes"]
     for r in range(2):
         e = results[r][1]
+        # "At once": well before the step's 20 s timeout. A hang guard, not a speed claim: it takes
+        # hundredths of a second, the bound is 10 s.
         assert not e["ok"] and e["is_distributed_error"] and e["seconds"] < 10, e
         assert "the source rank 0 cannot read" in e["message"] and "ResolveError" in \
             e["message"], e["message"]
@@ -171,7 +173,9 @@ def test_broadcast_feeds_a_tp_forward_on_ranks_without_the_checkpoint(llama, tmp
 
 def check_failed_everywhere(results, step, world, dead=(), within=30.0):
     """Every surviving rank raised a DistributedError within `within` s, its weights as before
-    (those of the step before, all real)."""
+    (those of the step before, all real). `within` is a hang guard, not a speed claim: a dead or
+    failing rank is known to the others at once (hundredths of a second on the 2-core VM), and
+    without the collectives' timeouts a survivor would block for good."""
     for r in range(world):
         res = results[r]
         if r in dead:
@@ -203,7 +207,9 @@ def test_a_silent_rank_is_an_error_on_the_others_after_the_timeout(gpt2, tmp_pat
     for e in check_failed_everywhere(results, 1, 2):
         assert "the vote" in e["message"], e["message"]
     e = results[0][1]
-    assert 2.5 < e["seconds"] < 15 and "no answer within 3 s" in e["message"], e
+    # It waited out the 3 s timeout (a wait is never shorter), and no longer than a hang guard's
+    # 30 s (10 times the timeout: no speed claim).
+    assert 2.5 < e["seconds"] < 30 and "no answer within 3 s" in e["message"], e
 
 
 def test_broadcast_over_a_subgroup_and_to_replicas(gpt2, tmp_path):

@@ -267,7 +267,7 @@ def test_zero_copy_mostly_warm_load_returns_lazily_and_reads_the_missing_pages_a
     if metaload.check_mapped_files(model) != {path: "lease"}:
         pytest.skip("no read lease here: every page is populated during the load")
     assert mapped_rss_kib(model.a.weight) == 0  # nothing mapped in the call
-    for _ in range(500):
+    for _ in range(2000):  # a hang guard, not a speed claim: up to 20 s for 8 pages read ahead
         if cached_pages(path)[0] == n:
             break
         time.sleep(0.01)

@@ -39,8 +39,12 @@ AUTO_CLASS = {
 }
 ROUTES = ("metaload", "torch.device", "init_empty_weights")
 RSS_LIMIT_MB = 64
-BUILD_TIMEOUT_S = 10  # per build; a route past it is recorded as failing (init_empty_weights makes
-# raw nn.Parameters on the CPU first: Llama 4's experts take minutes)
+BUILD_TIMEOUT_S = 10  # per build of a peer route; past it the build is recorded as failing
+# (init_empty_weights makes raw nn.Parameters on the CPU first: Llama 4's experts take minutes). A
+# peer's failure never fails the test, so the bound cannot turn a busy machine into a failure.
+METALOAD_BUILD_TIMEOUT_S = 300  # metaload's own builds: a hang guard, not a speed claim (with the
+# peers' 10 s, a build slowed down by a busy machine counted as an architecture metaload cannot
+# build). How long the builds take is printed, not asserted; bench/peers keeps the figures.
 
 # metaload's builds when this was written (transformers 5.17.0, torch 2.11), out of the
 # architectures whose config class builds with its defaults: causal LM 162 of 176 (torch.device
@@ -70,8 +74,14 @@ class _BuildTimeout(BaseException):  # not swallowed by a constructor's `except 
     pass
 
 
-def _on_alarm(signum, frame):
-    raise _BuildTimeout(f"took over {BUILD_TIMEOUT_S} s")
+def _limit(route):
+    return METALOAD_BUILD_TIMEOUT_S if route == "metaload" else BUILD_TIMEOUT_S
+
+
+def _alarm(limit):
+    def on_alarm(signum, frame):
+        raise _BuildTimeout(f"took over {limit} s")
+    return on_alarm
 
 
 def _worker(out_path, tasks):
@@ -111,8 +121,8 @@ def _worker(out_path, tasks):
                 _peak_rss_reset()
                 before = _rss_kb("VmRSS")
                 start = time.perf_counter()
-                signal.signal(signal.SIGALRM, _on_alarm)
-                signal.setitimer(signal.ITIMER_REAL, BUILD_TIMEOUT_S)
+                signal.signal(signal.SIGALRM, _alarm(_limit(route)))
+                signal.setitimer(signal.ITIMER_REAL, _limit(route))
                 try:
                     with contexts[route]():
                         model = auto.from_config(config)
