@@ -1,0 +1,250 @@
+"""The HTTP front: nnsight 0.8's remote protocol (FastAPI).
+
+  GET  /ping                  "pong"
+  GET  /status                {"deployments": {name: {model_key, repo_id, revision, n_params,
+                               config, deployment_level, application_state, placement, ...}}}
+  GET  /env                   {"python_version", "packages"}
+  WS   /subscribe             first frame {"session_id": ...}; then the session's status frames
+  POST /request               multipart: data (RequestModel JSON), blob (the serialized trace)
+  GET  /response/{id}         a request's latest status (404 until it has one)
+  GET  /download/{token}      a result too large to go inline (once; unguessable token)
+"""
+import asyncio
+import contextlib
+import hmac
+import json
+import secrets
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, Optional
+
+from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from . import keys
+from .deployment import Job
+from .store import Store
+
+
+@dataclass
+class Settings:
+    api_keys: FrozenSet[str] = frozenset()
+    max_body_bytes: int = 64 << 20
+    inline_result_bytes: int = 8 << 20
+    result_ttl_s: float = 600.0
+    placement: Dict[str, dict] = field(default_factory=dict)
+
+
+def key_ok(settings: Settings, given: Optional[str]) -> bool:
+    """Whether `given` is one of the keys (every key compared, each in constant time)."""
+    if not settings.api_keys:
+        return True
+    given_b = (given or "").encode("utf-8", "surrogateescape")
+    ok = False
+    for k in settings.api_keys:
+        ok |= hmac.compare_digest(given_b, k.encode("utf-8"))
+    return ok and bool(given)
+
+
+def _refuse(settings, given):
+    if not key_ok(settings, given):
+        what = "no API key (the ndif-api-key header)" if not given else "a wrong API key"
+        raise HTTPException(401, f"metaload serve: the request carries {what}; this server "
+                                 f"needs one of its keys (NDIF_API_KEY or CONFIG.API.APIKEY)")
+
+
+class Front:
+    """The state behind the endpoints: deployments, open sessions, statuses and results."""
+
+    def __init__(self, deployments: Dict[keys.Identity, object], settings: Settings, env: dict):
+        self.deployments, self.settings, self.env = deployments, settings, env
+        self.store = Store(settings.result_ttl_s)
+        self.sessions: Dict[str, asyncio.Queue] = {}
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def emit(self, job: Job, status: str, description: str = "", data=None, meta=None):
+        """Called from the deployments' threads: hands the update to the event loop."""
+        self.loop.call_soon_threadsafe(self._deliver, job, status, description, data, meta)
+
+    def _deliver(self, job, status, description, data, meta):
+        from nnsight.schema.response import ResponseModel
+        queue = self.sessions.get(job.session_id) if job.session_id else None
+        if job.session_id and queue is None:
+            return  # its client went away: nothing is kept for it
+        binary = None
+        if status == "COMPLETED":
+            if queue is not None and len(data) <= self.settings.inline_result_bytes:
+                binary = ResponseModel(id=job.id, status=status, data=data, meta=meta).pickle()
+                data = None
+            else:
+                data = f"{job.base_url}/download/{self.store.put_result(data)}"
+        response = ResponseModel(id=job.id, status=status, description=description, data=data,
+                                 meta=meta)
+        text = response.model_dump_json()
+        if status != "LOG":
+            self.store.set_status(job.id, text)
+        if queue is not None:
+            queue.put_nowait(binary if binary is not None else text)
+
+    def held_keys(self):
+        return sorted(d.spec.key for d in self.deployments.values())
+
+    def status(self):
+        out = {}
+        for d in self.deployments.values():
+            entry = dict(d.describe)
+            entry.update({"deployment_level": "HOT", "application_state": d.state,
+                          "queued": d.queued(), "executor_pid": d.pid, "restarts": d.restarts,
+                          "load_seconds": d.load_s,
+                          "placement": self.settings.placement.get(d.spec.ref)})
+            out[d.spec.repo_id if d.spec.revision is None else
+                f"{d.spec.repo_id}@{d.spec.revision}"] = entry
+        return {"deployments": out, "results_held": self.store.results_held()}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"metaload serve: the request body is {declared} bytes; the "
+                                 f"limit is {limit} (--max-body)")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise HTTPException(413, f"metaload serve: the request body is over the limit of "
+                                     f"{limit} bytes (--max-body)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _envelope(front: Front, request: Request):
+    """(RequestModel, blob) of POST /request, or a 4xx naming what is wrong."""
+    from nnsight.schema.request import RequestModel
+    request._body = await _read_body(request, front.settings.max_body_bytes)
+    kind = request.headers.get("content-type", "")
+    if not kind.startswith("multipart/form-data"):
+        raise HTTPException(400, f"metaload serve: POST /request is {kind or 'no content type'}, "
+                                 f"not multipart/form-data with fields data and blob")
+    try:
+        form = await request.form(max_files=1, max_fields=4,
+                                  max_part_size=front.settings.max_body_bytes)
+    except Exception as e:  # noqa: BLE001 - any unparseable body is the client's error
+        raise HTTPException(400, f"metaload serve: POST /request is not multipart/form-data "
+                                 f"with fields data and blob: {e}") from None
+    data, blob = form.get("data"), form.get("blob")
+    if not isinstance(data, str) or blob is None or isinstance(blob, str):
+        raise HTTPException(422, "metaload serve: POST /request needs a form field 'data' (the "
+                                 "RequestModel JSON) and a file part 'blob'")
+    try:
+        envelope = RequestModel.model_validate_json(data)
+    except Exception as e:  # noqa: BLE001 - pydantic's message names the field
+        raise HTTPException(422, f"metaload serve: field 'data' is not a RequestModel: {e}")
+    return envelope, await blob.read()
+
+
+def _routes(app: FastAPI, front: Front):
+    @app.get("/ping")
+    async def ping():
+        return PlainTextResponse("pong")
+
+    @app.get("/status")
+    async def status():
+        return front.status()
+
+    @app.get("/env")
+    async def env():
+        return front.env
+
+    @app.get("/response/{job_id}")
+    async def response(job_id: str, request: Request):
+        _refuse(front.settings, request.headers.get("ndif-api-key"))
+        text = front.store.status(job_id)
+        if text is None:
+            raise HTTPException(404, f"metaload serve: no request {job_id!r} (yet)")
+        return Response(text, media_type="application/json")
+
+    @app.get("/download/{token}")
+    async def download(token: str):
+        data = front.store.take_result(token)
+        if data is None:
+            raise HTTPException(404, "metaload serve: no such result (downloaded or expired)")
+        return Response(data, media_type="application/octet-stream")
+
+
+def _submit_route(app: FastAPI, front: Front):
+    @app.post("/request")
+    async def submit(request: Request):
+        from nnsight.schema.response import ResponseModel
+        _refuse(front.settings, request.headers.get("ndif-api-key"))
+        envelope, blob = await _envelope(front, request)
+        job_id = secrets.token_hex(16)
+        deployment = keys.find(envelope.model_key, front.deployments)
+        if deployment is None:
+            held = "\n  ".join(front.held_keys())
+            return JSONResponse(json.loads(ResponseModel(
+                id=job_id, status="ERROR",
+                description=f"metaload serve: model key {envelope.model_key!r} is not deployed "
+                            f"here; this server holds:\n  {held}").model_dump_json()))
+        session = envelope.session_id if envelope.session_id in front.sessions else ""
+        job = Job(job_id, blob, bool(envelope.compress), dict(envelope.env), session,
+                  str(request.base_url).rstrip("/"))
+        received = ResponseModel(id=job_id, status="RECEIVED", description="received")
+        front.store.set_status(job_id, received.model_dump_json())
+        deployment.submit(job)
+        return JSONResponse(json.loads(received.model_dump_json()))
+
+
+def _subscribe_route(app: FastAPI, front: Front):
+    @app.websocket("/subscribe")
+    async def subscribe(ws: WebSocket):
+        await ws.accept()  # a missing key is refused at POST /request, where the client says why
+        sid = secrets.token_hex(16)
+        queue = front.sessions[sid] = asyncio.Queue()
+        closed = asyncio.ensure_future(ws.receive())
+        try:
+            await ws.send_text(json.dumps({"session_id": sid}))
+            while True:
+                frame = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({frame, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if frame not in done:
+                    frame.cancel()
+                    break
+                item = frame.result()
+                await (ws.send_bytes(item) if isinstance(item, bytes) else ws.send_text(item))
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            closed.cancel()
+            front.sessions.pop(sid, None)
+            for d in front.deployments.values():
+                d.cancel_session(sid)
+
+
+def make_app(front: Front) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        front.loop = asyncio.get_running_loop()
+
+        async def expire():
+            while True:
+                await asyncio.sleep(5)
+                front.store.expire()
+        task = asyncio.ensure_future(expire())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(title="metaload serve", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    _routes(app, front)
+    _submit_route(app, front)
+    _subscribe_route(app, front)
+    return app
+
+
+def python_env() -> dict:
+    """/env: this Python's version and installed packages, as nnsight.ndif.get_local_env."""
+    from importlib.metadata import distributions
+    packages = {d.metadata["Name"]: d.version for d in distributions() if d.metadata["Name"]}
+    return {"python_version": sys.version, "packages": packages}

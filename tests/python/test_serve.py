@@ -1,0 +1,226 @@
+"""metaload serve (issue 26) against nnsight's real client, on a tiny GPT-2 the test writes into a
+hub cache of its own (no network ever).
+
+Each server is `python -m metaload.serve` on 127.0.0.1 and a port the kernel picks, stopped (with
+its executors) at the end of the module; each client is a process of its own running nnsight's
+unmodified client (`model.trace(..., remote=URL)`, NDIF_HOST, blocking=False), which compares
+what the server sent back with the same trace run locally (nnsight's own dispatch, no metaload),
+bitwise. See serve_util.py for the scenarios. nnsight 0.8 and FastAPI are in the torch 2.x
+environment only: skipped on Debian's torch 1.13.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("nnsight", reason="nnsight 0.8 (tools/requirements.txt) is installed in the "
+                    "torch 2.x environment only: it needs torch >= 2")
+pytest.importorskip("fastapi", reason="metaload serve's pinned FastAPI is in the torch 2.x "
+                    "environment only")
+pytest.importorskip("uvicorn", reason="metaload serve's pinned uvicorn is in the torch 2.x "
+                    "environment only")
+
+import serve_util  # noqa: E402
+from serve_util import REPO, Server, run_client  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def top(tmp_path_factory):
+    top = str(tmp_path_factory.mktemp("serve"))
+    r = subprocess.run([sys.executable, serve_util.__file__, "--write", os.path.join(top, "hub")],
+                       env=serve_util.env_for(top), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-5000:]
+    return top
+
+
+@pytest.fixture(scope="module")
+def server(top):
+    s = Server(top, "--time-limit", "120")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def basic(top, server):
+    """The first scenarios, in one client process (each starts nnsight: seconds)."""
+    return run_client(top, server.url, "hidden", "unknown_key", "raises")
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace, remotely and locally
+
+def test_saved_hidden_states_and_logits_equal_the_local_trace_bitwise(basic):
+    assert basic["hidden"] == {"equal": True, "n": 2}
+
+
+def test_an_unknown_key_is_an_error_listing_the_keys_held(basic, server):
+    error = basic["unknown_key"]["error"]
+    assert error.startswith("RemoteError: "), error
+    assert "metaload-test/not-deployed" in error and "is not deployed here" in error
+    held = server.get("/status").json()["deployments"]
+    assert [d["model_key"] for d in held.values()][0] in error
+
+
+def test_user_code_that_raises_is_an_error_and_the_next_request_works(basic):
+    error = basic["raises"]["error"]
+    assert error.startswith("RemoteError: ") and "ValueError: raised by the request" in error
+    assert basic["raises"]["after"] == {"equal": True, "n": 2}
+
+
+def test_a_garbage_request_is_a_4xx_or_an_error_and_the_server_goes_on(top, server):
+    import httpx
+    url = server.url
+    key = server.get("/status").json()["deployments"][REPO]["model_key"]
+    envelope = json.dumps({"model_key": key, "session_id": "", "compress": False, "env": {}})
+    not_form = httpx.post(url + "/request", content=b"\x00garbage", timeout=30)
+    no_blob = httpx.post(url + "/request", data={"data": envelope},
+                         files={"other": ("r", b"x", "application/octet-stream")}, timeout=30)
+    bad_json = httpx.post(url + "/request", data={"data": "{not json"},
+                          files={"blob": ("r", b"x", "application/octet-stream")}, timeout=30)
+    assert not_form.status_code == 400 and "multipart" in not_form.json()["detail"]
+    assert no_blob.status_code == 422 and "blob" in no_blob.json()["detail"]
+    assert bad_json.status_code == 422 and "RequestModel" in bad_json.json()["detail"]
+    for blob in (b"garbage", b"\x80\x04\x95" + os.urandom(64)):  # not a pickle; a broken one
+        r = httpx.post(url + "/request", data={"data": envelope},
+                       files={"blob": ("r", blob, "application/octet-stream")}, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "RECEIVED", r.text
+        final = _poll(server, r.json()["id"])
+        assert final["status"] == "ERROR" and "Error" in final["description"], final
+    assert server.get("/ping").text == "pong"
+    assert run_client(top, url, "hidden")["hidden"]["equal"]
+
+
+def _poll(server, job_id, timeout=120):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = server.get(f"/response/{job_id}")
+        if r.status_code == 200 and r.json()["status"] in ("COMPLETED", "ERROR"):
+            return r.json()
+        time.sleep(0.2)
+    raise AssertionError(f"request {job_id} did not finish within {timeout} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# The rest of the client's ways in, on the same server
+
+@pytest.fixture(scope="module")
+def more(top, server):
+    """nnsight's client with NDIF_HOST set (read at its import), then the other traces."""
+    return run_client(top, server.url, "ndif_host", "edited", "invokes", "generate",
+                      "nonblocking", "concurrent", "key_spellings", "queue_positions",
+                      "disconnect", NDIF_HOST=server.url)
+
+
+@pytest.mark.parametrize("trace", ["edited", "invokes", "generate", "nonblocking", "ndif_host"])
+def test_remote_results_equal_the_local_trace_bitwise(more, trace):
+    assert more[trace]["equal"] and more[trace]["n"] >= 1, more[trace]
+
+
+def test_several_concurrent_clients_each_get_their_own_result(more):
+    assert more["concurrent"] == {"errors": [], "equal": [True] * 4}
+
+
+def test_every_spelling_of_the_key_reaches_the_deployment(more):
+    assert len(more["key_spellings"]) == 3 and all(more["key_spellings"].values()), \
+        more["key_spellings"]
+
+
+def test_queued_frames_give_each_request_its_position(more):
+    """Sent at once, one second each: while the first runs the third waits behind the second."""
+    positions = [[p for s, p in frames if s == "QUEUED"] for frames in more["queue_positions"]]
+    for frames, queued in zip(more["queue_positions"], positions):
+        states = [s for s, _ in frames]
+        assert states[-1] == "COMPLETED" and states.index("RUNNING") > states.index("QUEUED")
+        assert queued == sorted(queued, reverse=True) and queued[-1] == 1, frames
+    assert positions[2][0] >= 2, more["queue_positions"]
+
+
+def test_a_client_that_goes_away_leaves_no_queued_work(more):
+    assert more["disconnect"]["queued_after_close"] == 0
+    assert more["disconnect"]["after"]["equal"]
+
+
+def test_status_and_env_have_the_shapes_nnsight_reads(server):
+    status = server.get("/status").json()
+    d = status["deployments"][REPO]
+    assert d["model_key"].startswith("nnsight.modeling.transformers.TransformersModel:")
+    assert (d["repo_id"], d["revision"], d["task"]) == (REPO, "main", "text-generation")
+    assert d["n_params"] > 0 and d["config"]["model_type"] == "gpt2"
+    assert (d["deployment_level"], d["application_state"]) == ("HOT", "RUNNING")
+    assert d["placement"]["mode"] == "single" and d["placement"]["devices"] == ["cpu"]
+    assert d["placement"]["weights"] == d["size_bytes"] > 0
+    env = server.get("/env").json()
+    assert env["python_version"] and env["packages"]["nnsight"] == "0.8.1"
+
+
+# ---------------------------------------------------------------------------------------------
+# A server with API keys, a short time limit, small inline results and a small body limit
+
+KEY = "test-key-" + os.urandom(8).hex()
+
+
+@pytest.fixture(scope="module")
+def strict(top):
+    keys = os.path.join(top, "keys.txt")
+    with open(keys, "w") as f:
+        f.write(f"# the test's keys\nother-key\n{KEY}\n")
+    s = Server(top, "--api-keys", keys, "--time-limit", "8", "--inline-result", "512",
+               "--max-body", "65536")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def strict_runs(top, strict):
+    return run_client(top, strict.url, "no_key", "wrong_key", "right_key", "sleeps", "exit",
+                      "segfault", NDIF_API_KEY=KEY)
+
+
+def test_a_missing_or_wrong_api_key_is_refused_and_the_right_one_works(strict_runs):
+    assert strict_runs["no_key"]["error"].startswith("RemoteError: Failed to send request: ")
+    assert "no API key" in strict_runs["no_key"]["error"]
+    assert "a wrong API key" in strict_runs["wrong_key"]["error"]
+    assert strict_runs["right_key"] == {"equal": True, "n": 2}
+
+
+def test_the_api_key_guards_polling_too(strict):
+    assert strict.get("/response/0123").status_code == 401
+    assert strict.get("/response/0123", headers={"ndif-api-key": KEY}).status_code == 404
+
+
+def test_a_result_above_the_inline_limit_goes_through_a_url_and_is_deleted(strict_runs, strict):
+    # right_key's logits (4 x 300 float32) are over --inline-result 512: downloaded by URL
+    assert strict_runs["right_key"]["equal"]
+    assert strict.get("/status").json()["results_held"] == 0
+
+
+def test_a_request_past_its_time_limit_is_an_error_and_the_deployment_goes_on(strict_runs):
+    assert "time limit of 8 s" in strict_runs["sleeps"]["error"], strict_runs["sleeps"]
+    assert strict_runs["sleeps"]["after"] == {"equal": True, "n": 2}
+
+
+@pytest.mark.parametrize("how,said", [("exit", "exited with status 3"),
+                                      ("segfault", "killed by SIGSEGV")])
+def test_an_executor_crash_is_an_error_and_it_restarts(strict_runs, strict, how, said):
+    assert said in strict_runs[how]["error"] and "restarted" in strict_runs[how]["error"]
+    assert strict_runs[how]["after"] == {"equal": True, "n": 2}
+    d = strict.get("/status").json()["deployments"][REPO]
+    assert d["restarts"] == 3 and len(d["load_seconds"]) == 4  # sleeps, exit, segfault
+    assert d["application_state"] == "RUNNING"
+
+
+def test_a_body_over_the_limit_is_refused(strict):
+    import httpx
+    r = httpx.post(strict.url + "/request", headers={"ndif-api-key": KEY},
+                   files={"blob": ("r", b"x" * 100000, "application/octet-stream")}, timeout=30)
+    assert r.status_code == 413 and "65536" in r.json()["detail"]
+
+
+def test_a_host_others_can_reach_needs_api_keys(top):
+    r = subprocess.run([sys.executable, "-m", "metaload.serve", REPO, "--host", "0.0.0.0"],
+                       env=serve_util.env_for(top), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "UsageError" in r.stderr and "--api-keys" in r.stderr and "0.0.0.0" in r.stderr
