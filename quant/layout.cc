@@ -450,16 +450,6 @@ class Recogniser {
       }
       in = in_bits / bits;
       out = qw.shape[1];
-      // qweight is the one to blame when g_idx and the scales agree on another input dim.
-      const TensorInfo* gi = c_.find(module + ".g_idx");
-      if (gi && gi->shape.size() == 1 && gi->shape[0] != in && gi->shape[0] * bits % 32 == 0 &&
-          scales.shape[0] == groups(gi->shape[0]) && scales.shape[0] != groups(in)) {
-        const int64_t want = gi->shape[0];
-        shape_is(qw, {want * bits / 32, qw.shape[1]}, "packed-shape",
-                 std::to_string(want) + " input rows (g_idx, scales), " +
-                     std::to_string(32 / bits) + " per int32, x " + std::to_string(out) +
-                     " outputs");
-      }
       if (scales.shape[1] != out) {
         fail(name, "packed-shape",
              "GPTQ packs qweight along the input dim ([in*" + std::to_string(bits) +
@@ -478,9 +468,11 @@ class Recogniser {
                  " has " + std::to_string(scales.shape[1]));
       }
     }
+    if (!awq) blame_qweight(qw, scales, in, out);
     const int64_t g = groups(in);
     shape_is(scales, {g, out}, "scale-shape",
-             std::to_string(in) + " inputs in groups of " +
+             std::to_string(in) + " inputs (" + std::to_string(qw.shape[0]) + " rows of " +
+                 quote_text(qw.name, '\'') + ") in groups of " +
                  (cfg_.group_size > 0 ? std::to_string(cfg_.group_size) : "the whole row") +
                  (cfg_.inferred ? "" : " (config.json)"));
     QuantModule m;
@@ -490,6 +482,22 @@ class Recogniser {
     add_aux(m, scales, "scales");
     add_zeros_and_g_idx(m, name, out, in, awq);
     return m;
+  }
+
+  // GPTQ: a qweight whose input dim g_idx (one entry per input) and the scales outvote is the one
+  // to blame, with the shape they say. Otherwise the part that disagrees is named by its own
+  // check below (the scales' message says the input dim came from qweight).
+  void blame_qweight(const TensorInfo& qw, const TensorInfo& scales, int64_t in,
+                     int64_t out) const {
+    const int64_t bits = cfg_.bits;
+    const TensorInfo* gi = c_.find(qw.name.substr(0, qw.name.size() - 8) + ".g_idx");
+    if (!gi || gi->shape.size() != 1 || gi->shape[0] == in) return;
+    const int64_t want = gi->shape[0];
+    if (mul_or_none<int64_t>(want, bits).value_or(1) % 32 != 0) return;
+    if (scales.shape[0] != groups(want)) return;
+    shape_is(qw, {want * bits / 32, out}, "packed-shape",
+             std::to_string(want) + " input rows (g_idx and the scales), " +
+                 std::to_string(32 / bits) + " per int32, x " + std::to_string(out) + " outputs");
   }
 
   // qzeros (packed along out; AWQ without zero points may lack them) and GPTQ's g_idx.
