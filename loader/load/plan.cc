@@ -92,9 +92,19 @@ struct Sources {
 // Step 1: the options make sense, and no two targets share a name.
 std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarget>& targets,
                                                       const LoadOptions& opt) {
-  if (opt.tp_size < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size) {
-    throw PlanError("tensor-parallel rank " + std::to_string(opt.tp_rank) + " of " +
-                    std::to_string(opt.tp_size) + " does not exist");
+  // Each argument on its own rule: tp_size first (it sets tp_rank's range), then tp_rank.
+  if (opt.tp_size < 1) {
+    throw PlanError("tp_size must be from 1 to 2^31-1, got " + std::to_string(opt.tp_size));
+  }
+  if (opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size) {
+    throw PlanError("tp_rank must be from 0 to tp_size - 1 (" + std::to_string(opt.tp_size - 1) +
+                    "), got " + std::to_string(opt.tp_rank));
+  }
+  if (opt.dtype && !convertible(*opt.dtype)) {
+    throw PlanError(
+        std::string("dtype must be float32, float16 or bfloat16 (the dtype floating-point "
+                    "checkpoint tensors load as), got ") +
+        c10::toString(*opt.dtype));
   }
   if (opt.tp_size > 1 && !opt.names.tp_shard) {
     throw PlanError("tp_size " + std::to_string(opt.tp_size) +

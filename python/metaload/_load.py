@@ -11,6 +11,7 @@ them all.
 """
 import contextlib
 import json
+import numbers
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
@@ -113,22 +114,82 @@ def _with_transformers_renames(module, in_checkpoint: List[str],
     return _renames(in_checkpoint, merged)
 
 
+def _compiled_mapping(key_mapping: Dict[str, str]) -> List[tuple]:
+    """key_mapping's (pattern, compiled pattern, replacement), in order; a PlanError naming the
+    entry that is not a string pair or whose pattern is no regular expression."""
+    out = []
+    for pattern, replacement in key_mapping.items():
+        if not isinstance(pattern, str) or not isinstance(replacement, str):
+            raise _lib.PlanError(f"key_mapping entry {pattern!r}: {replacement!r} is not a "
+                                 "{regex: replacement} pair of strings")
+        try:
+            out.append((pattern, re.compile(pattern), replacement))
+        except re.error as e:
+            raise _lib.PlanError(f"key_mapping pattern {_lib.quote(pattern)} is not a valid "
+                                 f"regular expression: {e}") from None
+    return out
+
+
+def _renamed_by(name: str, patterns: List[tuple]):
+    """(name after the first pattern that matches it, that pattern or None)."""
+    for pattern, compiled, replacement in patterns:
+        try:
+            new, n = compiled.subn(replacement, name)
+        except (re.error, IndexError) as e:
+            raise _lib.PlanError(f"key_mapping pattern {_lib.quote(pattern)}: its replacement "
+                                 f"{_lib.quote(replacement)} cannot rename checkpoint tensor "
+                                 f"{_lib.quote(name)}: {e}") from None
+        if n:
+            return new, pattern
+    return name, None
+
+
 def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str, str]:
     """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
-    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them)."""
-    patterns = [(re.compile(k), v) for k, v in key_mapping.items()]
+    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them). Two
+    checkpoint tensors that end with one module name (both renamed, or one renamed onto a name
+    another keeps) are a PlanError naming both and the patterns that mapped them."""
+    patterns = _compiled_mapping(key_mapping)
     out: Dict[str, str] = {}
+    source: Dict[str, tuple] = {}  # module name -> (checkpoint name, pattern or None)
     for name in in_checkpoint:
-        for pattern, replacement in patterns:
-            new, n = pattern.subn(replacement, name)
-            if n:
-                if new in out:
-                    raise _lib.PlanError(f"key_mapping maps both {out[new]!r} and {name!r} "
-                                         f"onto {new!r}")
-                if new != name:
-                    out[new] = name
-                break
+        new, pattern = _renamed_by(name, patterns)
+        if new in source:
+            def how(n, p):
+                return (f"{_lib.quote(n)} by pattern {_lib.quote(p)}" if p is not None
+                        else f"{_lib.quote(n)} by no pattern (it keeps its name)")
+            first = source[new][0]
+            raise _lib.PlanError(f"key_mapping maps both {_lib.quote(first)} and "
+                                 f"{_lib.quote(name)} onto module name {_lib.quote(new)}: "
+                                 f"{how(*source[new])}, {how(name, pattern)}")
+        source[new] = (name, pattern)
+        if new != name:
+            out[new] = name
     return out
+
+
+def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str],
+                      ref: str) -> Dict[str, torch.Tensor]:
+    """`state` without the module names whose checkpoint tensor of the same name key_mapping
+    renames onto another module name (that tensor is the other's: asking for it by this name too
+    would load it twice). One tied to a tensor that loads is filled through the tie; any other
+    is missing: a MismatchError naming it and the rename (strict=False drops them before)."""
+    as_module = {c: m for m, c in renamed.items()}
+    shadowed = [n for n in state if n not in renamed and n in as_module]
+    if not shadowed:
+        return state
+    gone = set(shadowed)
+    own = {n: t for n, t in state.items() if n not in gone}
+    loaded = {id(t) for t in own.values()}
+    lost = [n for n in shadowed if id(state[n]) not in loaded]
+    if lost:
+        why = "; ".join(f"key_mapping renames the checkpoint's {_lib.quote(n)} to "
+                        f"{_lib.quote(as_module[n])}" for n in lost[:3])
+        lines = "".join(f"\n  missing: {n} [{', '.join(map(str, state[n].shape))}]" for n in lost)
+        raise _lib.MismatchError(f"checkpoint {_lib.quote(ref)} does not fit ({why}, leaving "
+                                 f"no tensor for the module's own name): {len(lost)} missing, 0 "
+                                 f"unexpected, 0 mismatched{lines}")
+    return own
 
 
 class _Computed(NamedTuple):
@@ -232,6 +293,55 @@ def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[st
     return names
 
 
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_arguments(dtype, tp_rank, tp_size, threads, staging_bytes, key_mapping, source_rank,
+                     buffer_bytes, dequantize, tp_plan, process_group, distributed) -> None:
+    """load_into's arguments, each on its own rule, before any file is read: a PlanError naming
+    the argument, what it accepts and what it got (tp_size before tp_rank, whose range it sets).
+    Ranges the library checks (threads, staging_bytes, a rank without tp_size) stay its own."""
+    def bad(name, rule, value):
+        raise _lib.PlanError(f"{name} must be {rule}, got {value!r}")
+
+    for name, value, default in (("dtype", dtype, "each tensor keeps the module's dtype"),
+                                 ("dequantize", dequantize, "quantized weights stay packed")):
+        if value is not None and (not isinstance(value, torch.dtype) or value not in _FLOAT_DTYPES):
+            bad(name, f"float32, float16 or bfloat16 (a torch.dtype; None: {default})", value)
+    if tp_size is not None and (not _integer(tp_size) or not 1 <= tp_size <= 2 ** 31 - 1):
+        bad("tp_size", "from 1 to 2^31-1", tp_size)
+    if tp_rank is not None and not _integer(tp_rank):
+        bad("tp_rank", "an integer from 0 to tp_size - 1", tp_rank)
+    if tp_rank is not None and tp_size is not None and not 0 <= tp_rank < tp_size:
+        bad("tp_rank", f"from 0 to tp_size - 1 ({tp_size - 1})", tp_rank)
+    if source_rank is not None and (not _integer(source_rank) or source_rank < 0):
+        bad("source_rank", "None or a rank of the process group (an integer >= 0)", source_rank)
+    for name, value in (("threads", threads), ("staging_bytes", staging_bytes),
+                        ("buffer_bytes", buffer_bytes)):
+        if not _integer(value):
+            bad(name, "an integer (0: the default)", value)
+    for name, value in (("key_mapping", key_mapping), ("tp_plan", tp_plan)):
+        if value is not None and not isinstance(value, dict):
+            bad(name, "None or a dict", value)
+    if key_mapping:
+        _compiled_mapping(key_mapping)
+    if (dequantize is not None or tp_plan is not None) and (
+            process_group is not None or source_rank is not None or distributed):
+        raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a load "
+                             "across a process group (process_group=, source_rank=, "
+                             "distributed=True) takes neither yet")
+    for module, style in (tp_plan or {}).items():
+        if not isinstance(module, str):
+            raise _lib.PlanError(f"tp_plan key {module!r} is not a module name (a string)")
+        if not isinstance(style, str) or style not in _TP_STYLES:
+            raise _lib.PlanError(f"tp_plan style {style!r} of {module!r} is not one of "
+                                 f"{sorted(_TP_STYLES)}")
+
+
 @_lib.typed_errors
 def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device, None] = None,
               dtype: Optional[torch.dtype] = None, *, tp_rank: Optional[int] = None,
@@ -240,8 +350,7 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               progress: _progress.Progress = True, mmap: Optional[bool] = None,
               key_mapping: Optional[Dict[str, str]] = None, process_group=None,
               source_rank: Optional[int] = None, buffer_bytes: int = 0,
-              timeout: Optional[float] = None,
-              distributed: Optional[bool] = None,
+              timeout: Optional[float] = None, distributed: Optional[bool] = None,
               dequantize: Optional[torch.dtype] = None,
               tp_plan: Optional[Dict[str, str]] = None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
@@ -269,10 +378,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     pattern that matches (as transformers' from_pretrained(key_mapping=...)). A transformers
     model's own renames (its conversion mapping, e.g. GPT-NeoX's {r"^embed_out\\.": "lm_head."})
     apply after the given ones, as from_pretrained applies them. Errors name a renamed tensor by
-    its checkpoint name. Conversions that merge several checkpoint
-    tensors into one (transformers 5 fuses Mixtral's and Qwen2-MoE's per-expert weights into 3-D
-    parameters) are not done: such a checkpoint fails with a MismatchError naming the fused
-    parameters missing and the per-expert tensors unexpected.
+    its checkpoint name (PlanError: a pattern that is no regex, two mapped onto one module name).
+    Merging conversions (transformers 5 fuses Mixtral's and Qwen2-MoE's per-expert weights into
+    3-D parameters) are not done: a MismatchError names the fused ones missing, those unexpected.
     progress: True, a bar on stderr when it is a terminal; False, none; a callable
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
     called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
@@ -298,24 +406,19 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     boundaries.
     """
     from . import _dist_load
-    if dequantize is not None or tp_plan is not None:
-        if process_group is not None or source_rank is not None or distributed:
-            raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a "
-                                 "load across a process group (process_group=, source_rank=, "
-                                 "distributed=True) takes neither yet")
-        return _load_plain(module, ref, device, dtype, 0 if tp_rank is None else tp_rank,
-                           1 if tp_size is None else tp_size, threads, staging_bytes, strict,
-                           revision, progress, mmap, key_mapping, dequantize, tp_plan)
-    routed = _dist_load.route(module, ref, device=device, dtype=dtype, tp_rank=tp_rank,
-                              tp_size=tp_size, threads=threads, strict=strict, revision=revision,
-                              mmap=mmap, key_mapping=key_mapping, process_group=process_group,
-                              source_rank=source_rank, buffer_bytes=buffer_bytes,
-                              timeout=timeout, distributed=distributed)
-    if routed is not None:
-        return routed
-    return _load_plain(module, ref, device, dtype, 0 if tp_rank is None else tp_rank,
-                       1 if tp_size is None else tp_size, threads, staging_bytes, strict,
-                       revision, progress, mmap, key_mapping)
+    _check_arguments(dtype, tp_rank, tp_size, threads, staging_bytes, key_mapping, source_rank,
+                     buffer_bytes, dequantize, tp_plan, process_group, distributed)
+    if dequantize is None and tp_plan is None:
+        routed = _dist_load.route(
+            module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
+            threads=threads, strict=strict, revision=revision, mmap=mmap, key_mapping=key_mapping,
+            process_group=process_group, source_rank=source_rank, buffer_bytes=buffer_bytes,
+            timeout=timeout, distributed=distributed)
+        if routed is not None:
+            return routed
+    return _load_plain(module, ref, device, dtype, tp_rank or 0, tp_size or 1, threads,
+                       staging_bytes, strict, revision, progress, mmap, key_mapping, dequantize,
+                       tp_plan)
 
 
 def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
@@ -354,8 +457,9 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
 
     def call(renamed: Dict[str, str]) -> str:
-        names = [renamed.get(n, n) for n in state.keys()]
-        args = [list(state.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
+        own = _without_shadowed(state, renamed, str(ref))
+        names = [renamed.get(n, n) for n in own.keys()]
+        args = [list(own.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
                 threads, staging_bytes, strict, bar, mmap]
         with real(), _progress.Watch(callback) as watch:
             return ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
