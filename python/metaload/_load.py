@@ -10,6 +10,7 @@ with the checkpoint (missing, unexpected, mismatched tensors) is one metaload.Mi
 them all.
 """
 import contextlib
+import datetime
 import json
 import numbers
 import re
@@ -300,40 +301,63 @@ def _integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_arguments(dtype, tp_rank, tp_size, threads, staging_bytes, key_mapping, source_rank,
-                     buffer_bytes, dequantize, tp_plan, process_group, distributed) -> None:
-    """load_into's arguments, each on its own rule, before any file is read: a PlanError naming
-    the argument, what it accepts and what it got (tp_size before tp_rank, whose range it sets).
-    Ranges the library checks (threads, staging_bytes, a rank without tp_size) stay its own."""
-    def bad(name, rule, value):
-        raise _lib.PlanError(f"{name} must be {rule}, got {value!r}")
+def _bad_argument(name: str, rule: str, value):
+    raise _lib.PlanError(f"{name} must be {rule}, got {value!r}")
 
-    for name, value, default in (("dtype", dtype, "each tensor keeps the module's dtype"),
-                                 ("dequantize", dequantize, "quantized weights stay packed")):
-        if value is not None and (not isinstance(value, torch.dtype) or value not in _FLOAT_DTYPES):
-            bad(name, f"float32, float16 or bfloat16 (a torch.dtype; None: {default})", value)
-    if tp_size is not None and (not _integer(tp_size) or not 1 <= tp_size <= 2 ** 31 - 1):
-        bad("tp_size", "from 1 to 2^31-1", tp_size)
-    if tp_rank is not None and not _integer(tp_rank):
-        bad("tp_rank", "an integer from 0 to tp_size - 1", tp_rank)
-    if tp_rank is not None and tp_size is not None and not 0 <= tp_rank < tp_size:
-        bad("tp_rank", f"from 0 to tp_size - 1 ({tp_size - 1})", tp_rank)
-    if source_rank is not None and (not _integer(source_rank) or source_rank < 0):
-        bad("source_rank", "None or a rank of the process group (an integer >= 0)", source_rank)
-    for name, value in (("threads", threads), ("staging_bytes", staging_bytes),
-                        ("buffer_bytes", buffer_bytes)):
-        if not _integer(value):
-            bad(name, "an integer (0: the default)", value)
-    for name, value in (("key_mapping", key_mapping), ("tp_plan", tp_plan)):
-        if value is not None and not isinstance(value, dict):
-            bad(name, "None or a dict", value)
-    if key_mapping:
-        _compiled_mapping(key_mapping)
-    if (dequantize is not None or tp_plan is not None) and (
-            process_group is not None or source_rank is not None or distributed):
+
+def _check_arguments(a: Dict[str, Any]) -> None:
+    """load_into's arguments (`a`: its locals on entry), each on its own rule, before any file is
+    read: a PlanError naming the argument, what it accepts and what it got (tp_size before
+    tp_rank, whose range it sets). Ranges the library checks (threads, staging_bytes, a rank
+    without tp_size, a device that is not there) stay its own."""
+    for name, default in (("dtype", "each tensor keeps the module's dtype"),
+                          ("dequantize", "quantized weights stay packed")):
+        v = a[name]
+        if v is not None and (not isinstance(v, torch.dtype) or v not in _FLOAT_DTYPES):
+            _bad_argument(name, f"float32, float16 or bfloat16 (a torch.dtype; None: {default})", v)
+    if a["device"] is not None:
+        try:
+            torch.device(a["device"])
+        except (RuntimeError, TypeError, ValueError):
+            _bad_argument("device", "None, a torch.device or a device string ('cpu', 'cuda:0')",
+                          a["device"])
+    _check_ranks(a["tp_rank"], a["tp_size"], a["source_rank"])
+    for name in ("threads", "staging_bytes", "buffer_bytes"):
+        if not _integer(a[name]):
+            _bad_argument(name, "an integer (0: the default)", a[name])
+    for name in ("strict", "mmap", "distributed"):
+        if not isinstance(a[name], bool) and (name == "strict" or a[name] is not None):
+            _bad_argument(name, "True or False" + ("" if name == "strict" else " or None"), a[name])
+    t = a["timeout"]
+    if t is not None and not isinstance(t, datetime.timedelta) and (
+            isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0):
+        _bad_argument("timeout", "None, a positive number of seconds or a timedelta", t)
+    _check_mappings(a["key_mapping"], a["tp_plan"])
+    if (a["dequantize"] is not None or a["tp_plan"] is not None) and (
+            a["process_group"] is not None or a["source_rank"] is not None or a["distributed"]):
         raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a load "
                              "across a process group (process_group=, source_rank=, "
                              "distributed=True) takes neither yet")
+
+
+def _check_ranks(tp_rank, tp_size, source_rank) -> None:
+    if tp_size is not None and (not _integer(tp_size) or not 1 <= tp_size <= 2 ** 31 - 1):
+        _bad_argument("tp_size", "from 1 to 2^31-1", tp_size)
+    if tp_rank is not None and not _integer(tp_rank):
+        _bad_argument("tp_rank", "an integer from 0 to tp_size - 1", tp_rank)
+    if tp_rank is not None and tp_size is not None and not 0 <= tp_rank < tp_size:
+        _bad_argument("tp_rank", f"from 0 to tp_size - 1 ({tp_size - 1})", tp_rank)
+    if source_rank is not None and (not _integer(source_rank) or source_rank < 0):
+        _bad_argument("source_rank", "None or a rank of the process group (an integer >= 0)",
+                      source_rank)
+
+
+def _check_mappings(key_mapping, tp_plan) -> None:
+    for name, value in (("key_mapping", key_mapping), ("tp_plan", tp_plan)):
+        if value is not None and not isinstance(value, dict):
+            _bad_argument(name, "None or a dict", value)
+    if key_mapping:
+        _compiled_mapping(key_mapping)
     for module, style in (tp_plan or {}).items():
         if not isinstance(module, str):
             raise _lib.PlanError(f"tp_plan key {module!r} is not a module name (a string)")
@@ -405,9 +429,8 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     of the family's (loader/load/README.md); with dequantize, slices fall on pack and group
     boundaries.
     """
+    _check_arguments(dict(locals()))
     from . import _dist_load
-    _check_arguments(dtype, tp_rank, tp_size, threads, staging_bytes, key_mapping, source_rank,
-                     buffer_bytes, dequantize, tp_plan, process_group, distributed)
     if dequantize is None and tp_plan is None:
         routed = _dist_load.route(
             module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,

@@ -54,6 +54,20 @@ def untouched(model):
     (dict(tp_plan={"a": "diagonal"}), "tp_plan style 'diagonal' of 'a' is not one of "
                                       "['colwise', 'rowwise']"),
     (dict(key_mapping=[("a", "b")]), "key_mapping must be None or a dict, got [('a', 'b')]"),
+    (dict(device="gpu0"), "device must be None, a torch.device or a device string ('cpu', "
+                          "'cuda:0'), got 'gpu0'"),
+    (dict(device=1.5), "device must be None, a torch.device or a device string ('cpu', "
+                       "'cuda:0'), got 1.5"),
+    (dict(strict="no"), "strict must be True or False, got 'no'"),
+    (dict(mmap=1), "mmap must be True or False or None, got 1"),
+    (dict(distributed="yes"), "distributed must be True or False or None, got 'yes'"),
+    (dict(timeout=-1), "timeout must be None, a positive number of seconds or a timedelta, "
+                       "got -1"),
+    (dict(timeout="5"), "timeout must be None, a positive number of seconds or a timedelta, "
+                        "got '5'"),
+    (dict(dequantize=torch.float32, source_rank=0),
+     "load_into: dequantize= and tp_plan= load in one process; a load across a process group "
+     "(process_group=, source_rank=, distributed=True) takes neither yet"),
 ])
 def test_tensor_parallel_and_integer_arguments_name_themselves(tmp_path, kwargs, message):
     path = checkpoint(tmp_path)
