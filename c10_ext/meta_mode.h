@@ -4,7 +4,10 @@
 // *_like family, torch::tensor / torch.tensor, .to(device), .cuda(), .cpu(), _to_copy, and so every
 // parameter and buffer of a module constructor -- lands on the meta device: it has a shape and a
 // dtype but no memory. A RealGuard inside it suspends the forcing; a MetaMode inside that forces
-// again. Each guard restores exactly the state it found, also when an exception passes.
+// again. The innermost guard decides, also across modes: a MetaMode or RealGuard opened inside a
+// FakeMode (fake_mode/fake_mode.h) switches FakeMode off until it closes (tensors created in it
+// are meta, resp. real; fake tensors stay fake), and a FakeMode opened inside them switches the
+// forcing off. Each guard restores exactly the state it found, also when an exception passes.
 //
 // Mechanism: a dispatch key (DeferredInit, see mode_key.h) is added to the thread's included
 // key set; a boxed fallback registered for that key rewrites device arguments to meta.
@@ -27,7 +30,7 @@ class MetaMode {
   MetaMode& operator=(const MetaMode&) = delete;
 
  private:
-  bool was_included_, was_excluded_;
+  bool was_included_, was_excluded_, was_faking_;
 };
 
 class RealGuard {
@@ -38,7 +41,7 @@ class RealGuard {
   RealGuard& operator=(const RealGuard&) = delete;
 
  private:
-  bool was_included_, was_excluded_;
+  bool was_included_, was_excluded_, was_faking_;
 };
 
 // What forcing has saved so far in this process (all threads): tensors that landed on meta instead

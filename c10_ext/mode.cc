@@ -553,27 +553,38 @@ void restore(bool included, bool excluded) {
   c10::impl::tls_set_dispatch_key_included(kMetaModeKey, included);
   c10::impl::tls_set_dispatch_key_excluded(kMetaModeKey, excluded);
 }
+
+// Whether FakeMode is on for this thread; both guards switch it off (innermost wins, meta_mode.h).
+bool fake_mode_on() {
+  return c10::impl::tls_is_dispatch_key_included(kFakeModeKey);
+}
 }  // namespace
 
 MetaMode::MetaMode()
     : was_included_(
           (ensure_mode_key_registered(), c10::impl::tls_is_dispatch_key_included(kMetaModeKey))),
-      was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kMetaModeKey)) {
+      was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kMetaModeKey)),
+      was_faking_(fake_mode_on()) {
   restore(/*included=*/true, /*excluded=*/false);
+  c10::impl::tls_set_dispatch_key_included(kFakeModeKey, false);
 }
 
 MetaMode::~MetaMode() {
   restore(was_included_, was_excluded_);
+  c10::impl::tls_set_dispatch_key_included(kFakeModeKey, was_faking_);
 }
 
 RealGuard::RealGuard()
     : was_included_(c10::impl::tls_is_dispatch_key_included(kMetaModeKey)),
-      was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kMetaModeKey)) {
+      was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kMetaModeKey)),
+      was_faking_(fake_mode_on()) {
   c10::impl::tls_set_dispatch_key_included(kMetaModeKey, false);
+  c10::impl::tls_set_dispatch_key_included(kFakeModeKey, false);
 }
 
 RealGuard::~RealGuard() {
   restore(was_included_, was_excluded_);
+  c10::impl::tls_set_dispatch_key_included(kFakeModeKey, was_faking_);
 }
 
 ForcingStats forcing_stats() {

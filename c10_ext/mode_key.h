@@ -17,6 +17,11 @@ namespace metaload {
 
 constexpr c10::DispatchKey kMetaModeKey = c10::DispatchKey::DeferredInit;
 
+// FakeMode's key (fake_mode/fake_mode.h), named here because the modes nest with one rule,
+// innermost wins: MetaMode and RealGuard switch FakeMode off on their thread while they are
+// alive (the key leaves the thread's included set), FakeMode switches MetaMode off.
+constexpr c10::DispatchKey kFakeModeKey = c10::DispatchKey::Fake;
+
 // Registers the MetaMode fallback once per process; later calls return at once or rethrow the
 // first failure. Thread-safe.
 void ensure_mode_key_registered();

@@ -16,7 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/error.h"
 #include "base/registration.h"
+#include "base/text.h"
 #include "base/torch_compat.h"
 #include "base/torch_library.h"
 #include "c10_ext/data_dependent.h"
@@ -29,14 +31,21 @@
 namespace metaload {
 namespace {
 
-constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
+constexpr c10::DispatchKey kFakeKey = kFakeModeKey;
 
 thread_local c10::optional<c10::Device> t_mode_device;
 
+// The mode's device while FakeMode is on: a MetaMode or RealGuard inside it takes the key out of
+// the thread's included set (innermost wins, c10_ext/meta_mode.h), and the device goes with it.
+c10::optional<c10::Device> mode_device_now() {
+  if (!t_mode_device || !c10::impl::tls_is_dispatch_key_included(kFakeKey)) return c10::nullopt;
+  return t_mode_device;
+}
+
 // "cuda" means the current cuda device in a real run: the mode's cuda device, else cuda:0.
-c10::Device normalize(c10::Device d) {
+c10::Device normalize(c10::Device d, const c10::optional<c10::Device>& mode_device) {
   if (!d.is_cuda() || d.has_index()) return d;
-  if (t_mode_device && t_mode_device->is_cuda()) return *t_mode_device;
+  if (mode_device && mode_device->is_cuda()) return *mode_device;
   return c10::Device(c10::kCUDA, 0);
 }
 
@@ -111,7 +120,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
 // Gathers the devices of an op's tensor arguments the way a real run checks them.
 struct DeviceRule {
   const c10::OperatorHandle& op;
-  const c10::optional<c10::Device>& mode_device;  // t_mode_device, read once per op
+  const c10::optional<c10::Device>& mode_device;  // mode_device_now(), read once per op
   c10::optional<c10::Device> common;              // the device every non-scalar tensor is on
   c10::optional<c10::Device> cpu_scalar;          // a zero-dim cpu tensor was seen
   bool saw_wildcard = false;                      // a plain meta tensor outside FakeMode
@@ -247,7 +256,7 @@ struct ResultPlan {
 ResultPlan plan_results(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack& s,
                         size_t base, size_t n_args) {
   // Thread-locals in a shared library cost a __tls_get_addr call per access: read it once.
-  const c10::optional<c10::Device> mode_device = t_mode_device;
+  const c10::optional<c10::Device> mode_device = mode_device_now();
   DeviceRule rule{op, mode_device};
   ResultPlan plan;
   for (size_t i = 0; i < n_args; ++i) {
@@ -262,7 +271,7 @@ ResultPlan plan_results(const OpInfo& info, const c10::OperatorHandle& op, torch
   if (info.device >= 0) {
     auto& dev = s[base + info.device];
     if (dev.isDevice()) {
-      target = normalize(dev.toDevice());
+      target = normalize(dev.toDevice(), mode_device);
       require_device_init_again_after(target.type());  // base/torch_compat.h
     } else if (!plan.inputs.empty()) {
       const at::Tensor& self = s[base].isTensor() ? s[base].toTensor() : at::Tensor();
@@ -395,40 +404,67 @@ void ensure_fake_key_registered() {
 }
 
 c10::optional<c10::Device> fake_mode_device() {
-  return t_mode_device;
+  return mode_device_now();
+}
+
+c10::Device claimable_fake_device(c10::Device device, const std::string& what) {
+  if (device.is_cpu() && (!device.has_index() || device.index() == 0)) {
+    return c10::Device(c10::kCPU);
+  }
+  if (device.is_cuda() && device.index() < kMaxFakeCudaDevices) return device;
+  throw ModeError(what + " " + device.str() +
+                  " cannot be claimed by fake tensors: a fake device is cpu (no index, or 0) or "
+                  "cuda:N with 0 <= N < " +
+                  std::to_string(kMaxFakeCudaDevices));
 }
 
 FakeMode::FakeMode(c10::Device device)
-    : was_included_((ensure_fake_key_registered(), run_deferred_registrations(),
+    : was_included_((claimable_fake_device(device, "FakeMode: the device"),
+                     ensure_fake_key_registered(), run_deferred_registrations(),
                      c10::impl::tls_is_dispatch_key_included(kFakeKey))),
       was_excluded_(c10::impl::tls_is_dispatch_key_excluded(kFakeKey)),
+      was_forcing_(c10::impl::tls_is_dispatch_key_included(kMetaModeKey)),
       saved_device_(t_mode_device) {
-  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "FakeMode claims a cpu or cuda device, not ",
-              device);
-  t_mode_device = normalize(device);
+  t_mode_device = normalize(claimable_fake_device(device, "FakeMode: the device"), t_mode_device);
   c10::impl::tls_set_dispatch_key_included(kFakeKey, true);
   c10::impl::tls_set_dispatch_key_excluded(kFakeKey, false);
+  c10::impl::tls_set_dispatch_key_included(kMetaModeKey, false);  // innermost wins
 }
 
 FakeMode::~FakeMode() {
   t_mode_device = saved_device_;
   c10::impl::tls_set_dispatch_key_included(kFakeKey, was_included_);
   c10::impl::tls_set_dispatch_key_excluded(kFakeKey, was_excluded_);
+  c10::impl::tls_set_dispatch_key_included(kMetaModeKey, was_forcing_);
 }
 
 namespace {
 
 // ---- operators for Python -------------------------------------------------------------------
 
+// A device string torch cannot parse is a ModeError naming it, as one FakeMode cannot claim.
+c10::Device parse_fake_device(c10::string_view text, const char* what) {
+  try {
+    return c10::Device(std::string(text));
+  } catch (const c10::Error&) {
+    throw ModeError(std::string(what) + " " + quote_text(std::string(text)) +
+                    " is not a device: a fake device is cpu (no index, or 0) or cuda:N with 0 "
+                    "<= N < " +
+                    std::to_string(kMaxFakeCudaDevices));
+  }
+}
+
 int64_t enter_fake(c10::string_view device) {
-  return push_scope(std::make_unique<ScopeOf<FakeMode>>(c10::Device(std::string(device))));
+  const c10::Device d = claimable_fake_device(parse_fake_device(device, "enter_fake: the device"),
+                                              "enter_fake: the device");
+  return push_scope(std::make_unique<ScopeOf<FakeMode>>(d));
 }
 
 // t.to(device) from C++: Python's bindings would initialise CUDA first, which fails without a GPU
 // (and costs a context with one). Recorded by autograd like any to().
 at::Tensor fake_to(const at::Tensor& t, c10::string_view device) {
   ensure_fake_key_registered();
-  return t.to(c10::Device(std::string(device)));
+  return t.to(parse_fake_device(device, "fake_to: the device"));
 }
 
 bool is_fake_op(const at::Tensor& t) {

@@ -252,6 +252,47 @@ TEST(FakeMode, NestsRestoresAndStaysOnItsThread) {
   EXPECT_TRUE(torch::empty({1}).is_cpu());
 }
 
+TEST(FakeMode, TheInnermostOfFakeModeMetaModeAndRealGuardDecides) {
+  {
+    FakeMode fake(kCuda1);
+    {
+      MetaMode meta;
+      EXPECT_TRUE(torch::empty({1}).is_meta());
+      EXPECT_FALSE(fake_mode_device().has_value());
+      {
+        FakeMode inner(c10::Device(c10::kCPU));
+        EXPECT_TRUE(is_fake(torch::empty({1})));
+        EXPECT_EQ(torch::empty({1}).device(), c10::Device(c10::kCPU));
+      }
+      EXPECT_TRUE(torch::empty({1}).is_meta());
+    }
+    {
+      RealGuard real;
+      const at::Tensor t = torch::ones({2});
+      EXPECT_TRUE(t.is_cpu() && !is_fake(t));
+      EXPECT_EQ(t.sum().item<float>(), 2.0f);
+    }
+    EXPECT_EQ(torch::empty({1}).device(), kCuda1);
+  }
+  MetaMode meta;
+  {
+    FakeMode fake(kCuda0);
+    EXPECT_FALSE(is_forcing());
+    EXPECT_EQ(torch::zeros({1}, torch::TensorOptions().device(torch::kCPU)).device(),
+              c10::Device(c10::kCPU));  // an explicit device, not meta's rewrite
+  }
+  EXPECT_TRUE(is_forcing() && torch::empty({1}).is_meta());
+}
+
+TEST(FakeMode, ADeviceItCannotClaimIsAModeErrorBeforeAnythingChanges) {
+  for (const char* device : {"cpu:1", "cuda:16", "meta", "xla"}) {
+    EXPECT_THROW(FakeMode mode{c10::Device(device)}, ModeError) << device;
+    EXPECT_FALSE(fake_mode_device().has_value());
+  }
+  FakeMode cpu0(c10::Device("cpu:0"));
+  EXPECT_EQ(fake_mode_device(), c10::Device(c10::kCPU));
+}
+
 TEST(FakeMode, TransformerEncoderLayerRunsOnFakeTensors) {
   torch::nn::TransformerEncoderLayer layer(nullptr);
   {
