@@ -1,15 +1,15 @@
-"""No CUDA initialisation inside metaload.meta() (and metaload.fake("cuda")), without a Python
-mode on every torch call.
+"""No CUDA initialisation inside metaload.meta() and metaload.fake(), without a Python mode on
+every torch call.
 
 torch's Python bindings initialise an accelerator before dispatching any call that names it
 (`device="cuda"`, `.cuda()`, `.to("cuda")`, a cuda default device): they call
 `torch.cuda._lazy_init()` unless libtorch_python's flag says it is done. Without a GPU that is an
-error, with one it costs a CUDA context -- for tensors that MetaMode then puts on meta anyway.
-So while this thread forces tensors onto meta, the hook installed here answers the bindings'
-call without initialising; the binding then marks the device done and dispatches, MetaMode's
-fallback redirects the call onto meta and clears the flag again at once
-(require_device_init_again, base/torch_compat.h), so a thread doing real work still gets torch's
-full initialisation on its first use. Calls from torch.cuda's own functions
+error, with one it costs a CUDA context -- for tensors that MetaMode then puts on meta anyway
+(FakeMode makes them fake). So while the innermost metaload scope of this thread is meta() or
+fake(), the hook installed here answers the bindings' call without initialising; the binding
+then marks the device done and dispatches, MetaMode's fallback (FakeMode's) redirects the call
+onto meta and clears the flag again at once (require_device_init_again, base/torch_compat.h), so
+a thread doing real work still gets torch's full initialisation on its first use. Calls from torch.cuda's own functions
 (torch.cuda.current_device(), ...) are real requests and initialise as ever.
 
 torch.tensor(data, device="cuda") moves its data to the device inside the binding with every mode
@@ -54,40 +54,30 @@ def scope_closed():
             _wrapped.unwrap()
 
 
-def set_forcing(value):
-    """meta() sets True, real() False, each restoring what this returns on exit (this thread)."""
-    old = getattr(_tls, "forcing", None)
-    _tls.forcing = value
+def set_scope(kind):
+    """The innermost metaload scope on this thread is now `kind` ("meta", "real", "fake"); returns
+    the previous one, which restore_scope puts back when the scope exits."""
+    old = getattr(_tls, "scope", None)
+    _tls.scope = kind
     return old
 
 
-def restore_forcing(old):
-    _tls.forcing = old
+def restore_scope(old):
+    _tls.scope = old
 
 
 def forcing_here():
-    """Whether this thread forces tensors onto meta (as metaload's Python scopes left it)."""
-    return bool(getattr(_tls, "forcing", None))
-
-
-def enter_fake_device():
-    """A metaload.fake() scope claiming a cuda device opened on this thread: factories called
-    inside Python functions it does not see (F.fractional_max_pool2d's torch.rand(...,
-    device=input.device)) reach FakeMode, which clears the flag again (fake_mode.cc)."""
-    _tls.fake_devices = getattr(_tls, "fake_devices", 0) + 1
-    install()
-
-
-def exit_fake_device():
-    _tls.fake_devices -= 1
+    """Whether this thread forces tensors onto meta (as metaload's Python scopes left it: the
+    innermost is a meta() scope)."""
+    return getattr(_tls, "scope", None) == "meta"
 
 
 def _forcing():
-    forcing = getattr(_tls, "forcing", None)
-    if forcing is not None:  # meta() or real(), innermost
-        return forcing
-    if getattr(_tls, "fake_devices", 0):
-        return True
+    """Whether a cuda call on this thread makes no real tensor: inside meta() (meta tensors) or
+    fake() (fake tensors), innermost first; real() makes real ones."""
+    scope = getattr(_tls, "scope", None)
+    if scope is not None:
+        return scope != "real"
     return bool(_lib.load().is_forcing())  # MetaMode switched on in C++ (METALOAD=meta, C++ code)
 
 

@@ -6,15 +6,10 @@ pass an explicit cpu device to factories when none is given (so the mode's devic
 here), and initialise CUDA before dispatching for device="cuda" / .cuda() (so those calls are made
 on cpu and moved with metaload.fake_to, which does the .to() in C++).
 """
-import contextlib
-import threading
-
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _device_init, _interplay, _lib, _to_args
-
-_state = threading.local()
+from . import _device_init, _interplay, _lib, _mode, _to_args
 
 # torch functions that make tensors from nothing and take a `device` keyword.
 _FACTORIES = {
@@ -48,8 +43,10 @@ _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 
 
 def _mode_device():
-    stack = getattr(_state, "devices", None)
-    return stack[-1] if stack else None
+    """The device of the innermost scope if it is a fake() one; None inside meta() or real() (then
+    calls go to torch as they are: the C++ mode of that scope decides)."""
+    scope = _mode.innermost()
+    return scope.device if scope is not None else None
 
 
 def _needs_cuda_detour(device):
@@ -179,34 +176,134 @@ def _detour_to(args, kwargs):
     return (args[0],), spec, device
 
 
-@contextlib.contextmanager
+_MAX_FAKE_CUDA_DEVICES = 16  # fake_mode/fake_mode.h kMaxFakeCudaDevices
+_FAKE_DEVICES = ("a fake device is cpu (no index, or 0) or cuda:N with 0 <= N < "
+                 f"{_MAX_FAKE_CUDA_DEVICES}")
+
+
+def claimable(device, call):
+    """`device` as fake tensors claim it (cuda is cuda:0, cpu:0 is cpu), or a ModeError naming
+    the call ("metaload.fake"), its `device` argument and the rule; raised before anything
+    changes."""
+    shown = _lib.quote(device) if isinstance(device, str) else repr(device)[:_lib.QUOTE_MAX_CHARS]
+    try:
+        d = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise _lib.ModeError(f"{call}(device={shown}): not a device ({reason}); "
+                             f"{_FAKE_DEVICES}") from None
+    if d.type == "cpu" and d.index in (None, 0):
+        return torch.device("cpu")
+    if d.type == "cuda" and (d.index is None or d.index < _MAX_FAKE_CUDA_DEVICES):
+        return torch.device("cuda", d.index or 0)
+    kind = "" if d.type in ("cpu", "cuda") else \
+        f" (torch knows {d.type} devices; metaload's fake tensors claim cpu and cuda only)"
+    raise _lib.ModeError(f"{call}(device={shown}): fake tensors cannot claim {d}{kind}; "
+                         f"{_FAKE_DEVICES}")
+
+
+# ---- backward through fake cuda tensors without CUDA ------------------------------------------
+# Autograd's engine asks the CUDA runtime about every cuda device (its primary context, its
+# current and default streams) before it runs a graph holding cuda tensors, and again to sync the
+# leaves' streams after; only a CUDA runtime with a GPU answers (torch's CUDA hooks refuse an index
+# past the devices it counts, a CPU-only torch has none). A backward through fake cuda tensors on
+# such a machine therefore cannot run: torch.autograd.backward and grad (Tensor.backward calls the
+# former) are wrapped, once a fake() scope is entered, to raise a ModeError saying so before the
+# engine starts (nothing is accumulated). fake("cpu") runs the same step, with the same shapes.
+
+_autograd_originals = {}
+
+
+def _fake_cuda_roots(tensors):
+    if isinstance(tensors, torch.Tensor):
+        tensors = (tensors,)
+    try:
+        return [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "cuda" and
+                is_fake(t)]
+    except TypeError:  # not a sequence: torch's own call raises its error
+        return []
+
+
+def _no_cuda_backward(call, roots):
+    return _lib.ModeError(
+        f"{call} of fake tensors on {roots[0].device}: autograd's engine asks the CUDA runtime "
+        "for each cuda device's primary context and streams before it runs, and this machine has "
+        "none (torch.cuda.is_available() is False), so a backward through fake cuda tensors cannot "
+        "run here. Run the step under metaload.fake('cpu') (the same shapes, dtypes and gradients) "
+        "or where a GPU exists")
+
+
+def _checked_autograd(name):
+    original = _autograd_originals[name]
+
+    def call(tensors, *args, **kwargs):
+        roots = _fake_cuda_roots(tensors)
+        if roots and not torch.cuda.is_available():
+            raise _no_cuda_backward(f"torch.autograd.{name}", roots)
+        return original(tensors, *args, **kwargs)
+
+    call.__wrapped__ = original
+    call.__doc__ = original.__doc__
+    call.__name__ = name
+    return call
+
+
+def _wrap_autograd():
+    if _autograd_originals:
+        return
+    for name in ("backward", "grad"):
+        _autograd_originals[name] = getattr(torch.autograd, name)
+        setattr(torch.autograd, name, _checked_autograd(name))
+
+
+class _FakeScope(_mode._Scope):
+    """metaload.fake(device) (see fake)."""
+
+    _name = "fake"
+
+    def __init__(self, device):
+        self.device = device
+
+    def _recreate_cm(self):
+        return _FakeScope(self.device)
+
+    def _label(self):
+        return f"metaload.fake({str(self.device)!r})"
+
+    def _enter_cpp(self):
+        _interplay.patch_bitsandbytes_layers()
+        _wrap_autograd()
+        try:
+            return _lib.load().enter_fake(str(self.device))
+        except RuntimeError as e:
+            raise (_lib.translate(e) or e) from None
+
+    def _enter_here(self):
+        self._was = _device_init.set_scope("fake")
+        _device_init.install()
+        self._fake = _interplay.set_fake_mode_aside()
+        self._function_mode = _FakeFunctionMode()
+        self._function_mode.__enter__()
+
+    def _leave_here(self):
+        self._function_mode.__exit__(None, None, None)
+        _interplay.restore_fake_mode(self._fake)
+        _device_init.restore_scope(self._was)
+
+    def _value(self):
+        return self.device
+
+
 def fake(device="cpu"):
     """Inside the block, tensors are fake: shapes, dtypes and `device` (cpu or cuda:N, also
-    without a GPU), no memory. Parameters built under metaload.meta() count as on `device`."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
-    ops = _lib.load()
-    _interplay.patch_bitsandbytes_layers()
-    try:
-        token = ops.enter_fake(str(device))
-    except RuntimeError as e:
-        raise (_lib.translate(e) or e) from None
-    stack = getattr(_state, "devices", None)
-    if stack is None:
-        stack = _state.devices = []
-    stack.append(device)
-    detour = _needs_cuda_detour(device)
-    if detour:
-        _device_init.enter_fake_device()
-    try:
-        with _interplay.outer_fake_mode_set_aside(), _FakeFunctionMode():
-            yield device
-    finally:
-        if detour:
-            _device_init.exit_fake_device()
-        stack.pop()
-        ops.exit_scope(token)
+    without a GPU), no memory. Parameters built under metaload.meta() count as on `device`.
+
+    Usable as `with metaload.fake(device) as d:` (d: the torch.device claimed) or as a decorator.
+    The innermost of meta(), real() and fake() decides what tensors created on the thread are:
+    fake() inside meta() makes fake tensors, meta() or real() inside fake() make meta or real ones,
+    and leaving the inner scope gives the outer one back its own. Fake tensors stay fake wherever
+    they are used. A device fake tensors cannot claim is a metaload.ModeError, raised here."""
+    return _FakeScope(claimable(device, "metaload.fake"))
 
 
 def is_fake(t):

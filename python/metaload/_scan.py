@@ -99,11 +99,9 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
     Inputs may be real tensors (they count as on their own device), meta tensors (on `device`) or
     anything the model accepts; nothing is allocated and no weights are needed (build the model
     under metaload.meta())."""
-    from ._fake import _needs_cuda_detour, _to_device, fake  # (imports _mode lazily, as ever)
+    from ._fake import _needs_cuda_detour, _to_device, claimable, fake
 
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
+    device = claimable(device, "metaload.scan")  # ModeError before any hook is in place
     modules: Dict[str, ModuleShape] = {}
     hooks = []
 

@@ -1,6 +1,6 @@
 """Torch functions wrapped while a metaload.meta() scope is open in the process.
 
-Reads: Tensor.tolist() and Tensor.numpy() of meta tensors.
+Reads: Tensor.tolist() and Tensor.numpy() of meta tensors; torch.load, whose tensors land on meta.
 
 item(), float(), int(), bool() and tolist() of a small tensor made from constants are answered
 below Python from the values MetaMode keeps (c10_ext/values.h). Two reads need Python: numpy()
@@ -8,6 +8,8 @@ refuses every non-CPU tensor before dispatching, and tolist() of a meta tensor w
 in torch's binding with a message about storage. While a meta() scope is open in the process,
 these two methods are wrapped: a meta tensor on a forcing thread gets its values as a numpy array,
 or a metaload.DataDependentError naming the read; every other call goes straight to torch's method.
+torch.load on a forcing thread loads as with map_location="meta" (shapes and dtypes, no data read
+on 2.x); without it the unpickler sets the file's cpu storages into tensors MetaMode made on meta.
 
 Random initialisers (torch.nn.init.uniform_, normal_, trunc_normal_, kaiming_*, xavier_*,
 orthogonal_): on a forcing thread, a weight on meta without values (a plain Tensor or
@@ -155,7 +157,20 @@ def _with_cpu_device(original, device_position):
     return wrapper
 
 
-_WRAPPERS = {(torch.Tensor, "tolist"): _tolist, (torch.Tensor, "numpy"): _numpy}
+def _load(f, *args, **kwargs):
+    """torch.load on a forcing thread: every tensor it makes lands on meta, as with
+    map_location="meta" (the unpickler makes an empty tensor on the storage's device, which
+    MetaMode puts on meta, and then sets a cpu storage into it: torch's storage-device error)."""
+    if _device_init.forcing_here():
+        if args:
+            args = ("meta",) + args[1:]
+        else:
+            kwargs["map_location"] = "meta"
+    return _originals[(torch, "load")](f, *args, **kwargs)
+
+
+_WRAPPERS = {(torch.Tensor, "tolist"): _tolist, (torch.Tensor, "numpy"): _numpy,
+             (torch, "load"): _load}
 _WRAPPERS.update({(torch.nn.init, name): _skip_init(name, check) for name, check in _INITS.items()
                   if hasattr(torch.nn.init, name)})
 if not hasattr(torch._C, "_set_only_lift_cpu_tensors"):  # torch 1.13
