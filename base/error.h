@@ -6,15 +6,17 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include "base/text.h"
 
 namespace metaload {
 
 class Error : public std::runtime_error {
  public:
-  Error(const char* kind, const std::string& message)
-      : std::runtime_error(std::string("[metaload.") + kind + "] " + message),
-        kind_(kind),
-        message_(message) {}
+  // The message is kept valid UTF-8 (utf8_safe: a byte that is not UTF-8 becomes "\xNN"): torch
+  // hands what() to Python as a str, and one raw byte quoted from a file would lose it all.
+  Error(const char* kind, const std::string& message) : Error(kind, utf8_safe(message), 0) {}
 
   // The kind, e.g. "FormatError"; the name of the Python exception class too.
   const char* kind() const noexcept { return kind_; }
@@ -22,6 +24,11 @@ class Error : public std::runtime_error {
   const std::string& message() const noexcept { return message_; }
 
  private:
+  Error(const char* kind, std::string&& safe, int)
+      : std::runtime_error(std::string("[metaload.") + kind + "] " + safe),
+        kind_(kind),
+        message_(std::move(safe)) {}
+
   const char* kind_;
   std::string message_;
 };

@@ -4,6 +4,8 @@
 // Torch-free, header-only.
 //
 //   quote_text("w\0x")          -> "\"w\\x00x\""
+//   quote_text("caf\xc3\xa9")    -> "\"caf\\u00e9\""  (non-ASCII: its code point, never the glyph)
+//   quote_text("a\xff")         -> "\"a\\xff\""      (a byte that is not UTF-8)
 //   quote_text(10 MB name)      -> "\"aaaa...aaa...\" (10485760 bytes)"  (kQuoteMaxChars kept)
 //   capped_list(100000 x)   -> "a, b, ... (20 of them), ... and 99980 more"
 #pragma once
@@ -54,6 +56,14 @@ inline size_t utf8_length(std::string_view s, size_t i) {
   return len;
 }
 
+// The code point of the valid UTF-8 sequence of `len` bytes (utf8_length) at s[i].
+inline unsigned code_point(std::string_view s, size_t i, size_t len) {
+  static const unsigned lead_mask[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+  unsigned cp = static_cast<unsigned char>(s[i]) & lead_mask[len];
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
 inline void hex_escape(std::string& out, const char* prefix, unsigned value, int digits) {
   static const char* hex = "0123456789abcdef";
   out += prefix;
@@ -90,10 +100,17 @@ inline bool escape_into(std::string& out, std::string_view s, size_t max_chars, 
       } else {
         out += static_cast<char>(c);
       }
-    } else if (len == 2 && c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0) {
-      hex_escape(out, "\\u", static_cast<unsigned char>(s[i + 1]), 4);  // C1 controls
     } else {
-      out.append(s.substr(i, len));
+      // Every other character as its code point: names that differ only in Unicode
+      // normalisation ("\u00e9" and "e\u0301"), in look-alikes ("K" and the Kelvin sign
+      // "\u212a") or in invisible characters (zero-width joiners, bidi overrides, C1 controls)
+      // must never print alike.
+      const unsigned cp = code_point(s, i, len);
+      if (cp < 0x10000) {
+        hex_escape(out, "\\u", cp, 4);
+      } else {
+        hex_escape(out, "\\U", cp, 8);
+      }
     }
     i += len;
   }
@@ -102,14 +119,36 @@ inline bool escape_into(std::string& out, std::string_view s, size_t max_chars, 
 
 }  // namespace text_detail
 
-// `s` for a message, without quotes: control characters, backslashes and bytes that are not
-// UTF-8 escaped ("\n", "\x00", "\\", "\u0085"), cut after max_chars characters with "..." and
-// the full size: "abc... (10485760 bytes)".
+// `s` for a message, without quotes: control characters, backslashes, non-ASCII characters and
+// bytes that are not UTF-8 escaped ("\n", "\x00", "\\", "\u0301", "\U0001f600", "\xff"), cut after
+// max_chars characters with "..." and the full size: "abc... (10485760 bytes)".
 inline std::string escape_text(std::string_view s, size_t max_chars = kQuoteMaxChars) {
   std::string out;
   if (text_detail::escape_into(out, s, max_chars, /*quote=*/0)) {
     out += "... (" + std::to_string(s.size()) + " bytes)";
   }
+  return out;
+}
+
+// `s` with each byte that is not UTF-8 shown as "\xNN" and everything else kept as it is: every
+// error message goes through this (base/error.h), since torch hands what() to Python as a str,
+// and one raw byte there would lose the whole message (RuntimeError('')).
+inline std::string utf8_safe(std::string_view s) {
+  std::string out;
+  size_t done = 0;  // s[0, done) is copied
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = text_detail::utf8_length(s, i);
+    if (len != 0) {
+      i += len;
+      continue;
+    }
+    if (out.empty()) out.reserve(s.size() + 8);
+    out.append(s.substr(done, i - done));
+    text_detail::hex_escape(out, "\\x", static_cast<unsigned char>(s[i]), 2);
+    done = ++i;
+  }
+  if (done == 0) return std::string(s);
+  out.append(s.substr(done));
   return out;
 }
 

@@ -15,6 +15,14 @@ TEST(Error, WhatCarriesKindPrefixAndMessage) {
   EXPECT_EQ(e.message(), "tensor 'w' in a.safetensors: offsets overlap");
 }
 
+TEST(Error, MessagesAreAlwaysValidUtf8) {
+  // A raw byte quoted from a file (nlohmann's parse errors quote the byte they stopped at) would
+  // make torch's str of what() fail, and Python would get RuntimeError('').
+  ChildError e("config.json: last read: '\"\xff' at \xc3\xa9");
+  EXPECT_STREQ(e.what(), "[metaload.ChildError] config.json: last read: '\"\\xff' at \xc3\xa9");
+  EXPECT_EQ(e.message(), "config.json: last read: '\"\\xff' at \xc3\xa9");
+}
+
 TEST(Error, CatchingTheBaseCatchesTheChildAndKeepsItsKind) {
   try {
     throw ChildError("x");

@@ -27,14 +27,42 @@ TEST(Text, ANulOrNewlineIsEscapedNeverPassedThrough) {
   EXPECT_EQ(quote_text("it's \"x\"", '\''), "'it\\'s \"x\"'");
 }
 
-TEST(Text, Utf8IsKeptAndOtherBytesAreShownAsHex) {
-  EXPECT_EQ(quote_text("caf\xc3\xa9 \xe2\x82\xac"), "\"caf\xc3\xa9 \xe2\x82\xac\"");
+TEST(Text, NonAsciiIsShownAsCodePointsAndOtherBytesAsHex) {
+  EXPECT_EQ(quote_text("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "\"caf\\u00e9 \\u20ac \\U0001f600\"");
   EXPECT_EQ(quote_text("a\xff"
                        "b"),
             "\"a\\xffb\"");
   EXPECT_EQ(quote_text("\xc0\xaf"), "\"\\xc0\\xaf\"");           // an overlong '/'
   EXPECT_EQ(quote_text("\xed\xa0\x80"), "\"\\xed\\xa0\\x80\"");  // a surrogate
   EXPECT_EQ(quote_text("\xc2\x85"), "\"\\u0085\"");              // a C1 control (NEL)
+}
+
+TEST(Text, NamesThatDifferOnlyInNormalisationPrintApart) {
+  // Precomposed e-acute and e + combining acute, the Kelvin sign and K, Hangul syllable and
+  // conjoining jamo, a zero-width joiner: each pair renders alike, never prints alike.
+  const std::vector<std::pair<std::string, std::string>> twins = {
+      {"caf\xc3\xa9", "cafe\xcc\x81"},
+      {"\xe2\x84\xaa", "K"},
+      {"\xea\xb0\x80", "\xe1\x84\x80\xe1\x85\xa1"},
+      {"ab",
+       "a\xe2\x80\x8d"
+       "b"},
+  };
+  for (const auto& [a, b] : twins) {
+    EXPECT_NE(quote_text(a), quote_text(b));
+    EXPECT_NE(escape_path(a), escape_path(b));
+  }
+  EXPECT_EQ(quote_text("cafe\xcc\x81"), "\"cafe\\u0301\"");
+  EXPECT_EQ(escape_text("\xe2\x84\xaa"), "\\u212a");
+}
+
+TEST(Text, Utf8SafeEscapesOnlyBytesThatAreNotUtf8) {
+  EXPECT_EQ(utf8_safe("plain \xc3\xa9 text"), "plain \xc3\xa9 text");  // valid: unchanged
+  EXPECT_EQ(utf8_safe("a\xff"
+                      "b\xc0\xaf\xed\xa0\x80\xe2\x82"),
+            "a\\xffb\\xc0\\xaf\\xed\\xa0\\x80\\xe2\\x82");
+  EXPECT_EQ(utf8_safe(""), "");
 }
 
 TEST(Text, LongValuesAreCutAtACharacterWithTheirSize) {
@@ -47,7 +75,7 @@ TEST(Text, LongValuesAreCutAtACharacterWithTheirSize) {
   // Multi-byte characters count as one and are never split.
   std::string euros;
   for (int i = 0; i < 5; ++i) euros += "\xe2\x82\xac";
-  EXPECT_EQ(quote_text(euros, '"', 2), "\"\xe2\x82\xac\xe2\x82\xac...\" (15 bytes)");
+  EXPECT_EQ(quote_text(euros, '"', 2), "\"\\u20ac\\u20ac...\" (15 bytes)");
 }
 
 TEST(Text, LongPathsLoseTheirMiddleNeverTheirFileName) {
