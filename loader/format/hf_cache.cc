@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -76,6 +77,44 @@ std::string where_it_leads(const std::string& path, const std::string& real) {
   target.resize(static_cast<size_t>(n));
   return "is a symbolic link to " + quote_str(target, 400) + " (resolving to " +
          quote_str(real, 400) + ")";
+}
+
+// What is wrong with a refs file of `size` bytes whose first bytes are `head`, in words that
+// quote none of its content but the one character at fault: a ref may hold anything (a path, a
+// newline, megabytes), and its bytes are no business of a message.
+std::string why_not_commit(std::string_view head, uint64_t size) {
+  for (size_t i = 0; i < head.size() && i < 40; ++i) {
+    const char c = head[i];
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')) continue;
+    return "byte " + std::to_string(i) + " is " + quote_str(std::string_view(&c, 1)) +
+           (c == '/' || c == '.' ? " (a path is no commit)" : "") + ", not a lowercase hex digit";
+  }
+  if (size < 40) return "it is " + std::to_string(size) + " bytes long";
+  return "byte 40 is " + quote_str(head.substr(40, 1)) + " after the hash (" +
+         std::to_string(size) + " bytes in all)";
+}
+
+// The commit hash refs file `ref_file` holds, or nullopt with the reason appended to `looked`.
+// Exactly the hash, as huggingface_hub writes and reads it (no strip): a ref with a newline or
+// spaces is one the hub resolves nothing from (and scan_cache_dir calls corrupted). A refs file
+// linking out of <repo>/refs is refused before a byte is read (FormatError link-outside-repo),
+// so a ref can never show another file's content.
+std::optional<std::string> read_ref(const std::string& ref_file, const std::string& repo_dir,
+                                    std::vector<std::string>& looked) {
+  const std::string real = real_path(ref_file);
+  if (!strictly_under(real, real_path(repo_dir + "/refs"))) {
+    throw FormatError(ref_file, "", "link-outside-repo",
+                      "refs file " + where_it_leads(ref_file, real) + ", outside the repo's refs " +
+                          repo_dir + "/refs");
+  }
+  fileio::File f(ref_file);
+  const uint64_t size = f.regular_file_size();
+  std::string head(std::min<uint64_t>(size, 41), '\0');
+  f.pread_full(head.data(), head.size(), 0);
+  if (size == 40 && is_commit_hash(head)) return head;
+  looked.push_back(ref_file + ": does not hold exactly a 40-hex commit hash: " +
+                   why_not_commit(head, size) + " (rule ref-not-commit)");
+  return std::nullopt;
 }
 
 }  // namespace
@@ -157,15 +196,9 @@ std::optional<HubSnapshot> try_resolve_hf_snapshot(const std::string& repo_id,
     return std::nullopt;
   }
   if (is_file(ref_file)) {
-    // Exactly the hash, as huggingface_hub writes and reads it (no strip): a ref with a newline
-    // or spaces is one the hub resolves nothing from (and scan_cache_dir calls corrupted).
-    std::string commit = fileio::read_small_file(ref_file, 4096, "refs file");
-    if (!is_commit_hash(commit)) {
-      looked.push_back(ref_file + ": does not hold exactly a 40-hex commit hash (" +
-                       quote_str(commit, 60) + ")");
-      return std::nullopt;
-    }
-    s.commit = commit;
+    std::optional<std::string> commit = read_ref(ref_file, s.repo_dir, looked);
+    if (!commit) return std::nullopt;
+    s.commit = *commit;
   } else {
     looked.push_back(ref_file + ": no such file");
     if (!is_commit_hash(rev)) {

@@ -37,6 +37,18 @@ void refuse_nul(std::string_view text, const std::string& file) {
   }
 }
 
+// JSON text is UTF-8 (RFC 8259); nlohmann's own message would quote the raw byte it stopped at.
+void refuse_not_utf8(std::string_view text, const std::string& file) {
+  size_t bad = 0;
+  if (!valid_utf8(text, &bad)) {
+    std::string byte;
+    text_detail::hex_escape(byte, "0x", static_cast<unsigned char>(text[bad]), 2);
+    throw FormatError(file, "", "json-not-utf8",
+                      "byte " + byte + " at offset " + std::to_string(bad) +
+                          " is not UTF-8 (JSON text must be UTF-8)");
+  }
+}
+
 // `depth` of a container start event is that of its parent (0 at the top level).
 void check_depth(int depth, nlohmann::json::parse_event_t event, const std::string& file) {
   using E = nlohmann::json::parse_event_t;
@@ -82,6 +94,7 @@ nlohmann::json parse_json_strict(
     return true;
   };
   refuse_nul(text, file);
+  refuse_not_utf8(text, file);
   try {
     return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const DuplicateKey& d) {
@@ -100,6 +113,7 @@ nlohmann::json parse_json(std::string_view text, const std::string& file) {
     return true;
   };
   refuse_nul(text, file);
+  refuse_not_utf8(text, file);
   try {
     return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const nlohmann::json::exception& e) {

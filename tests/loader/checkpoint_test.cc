@@ -315,6 +315,47 @@ TEST(HubCache, ResolvesBranchTagAndCommit) {
   EXPECT_NE(m.find("\\n"), std::string::npos) << m;  // the newline shown, escaped
 }
 
+TEST(HubCache, ARefIsACommitHashAndItsContentIsNeverQuoted) {
+  FakeHub hub;
+  hub.add_snapshot(kHash, {"a"});
+  ScopedEnv cache("HF_HUB_CACHE", hub.root.path().c_str());
+  // A file outside the repo whose text must not reach a message.
+  const std::string secret = hub.root / "secret.txt";
+  testing::write_file(secret, "SECRET-TOKEN-1234\n");
+  struct Case {
+    std::string content, says;
+  };
+  const std::vector<Case> cases = {
+      {"../../secret.txt", "byte 0 is \".\" (a path is no commit)"},
+      {secret, "byte 0 is \"/\" (a path is no commit)"},
+      {kHash + "\n", "byte 40 is \"\\n\" after the hash (41 bytes in all)"},
+      {kHash + std::string(1 << 20, 'x'), "byte 40 is \"x\" after the hash (1048616 bytes in all)"},
+      {std::string(5 << 20, '/'), "byte 0 is \"/\""},
+      {kHash.substr(0, 39), "it is 39 bytes long"},
+      {"ABCDEF" + kHash.substr(6), "byte 0 is \"A\", not a lowercase hex digit"},
+  };
+  for (const Case& c : cases) {
+    hub.set_ref("main", c.content);
+    const std::string m = expect_error<ResolveError>([&] { open_checkpoint("org/tiny"); }).what();
+    EXPECT_NE(
+        m.find(hub.repo + "/refs/main: does not hold exactly a 40-hex commit hash: " + c.says),
+        std::string::npos)
+        << m;
+    EXPECT_NE(m.find("(rule ref-not-commit)"), std::string::npos) << m;
+    EXPECT_EQ(m.find("secret.txt"), std::string::npos) << m;
+    EXPECT_LT(m.size(), 2000u) << m;
+  }
+  // A refs file linking out of refs/ is refused before it is read: the target's text never shows.
+  ::unlink((hub.repo + "/refs/main").c_str());
+  testing::write_file(secret, kHash);  // even a valid hash there resolves nothing
+  ASSERT_EQ(::symlink(secret.c_str(), (hub.repo + "/refs/main").c_str()), 0);
+  const FormatError e = expect_error<FormatError>([&] { open_checkpoint("org/tiny"); });
+  EXPECT_EQ(e.rule(), "link-outside-repo");
+  EXPECT_NE(std::string(e.what()).find("refs file is a symbolic link to"), std::string::npos)
+      << e.what();
+  EXPECT_EQ(std::string(e.what()).find(kHash), std::string::npos) << e.what();
+}
+
 TEST(HubCache, FailureListsEveryPlaceLooked) {
   FakeHub hub;
   hub.add_snapshot(kHash, {"a"});

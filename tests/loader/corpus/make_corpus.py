@@ -138,6 +138,8 @@ add("metadata-nested.safetensors", st(hdr({"__metadata__": {"k": {"a": "b"}}})),
 add_json("bad.index.json", '{"weight_map": {', SE, "invalid-json")
 add_json("nul-tail.index.json", '{"weight_map": {"w": "a"}}\0garbage', SE, "invalid-json",
          why="nlohmann alone would stop at the NUL")
+add("latin1.index.json", b'{"weight_map": {"caf\xe9": "a.safetensors"}}', SE, "json-not-utf8",
+    why="a byte that is not UTF-8: named with its offset, never quoted raw")
 add_json("array.index.json", [], SE, "index-not-object")
 add_json("no-weight-map.index.json", {"metadata": {}}, SE, "missing-weight-map")
 add_json("weight-map-array.index.json", {"weight_map": ["a.safetensors"]}, SE, "invalid-weight-map")
