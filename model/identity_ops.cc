@@ -6,10 +6,12 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
+#include "loader/errors.h"
 #include "loader/format/json_util.h"
 #include "model/describe.h"
 #include "model/dtypes.h"
 #include "model/model_key.h"
+#include "model/reference.h"
 #include "model/registry.h"
 #include "model/tp.h"
 
@@ -39,7 +41,13 @@ std::string op_describe(std::string ref, c10::optional<std::string> dtype,
 std::string op_to_model_key(std::string class_path, std::string repo_id,
                             c10::optional<std::string> revision, bool allow_local_paths,
                             std::string extra_json) {
-  const auto extra = nlohmann::ordered_json::parse(extra_json, nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json extra;
+  try {
+    extra = parse_key_json(extra_json, "extra");  // integers of any size kept exact
+  } catch (const FormatError& e) {
+    throw ModelKeyError("the extra fields of a model key are not valid JSON: " + e.detail() +
+                        " (rule " + e.rule() + ")");
+  }
   if (!extra.is_object()) {
     throw ModelKeyError("the extra fields of a model key must be a JSON object, not " +
                         quote_text(extra_json));
@@ -62,9 +70,11 @@ std::string op_from_model_key(std::string key, bool allow_local_paths) {
       {"class_path", k.class_path},
       {"canonical_class", canonical_model_class(k.class_path)},
       {"repo_id", k.repo_id},
-      {"revision", k.revision ? nlohmann::ordered_json(*k.revision) : nlohmann::ordered_json()},
-      {"extra", extra}};
-  return out.dump();
+      {"revision", k.revision ? nlohmann::ordered_json(*k.revision) : nlohmann::ordered_json()}};
+  // The extra fields as json.dumps writes them: an integer past 64 bits reaches Python exact.
+  std::string text = out.dump();
+  text.pop_back();
+  return text + ",\"extra\":" + python_json_dumps(extra) + "}";
 }
 
 // -1 stands for "none": optional int returns are not supported by every libtorch release.
@@ -95,6 +105,25 @@ std::string op_dtype_table() {
   return rows.dump();
 }
 
+// Where a reference's checkpoint is, without opening it: {"key": whether `ref` is a model key,
+// "dir": the directory of its weights, "repo_id", "commit"}. load_into resolves a model key here
+// (hub cache only, model/reference.h) and loads the snapshot directory, never a path the key's
+// repo id would name in the working directory.
+std::string op_resolve_reference(std::string ref, c10::optional<std::string> revision,
+                                 bool allow_local_paths) {
+  const ModelReference r = resolve_reference(ref, opt(revision), KeyOptions{allow_local_paths});
+  const CheckpointReference& c = r.checkpoint;
+  auto maybe = [](const std::optional<std::string>& s) {
+    return s ? nlohmann::json(*s) : nlohmann::json();
+  };
+  nlohmann::json out = {{"key", r.key.has_value()},
+                        {"dir", c.dir},
+                        {"path", c.path},
+                        {"repo_id", maybe(c.repo_id)},
+                        {"commit", maybe(c.commit)}};
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::vector<std::string> op_model_classes() {
   return known_model_classes();
 }
@@ -120,4 +149,6 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("bytes_per_element(str name) -> float", &metaload::op_bytes_per_element);
   m.def("dtype_table() -> str", &metaload::op_dtype_table);
   m.def("model_classes() -> str[]", &metaload::op_model_classes);
+  m.def("resolve_reference(str ref, str? revision=None, bool allow_local_paths=False) -> str",
+        &metaload::op_resolve_reference);
 }

@@ -1,6 +1,10 @@
 #include "model/model_key.h"
 
 #include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 
 #include "base/text.h"
 #include "loader/errors.h"
@@ -25,6 +29,130 @@ bool is_dotted_name(std::string_view s) {
     }
   }
   return !start;
+}
+
+// nlohmann holds no integer past 64 bits (it reads one as a double, 2**64 + 1 as
+// 18446744073709552000.0), but Python's json keeps every int exact: such an integer is held as its
+// decimal digits in a binary value of this subtype (JSON text never makes a binary value).
+constexpr std::uint64_t kBigIntSubtype = 0x6d6c;  // "ml"
+
+using Json = nlohmann::ordered_json;
+
+// Builds a value from JSON text as Python's json.loads does: objects keep their key order (the
+// text was checked for duplicate keys first) and an integer of any size stays exact.
+class KeyJsonBuilder {
+ public:
+  Json root;
+
+  bool null() { return put(Json()); }
+  bool boolean(bool v) { return put(Json(v)); }
+  bool number_integer(Json::number_integer_t v) { return put(Json(v)); }
+  bool number_unsigned(Json::number_unsigned_t v) { return put(Json(v)); }
+  bool number_float(Json::number_float_t v, const std::string& text) {
+    if (text.find_first_of(".eE") != std::string::npos) return put(Json(v));
+    return put(Json::binary(std::vector<std::uint8_t>(text.begin(), text.end()), kBigIntSubtype));
+  }
+  bool string(std::string& v) { return put(Json(std::move(v))); }
+  bool binary(Json::binary_t& v) { return put(Json::binary(v)); }
+  bool start_object(std::size_t) { return open(Json::object()); }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t) { return open(Json::array()); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw ModelKeyError(std::string("not valid JSON: ") + e.what());
+  }
+
+ private:
+  // Where `v` went. A container's address stays valid while it is open: its parent takes no other
+  // value until it is closed.
+  Json* place(Json v) {
+    if (open_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    Json& top = *open_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    Json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool put(Json v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(Json v) {
+    open_.push_back(place(std::move(v)));
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  std::vector<Json*> open_;
+  std::string key_;
+};
+
+// `v` as Python's repr(float), which json.dumps writes: the shortest digits that read back as v
+// (std::to_chars gives the same ones), positional for decimal exponents -4 <= e < 16 ("0.0001",
+// "100.0", "-0.0"), else "1e+16", "1.5e-05". Python writes inf and nan as Infinity and NaN, which
+// are no JSON: refused.
+void append_py_float(std::string& out, double v) {
+  if (!std::isfinite(v))
+    throw ModelKeyError(
+        "a number outside the double range (" + std::string(std::isnan(v) ? "NaN" : "infinite") +
+        ") cannot be written in a model key: JSON has no such number (rule json-number-range)");
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string_view t(buf, static_cast<size_t>(r.ptr - buf));  // "-1.2345e+06"
+  if (t.front() == '-') {
+    out += '-';
+    t.remove_prefix(1);
+  }
+  const size_t e = t.find('e');
+  std::string digits(1, t[0]);
+  if (e > 1) digits.append(t.substr(2, e - 2));
+  const int exp = std::atoi(std::string(t.substr(e + 1)).c_str());
+  if (exp >= 16 || exp < -4) {
+    out += digits[0];
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    out += exp < 0 ? "e-" : "e+";
+    if (std::abs(exp) < 10) out += '0';
+    out += std::to_string(std::abs(exp));
+  } else if (exp < 0) {
+    out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  } else if (digits.size() <= static_cast<size_t>(exp) + 1) {
+    out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(exp + 1);
+  }
+}
+
+// A scalar as json.dumps writes it.
+void dump_py_scalar(std::string& out, const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::string:
+      append_json_string(out, v.get_ref<const std::string&>(), true);
+      break;
+    case Json::value_t::number_float:
+      append_py_float(out, v.get<double>());
+      break;
+    case Json::value_t::binary:
+      if (v.get_binary().has_subtype() && v.get_binary().subtype() == kBigIntSubtype) {
+        out.append(v.get_binary().begin(), v.get_binary().end());
+        break;
+      }
+      throw ModelKeyError("a binary value cannot be written in a model key (JSON has none)");
+    default:
+      out += v.dump();  // null, booleans and 64-bit integers print as Python prints them
+  }
 }
 
 // `depth`: the nesting level v's container would open. Deeper than any key can be read back
@@ -56,13 +184,8 @@ void dump_py(std::string& out, const nlohmann::ordered_json& v, int depth) {
       out += ']';
       break;
     }
-    case nlohmann::ordered_json::value_t::string:
-      append_json_string(out, v.get_ref<const std::string&>(), true);
-      break;
     default:
-      // null, booleans and integers print identically; floats use the shortest round-trip form,
-      // as Python's repr does for the common cases.
-      out += v.dump();
+      dump_py_scalar(out, v);
   }
 }
 
@@ -147,6 +270,14 @@ void check_key_repo_id(std::string_view repo_id, const KeyOptions& options, std:
   if (p) throw RepoIdError(policy_message(repo_id, key, *p), std::string(repo_id), p->rule);
 }
 
+nlohmann::ordered_json parse_key_json(std::string_view text, const std::string& what) {
+  // Syntax, depth and duplicate keys as every JSON metaload reads (FormatError), then the value.
+  parse_json_strict(text, what);
+  KeyJsonBuilder b;
+  Json::sax_parse(text.begin(), text.end(), &b);
+  return std::move(b.root);
+}
+
 std::string python_json_dumps(const nlohmann::ordered_json& value) {
   std::string out;
   dump_py(out, value, 1);
@@ -211,8 +342,7 @@ ModelKey from_model_key(std::string_view key, const KeyOptions& options) {
   }
   nlohmann::ordered_json j;
   try {
-    parse_json_strict(json, "model key");  // rejects duplicate keys, which ordered_json would keep
-    j = nlohmann::ordered_json::parse(json.begin(), json.end());
+    j = parse_key_json(json, "model key");  // rejects duplicate keys, which ordered_json keeps
   } catch (const FormatError& e) {
     throw ModelKeyError("bad JSON after the class path of model key " + quote_str(key) + ": " +
                         e.detail() + " (rule " + e.rule() + ")");

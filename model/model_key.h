@@ -70,7 +70,16 @@ std::string to_model_key(const ModelKey& key, const KeyOptions& options = {});
 // json.dumps'; to_model_key writes the canonical form.
 ModelKey from_model_key(std::string_view key, const KeyOptions& options = {});
 
-// The value as Python's json.dumps(value) writes it with default arguments.
+// Parses JSON text as Python's json.loads does for a key's fields: key order kept, and an integer
+// of any size exact (one past 64 bits, which nlohmann would read as a double, is kept as its
+// digits and written back by python_json_dumps as they were). FormatError (file `what`) for text
+// parse_json_strict refuses: bad syntax, duplicate keys, nesting past kMaxJsonDepth, bytes that
+// are not UTF-8.
+nlohmann::ordered_json parse_key_json(std::string_view text, const std::string& what);
+
+// The value as Python's json.dumps(value) writes it with default arguments: ensure_ascii strings,
+// floats as repr writes them, integers of any size (parse_key_json) exact. ModelKeyError for a
+// value json.dumps would write as no JSON (NaN, Infinity) or that JSON cannot hold (a binary).
 std::string python_json_dumps(const nlohmann::ordered_json& value);
 
 }  // namespace metaload

@@ -33,9 +33,9 @@ void check_transformers_model_key(const ModelKey& key) {
         "model key field {}{} is not supported: {} builds causal language models (task "
         "\"text-generation\") from repo_id and revision only",
         quote_text(name),
-        name == "task"
-            ? " = " + quote_text(value.is_string() ? value.get<std::string>() : value.dump())
-            : std::string(),
+        name == "task" ? " = " + quote_text(value.is_string() ? value.get<std::string>()
+                                                              : python_json_dumps(value))
+                       : std::string(),
         kTransformersModel));
   }
 }

@@ -2,6 +2,7 @@
 #include "model/model_key.h"
 
 #include <functional>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -42,6 +43,49 @@ TEST(ModelKey, JsonSuffixMatchesPythonJsonDumps) {
     EXPECT_FALSE(back.revision);
     EXPECT_EQ(to_model_key(back, any), key);
   }
+}
+
+TEST(ModelKey, ExtraValuesAreWrittenAsJsonDumpsWritesThem) {
+  // Each value as CPython 3.11's json.dumps writes it: integers past 64 bits exact (nlohmann reads
+  // them as doubles: 2**64 + 1 became 1.8446744073709552e+19), floats as repr writes them.
+  const std::vector<std::string> values = {
+      "18446744073709551617",
+      "-18446744073709551617",
+      "9223372036854775808",
+      "-9223372036854775809",
+      "10000000000000000000000000000000000000000",
+      "0.1",
+      "1e+16",
+      "1000000000000000.0",
+      "1.2345678901234568e+17",
+      "1.5e-05",
+      "0.0001",
+      "-0.0",
+      "5e-324",
+      "1.7976931348623157e+308",
+      "100.0",
+      "1e+22",
+      R"([1, [2.0, {"a": -3e-07, "b": [18446744073709551617]}]])",
+      R"("e\u0301\u00e9\ud83d\ude00\u007f\"\\")",
+  };
+  for (const std::string& v : values) {
+    const std::string key = std::string(kTransformersModel) +
+                            R"(:{"repo_id": "org/m", "revision": null, "v": )" + v + "}";
+    const ModelKey k = from_model_key(key);
+    EXPECT_EQ(to_model_key(k), key) << v;
+    EXPECT_EQ(python_json_dumps(k.extra[0].second), v);
+    EXPECT_EQ(python_json_dumps(parse_key_json(v, "v")), v);
+  }
+  // Spelled otherwise, the same values are written as json.dumps(json.loads(text)) writes them.
+  EXPECT_EQ(python_json_dumps(
+                parse_key_json("[1E2, 1e-7, -0, 0.10, 1e16, 12345678901234567890123]", "v")),
+            "[100.0, 1e-07, 0, 0.1, 1e+16, 12345678901234567890123]");
+  // json.dumps would write inf as Infinity, which is no JSON: refused, naming the field.
+  ModelKey inf{kTransformersModel, "org/m", std::nullopt, {}};
+  inf.extra.emplace_back("x", std::numeric_limits<double>::infinity());
+  const std::string m = expect_error<ModelKeyError>([&] { to_model_key(inf); }).what();
+  EXPECT_NE(m.find("extra field \"x\""), std::string::npos) << m;
+  EXPECT_NE(m.find("rule json-number-range"), std::string::npos) << m;
 }
 
 TEST(ModelKey, RevisionAndExtraFieldsRoundTrip) {
