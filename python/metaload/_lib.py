@@ -13,14 +13,48 @@ _loaded = None
 QUOTE_MAX_CHARS = 200  # as base/text.h's kQuoteMaxChars
 
 
+def _ascii_repr(text: str) -> str:
+    """repr(text) with every non-ASCII character as its code point ("\\u00e9", "\\u0301",
+    "\\U0001f600"), as base/text.h writes them: names that differ only in Unicode normalisation
+    or in invisible characters never print alike, and a lone surrogate is shown, not encoded."""
+    return "".join(c if ord(c) < 0x80 else
+                   (f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+                   for c in repr(text))
+
+
 def quote(value) -> str:
     """`value` quoted for a message, as base/text.h quotes user-supplied text in C++: repr's
-    escapes (a NUL or newline is shown, never passed through) and at most QUOTE_MAX_CHARS
-    characters, then its full length."""
+    escapes (a NUL or newline is shown, never passed through), every non-ASCII character as its
+    code point, and at most QUOTE_MAX_CHARS characters, then its full length."""
     text = value if isinstance(value, str) else str(value)
     if len(text) <= QUOTE_MAX_CHARS:
-        return repr(text)
-    return f"{text[:QUOTE_MAX_CHARS]!r}... ({len(text)} characters)"
+        return _ascii_repr(text)
+    return f"{_ascii_repr(text[:QUOTE_MAX_CHARS])}... ({len(text)} characters)"
+
+
+def check_utf8(kind, argument: str, values, rule: str = "") -> None:
+    """Raises `kind` (a metaload error class) naming `argument` and the first string among
+    `values` (a str, or an iterable of them; dict keys and values both) that cannot be encoded
+    as UTF-8 -- a str holding a lone surrogate ("\\ud800", as os.fsdecode makes of a bad byte)
+    -- before it reaches the library, whose schema would only say "Expected List[str]".
+    `rule`: the rule the message ends with, for the kinds that carry one (FormatError)."""
+    if isinstance(values, str):
+        values = (values,)
+    elif isinstance(values, dict):
+        values = [x for kv in values.items() for x in kv]
+    values = [v for v in values if isinstance(v, str)]
+    try:
+        "".join(values).encode("utf-8")  # one call for the common case: every name encodes
+        return
+    except UnicodeEncodeError:
+        pass
+    for v in values:
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise kind(f"{argument}: {quote(v)} cannot be encoded as UTF-8: character {e.start} "
+                       f"is a lone surrogate \\u{ord(v[e.start]):04x} (names must be valid "
+                       f"Unicode)" + (f" (rule {rule})" if rule else "")) from None
 
 
 def library_path():

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import numbers
+import os
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
@@ -377,8 +378,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               timeout: Optional[float] = None, distributed: Optional[bool] = None,
               dequantize: Optional[torch.dtype] = None,
               tp_plan: Optional[Dict[str, str]] = None) -> LoadReport:
-    """Loads checkpoint `ref` (a safetensors file, an index, a directory or a Hugging Face repo id
-    in the local cache) into `module`'s parameters and persistent buffers, by state_dict names.
+    """Loads checkpoint `ref` (a safetensors file, an index, a directory, a Hugging Face repo id
+    in the local cache, or a model key: its repo in the hub cache only, never a path) into
+    `module`'s parameters and persistent buffers, by state_dict names.
 
     Non-persistent buffers (rotary inv_freq, causal masks: computed by the constructor, never in
     a checkpoint) take the values the constructor computed, which a module built under
@@ -431,6 +433,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     """
     _check_arguments(dict(locals()))
     from . import _dist_load
+    _lib.check_utf8(_lib.ResolveError, "load_into(ref=...)", [ref, revision])
+    _lib.check_utf8(_lib.PlanError, "load_into(key_mapping=...)", key_mapping or {})
+    ref, revision = _key_checkpoint(ref, revision)
     if dequantize is None and tp_plan is None:
         routed = _dist_load.route(
             module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
@@ -444,6 +449,17 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
                        tp_plan)
 
 
+def _key_checkpoint(ref, revision):
+    """(ref, revision) to load: for a model key, its snapshot directory in the hub cache at the
+    key's revision joined with `revision` (model/reference.h: a key is never a path, not even
+    one its repo id names in the working directory; RepoIdError, ResolveError); anything else
+    as given (a path first, then a repo id in the hub cache)."""
+    if not isinstance(ref, str) or ":" not in ref or os.path.exists(ref):
+        return ref, revision
+    r = json.loads(_lib.load().resolve_reference(ref, revision, False))
+    return (r["dir"], None) if r["key"] else (ref, revision)
+
+
 def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
                 revision, progress, mmap, key_mapping, dequantize=None,
                 tp_plan=None) -> LoadReport:
@@ -455,6 +471,7 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
         real = contextlib.nullcontext
     bar, callback = _progress.split(progress)
     state = module.state_dict(keep_vars=True)  # the Parameters themselves; ties appear twice
+    _lib.check_utf8(_lib.PlanError, "load_into: a name in the module's state_dict", state.keys())
     dev = torch.device(device) if device is not None else None
     with real():
         computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))

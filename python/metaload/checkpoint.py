@@ -59,6 +59,7 @@ def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = N
     by default the stored bytes are the size. allow_local_paths: a model key may name a local
     path (by default its repo_id must be a Hub repo id, looked up in the hub cache only).
     """
+    _lib.check_utf8(_lib.ResolveError, "describe(ref_or_key=...)", [str(ref_or_key), revision])
     out = json.loads(_ops().describe_checkpoint(str(ref_or_key), _dtype_name(dtype), revision,
                                                 bool(allow_local_paths)))
     return CheckpointInfo(**out)
@@ -130,8 +131,17 @@ def to_model_key(cls_or_path, repo_id: str, revision: Optional[str] = None, *,
     repo_id must be a Hugging Face Hub repo id (metaload.RepoIdError names the rule broken)
     unless allow_local_paths=True. extra: further fields written after revision, in their order
     (nnsight's TransformersModel adds {"task": "text-generation"})."""
+    _lib.check_utf8(_lib.ModelKeyError, "to_model_key",
+                    [_class_path(cls_or_path), repo_id, revision])
+    try:
+        # NaN and Infinity are no JSON (json.dumps would write them); the library refuses
+        # lone surrogates and writes every other value exactly as json.dumps does.
+        extra_json = json.dumps(extra or {}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise _lib.ModelKeyError(f"to_model_key(extra=...): {e} (a model key holds JSON values "
+                                 f"only: no NaN or Infinity)") from None
     return _ops().to_model_key(_class_path(cls_or_path), repo_id, revision, bool(allow_local_paths),
-                               json.dumps(extra or {}))
+                               extra_json)
 
 
 @typed_errors
@@ -139,6 +149,7 @@ def from_model_key(key: str, *, allow_local_paths: bool = False) -> ModelKey:
     """Parses and checks a model key; the class may be an alias (nnsight's LanguageModel).
     Keys are remote identities: the repo_id must be a Hugging Face Hub repo id ("name" or
     "org/name"; metaload.RepoIdError names the rule broken) unless allow_local_paths=True."""
+    _lib.check_utf8(_lib.ModelKeyError, "from_model_key(key=...)", key)
     return ModelKey(**json.loads(_ops().from_model_key(key, bool(allow_local_paths))))
 
 
@@ -252,6 +263,9 @@ def save_safetensors(path: str, state_dict_or_module, metadata: Optional[Dict[st
     shard of max_shard_size); returns {"files", "index_path", "total_size"}.
     """
     names, tensors = _named_tensors(state_dict_or_module)
+    _lib.check_utf8(_lib.FormatError, "save_safetensors: a tensor name", names, "name-not-utf8")
+    _lib.check_utf8(_lib.FormatError, "save_safetensors(metadata=...)", metadata or {},
+                    "invalid-metadata")
     md = json.dumps(metadata) if metadata is not None else ""
     if max_shard_size is None and num_shards is None:
         _ops().save_safetensors(str(path), names, tensors, md)

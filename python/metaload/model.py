@@ -94,6 +94,7 @@ class TransformersModel:
         every rank raises metaload.DistributedError. dispatch() then returns the rank's
         LoadReport with .distributed (metaload.load_into's broadcast mode, DistReport)."""
         _lib.load()
+        _lib.check_utf8(_lib.ResolveError, "TransformersModel(ref=...)", [str(ref), revision])
         self._dist_report = None
         if source_rank is not None:
             return self._init_broadcast(

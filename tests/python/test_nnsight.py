@@ -169,6 +169,25 @@ def _keys(top, nnsight, metaload):
     return out
 
 
+# Field values nnsight writes with json.dumps: integers past 64 bits, floats at repr's switch to
+# exponents, escapes. nnsight's key carries them as its task (hashable values only).
+KEY_VALUES = [2 ** 64 + 1, -(2 ** 64) - 1, 10 ** 40, 1e16, 1e15, 1.5e-7, 0.1, -0.0, 5e-324,
+              "e\u0301\u00e9\U0001F600\x7f\"\\\n", (1, 2.5, None, "x", 2 ** 70), True, None]
+
+
+def _extra_keys(nnsight, metaload):
+    """For each of KEY_VALUES: nnsight's key with it as the task, and metaload's."""
+    model = nnsight.LanguageModel(REPO, dispatch=False)
+    class_path = model.to_model_key().split(":", 1)[0]
+    out = []
+    for value in KEY_VALUES:
+        model.task = value
+        out.append({"value": repr(value), "nnsight": model.to_model_key(),
+                    "metaload": metaload.to_model_key(class_path, REPO, None,
+                                                      extra={"task": value})})
+    return out
+
+
 def worker(top):
     import warnings
     warnings.simplefilter("ignore")
@@ -180,6 +199,7 @@ def worker(top):
     result = {"dispatch": [_compare_dispatch(n, d, nnsight, metaload, tf, mmap)
                            for n, d in dirs.items() for mmap in (False, True)],
               "keys": _keys(top, nnsight, metaload)}
+    result["extra_keys"] = _extra_keys(nnsight, metaload)
     print("RESULT " + json.dumps(result))
 
 
@@ -248,6 +268,13 @@ def test_nnsight_and_metaload_write_the_same_model_key(findings):
         assert class_path == entry["nnsight"].split(":", 1)[0]
         assert canonical == "metaload.TransformersModel"
         assert (repo_id, revision, extra) == (REPO, entry["revision"], {"task": "text-generation"})
+
+
+def test_every_field_value_is_written_as_nnsight_writes_it(findings):
+    # 2**64 + 1 was written as 1.8446744073709552e+19: the key differed from nnsight's.
+    assert len(findings["extra_keys"]) == len(KEY_VALUES)
+    for entry in findings["extra_keys"]:
+        assert entry["metaload"] == entry["nnsight"], entry
 
 
 def test_each_side_builds_from_the_other_sides_key(findings):
