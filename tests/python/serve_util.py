@@ -66,12 +66,12 @@ def env_for(top, **extra):
 class Server:
     """`python -m metaload.serve` on 127.0.0.1, a free port; stop() ends it and its executors."""
 
-    def __init__(self, top, *args, timeout=300):
+    def __init__(self, top, *args, timeout=300, command=None):
         self.log = open(os.path.join(top, f"server-{time.monotonic_ns()}.log"), "w+")
+        command = command or [sys.executable, "-m", "metaload.serve"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "metaload.serve", REPO, "--host", "127.0.0.1", "--port", "0",
-             *args], env=env_for(top), stdout=subprocess.PIPE, stderr=self.log, text=True,
-            start_new_session=True)
+            [*command, REPO, "--host", "127.0.0.1", "--port", "0", *args], env=env_for(top),
+            stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
         self.url = self._ready(timeout)
 
     def _ready(self, timeout):

@@ -224,3 +224,49 @@ def test_a_host_others_can_reach_needs_api_keys(top):
                        env=serve_util.env_for(top), capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "UsageError" in r.stderr and "--api-keys" in r.stderr and "0.0.0.0" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The metaload tool's hand-off, and placement
+
+def test_metaload_serve_is_the_tools_subcommand(top):
+    from conftest import cli_path
+    s = Server(top, command=[cli_path(), "serve"])
+    try:
+        assert s.get("/ping").text == "pong"
+        assert s.get("/status").json()["deployments"][REPO]["application_state"] == "RUNNING"
+    finally:
+        s.stop()
+
+
+def _place(top, *args):
+    from conftest import run_cli
+    return run_cli("place", REPO, *args, env=serve_util.env_for(top))
+
+
+def test_metaload_place_gives_a_model_one_device_when_it_fits(top):
+    r = _place(top, "--devices", "cpu=1GiB", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)[REPO]
+    assert (p["mode"], p["devices"]) == ("single", ["cpu"])
+    # Exact stored bytes: the safetensors headers' 37,120 float32 parameters (tied lm_head once)
+    assert p["weights"] == 37120 * 4 and 0 < p["activations"] < 1 << 20
+    assert p["per_device"]["cpu"] == p["weights"] + p["activations"]
+
+
+def test_metaload_place_splits_layers_or_uses_tp_when_one_device_is_too_small(top):
+    whole = json.loads(_place(top, "--devices", "cpu=1GiB", "--json").stdout)[REPO]
+    half = (whole["weights"] + whole["activations"]) * 3 // 4
+    r = _place(top, "--devices", f"cuda:0={half},cuda:1={half}", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)[REPO]
+    assert p["mode"] in ("tp", "split") and sorted(p["devices"]) == ["cuda:0", "cuda:1"], p
+    assert all(b <= half for b in p["per_device"].values()), p
+
+
+def test_metaload_place_refuses_a_model_that_does_not_fit_with_the_numbers(top):
+    r = _place(top, "--gpus", "2x64KiB")
+    assert r.returncode == 1
+    assert "PlanError" in r.stderr and "does not fit" in r.stderr and "148480 bytes" in r.stderr
+    assert "free: cuda:0 64.00 KiB, cuda:1 64.00 KiB" in r.stderr, r.stderr
+    assert "TP degrees: [2]" in r.stderr

@@ -41,6 +41,8 @@ inline constexpr TorchCommand kTorchCommands[] = {
     {"scan", "Every module's output shape and activation bytes, without loading weights"},
     {"run", "Load a checkpoint and generate tokens greedily"},
     {"demo", "The main job: describe, key, TP, meta build, scan, dispatch, generate"},
+    {"serve", "Serve nnsight's remote runs for model keys (python -m metaload.serve)"},
+    {"place", "Give deployments their devices from the key alone (python -m metaload.serve.place)"},
 };
 // Loads libmetaload.so (METALOAD_LIB, else next to this program or one or two levels up, where
 // the Bazel and CMake builds put it) and runs argv[1] there. Exit code 2 with one line on stderr

@@ -115,7 +115,11 @@ def need(ref: str, dtype=None, batch: int = 1, seq: int = 2048, revision=None) -
 
 
 def _gib(n):
-    return f"{n / 2**30:.2f} GiB"
+    """1.50 GiB, 12.0 MiB, 512 B (as the metaload tool writes sizes)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 def _single(n, free):

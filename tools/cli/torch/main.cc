@@ -3,6 +3,8 @@
 // input, 1 for anything unexpected.
 #include <iostream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "tools/cli/torch/torch_cli.h"
 
@@ -16,11 +18,18 @@ extern "C" __attribute__((visibility("default"))) int metaload_cli_torch_main(in
                                                {"scan", &setup_scan},
                                                {"run", &setup_run},
                                                {"demo", &setup_demo}};
+  // serve and place are Python (metaload.serve): every argument, --help included, goes there.
+  const std::map<std::string, std::string> python = {{"serve", "metaload.serve"},
+                                                     {"place", "metaload.serve.place"}};
+  const std::string sub = argc > 1 ? argv[1] : "";
+  if (const auto it = python.find(sub); it != python.end())
+    return exec_python_module(it->second, std::vector<std::string>(argv + 2, argv + argc),
+                              "metaload " + sub);
   std::map<const CLI::App*, std::function<int()>> runners;
   for (const auto& t : kTorchCommands) {
-    CLI::App* sub = app.add_subcommand(t.name, t.help);
-    runners[sub] = setups.at(t.name)(*sub);
+    if (!setups.count(t.name)) continue;
+    CLI::App* command = app.add_subcommand(t.name, t.help);
+    runners[command] = setups.at(t.name)(*command);
   }
-  const std::string sub = argc > 1 ? argv[1] : "";
   return parse_and_run(app, runners, argc, argv, "metaload " + sub);
 }

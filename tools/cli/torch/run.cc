@@ -66,44 +66,15 @@ std::string package_dir(std::string from) {
 
 // Replaces this process with `python -m metaload.tp_run ...` (returns only if that fails).
 int run_tensor_parallel(const Options& o) {
-  const char* env = std::getenv("METALOAD_PYTHON");
-  const std::string python = env && *env ? env : METALOAD_DEFAULT_PYTHON;
-  std::vector<std::string> args = {python,
-                                   "-m",
-                                   "metaload.tp_run",
-                                   o.ref,
-                                   "--tp",
-                                   std::to_string(o.tp),
-                                   "--ids",
-                                   o.ids,
-                                   "--new-tokens",
-                                   std::to_string(o.new_tokens),
-                                   "--device",
-                                   o.device,
-                                   "--timeout",
-                                   fmt::format("{}", o.timeout)};
+  std::vector<std::string> args = {
+      o.ref,    "--tp",         std::to_string(o.tp),         "--ids",
+      o.ids,    "--new-tokens", std::to_string(o.new_tokens), "--device",
+      o.device, "--timeout",    fmt::format("{}", o.timeout)};
   if (!o.dtype.empty()) args.insert(args.end(), {"--dtype", o.dtype});
   if (const auto r = o.requested_revision()) args.insert(args.end(), {"--revision", *r});
   if (o.json) args.push_back("--json");
   if (o.allow_local_paths) args.push_back("--allow-local-paths");
-  const std::string lib = this_library();
-  // The ranks load this very library (an explicit METALOAD_LIB stays as the user set it).
-  if (!lib.empty()) ::setenv("METALOAD_LIB", lib.c_str(), /*overwrite=*/0);
-  const std::string pkg = package_dir(lib);
-  if (!pkg.empty()) {
-    const char* old = std::getenv("PYTHONPATH");
-    const std::string path = old && *old ? pkg + ":" + old : pkg;
-    ::setenv("PYTHONPATH", path.c_str(), 1);
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  ::execvp(python.c_str(), argv.data());
-  std::cerr << "metaload run: error: --tp " << o.tp << " runs " << python
-            << " -m metaload.tp_run, which could not be started: " << std::strerror(errno)
-            << " (set METALOAD_PYTHON to a Python with torch and metaload)\n";
-  return 1;
+  return exec_python_module("metaload.tp_run", args, "metaload run --tp " + std::to_string(o.tp));
 }
 
 // "1,2,3;4,5,6" -> [[1,2,3],[4,5,6]] (sequences of one length; tools/cli/numbers.cc).
@@ -174,6 +145,32 @@ int run(const Options& o) {
 }
 
 }  // namespace
+
+int exec_python_module(const std::string& module, const std::vector<std::string>& rest,
+                       const std::string& command) {
+  const char* env = std::getenv("METALOAD_PYTHON");
+  const std::string python = env && *env ? env : METALOAD_DEFAULT_PYTHON;
+  std::vector<std::string> args = {python, "-m", module};
+  args.insert(args.end(), rest.begin(), rest.end());
+  const std::string lib = this_library();
+  // The Python side loads this very library (an explicit METALOAD_LIB stays as the user set it).
+  if (!lib.empty()) ::setenv("METALOAD_LIB", lib.c_str(), /*overwrite=*/0);
+  const std::string pkg = package_dir(lib);
+  if (!pkg.empty()) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path = old && *old ? pkg + ":" + old : pkg;
+    ::setenv("PYTHONPATH", path.c_str(), 1);
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(python.c_str(), argv.data());
+  std::cerr << command << ": error: it runs " << python << " -m " << module
+            << ", which could not be started: " << std::strerror(errno)
+            << " (set METALOAD_PYTHON to a Python with torch and metaload)\n";
+  return 1;
+}
 
 std::function<int()> setup_run(CLI::App& sub) {
   auto o = std::make_shared<Options>();

@@ -34,6 +34,13 @@ std::function<int()> setup_scan(CLI::App& sub);
 std::function<int()> setup_run(CLI::App& sub);
 std::function<int()> setup_demo(CLI::App& sub);
 
+// Replaces this process with `python -m <module> <args...>` (the Python the library was built
+// for, or METALOAD_PYTHON), with METALOAD_LIB and PYTHONPATH pointing at this library and its
+// package; returns 1 with a line on stderr (naming `command`) only if that fails. `metaload run
+// --tp`, `metaload serve` and `metaload place` hand off to Python this way.
+int exec_python_module(const std::string& module, const std::vector<std::string>& args,
+                       const std::string& command);
+
 // "cpu", "cuda", "cuda:1"; UsageError naming the option otherwise.
 c10::Device parse_device(const std::string& text, const char* option);
 // A dtype name from the one table (model/dtypes.h) that a model can run in.
