@@ -54,4 +54,30 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
   throw DistributedError(message);
 }
 
+void agree_on_outcome(Collectives& group, const std::string& step, const std::string& my_failure) {
+  // "ok" or "failed: <message>": never empty, so a rank's empty text cannot read as success.
+  const std::string mine = my_failure.empty() ? "ok" : "failed: " + my_failure;
+  std::vector<std::string> texts;
+  try {
+    texts = group.all_gather_text(mine);
+  } catch (const DistributedError& e) {
+    throw DistributedError(
+        fmt::format("{} on rank {} of {}: the ranks could not agree that every "
+                    "rank succeeded, so none goes ahead: {}",
+                    step, group.rank(), group.size(), e.message()));
+  }
+  std::string failures;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    if (texts[r] == "ok") continue;
+    const std::string why =
+        texts[r].rfind("failed: ", 0) == 0 ? texts[r].substr(8) : "sent " + quote_text(texts[r]);
+    failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, why);
+  }
+  if (failures.empty()) return;
+  throw DistributedError(
+      fmt::format("{} on rank {} of {}: not every rank succeeded, so no rank "
+                  "goes ahead ({})",
+                  step, group.rank(), group.size(), failures));
+}
+
 }  // namespace metaload

@@ -22,4 +22,11 @@ struct TpIdentity {
 // values otherwise (the same message on every rank), or when the all-gather fails or times out.
 void check_tp_agreement(Collectives& group, const TpIdentity& mine);
 
+// A vote on a step every rank must take together or not at all (a tensor-parallel dispatch):
+// each rank says how its part went (`my_failure`, "" when it succeeded). Returns on every rank
+// only when every rank succeeded; otherwise every rank raises the same DistributedError naming
+// `step` and each failed rank's message, and a rank that died or went silent fails the vote
+// within the group's timeout (DistributedError naming the step), never a hang.
+void agree_on_outcome(Collectives& group, const std::string& step, const std::string& my_failure);
+
 }  // namespace metaload

@@ -250,6 +250,9 @@ class TransformersModel {
   void run_tensor_parallel_locked();
   at::Device scan_device_locked(const at::Tensor& ids, std::optional<at::Device> device) const;
   LoadReport dispatch_locked();
+  // With tensor parallelism over a group: every rank's outcome of its part of the dispatch
+  // ("" when it succeeded); DistributedError on every rank unless all succeeded.
+  void vote_on_dispatch_locked(const std::string& my_failure);
   void remember_mappings_locked();
   void check_runnable(const char* what) const;
   void check_mapped_locked() const;

@@ -7,6 +7,7 @@
 
 #include "base/text.h"
 #include "c10_ext/meta_mode.h"
+#include "dist/handshake.h"
 #include "fake_mode/fake_tensor.h"
 #include "loader/load/slots_torch.h"
 #include "loader/load/swap.h"
@@ -39,6 +40,25 @@ LoadReport TransformersModel::dispatch() {
   return dispatch_locked();
 }
 
+namespace {
+
+// Every parameter and buffer of the module, to put back as it was when a dispatch is called off.
+std::vector<at::Tensor> module_tensors(CausalLM& module) {
+  std::vector<at::Tensor> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) out.push_back(item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) out.push_back(item.value());
+  return out;
+}
+
+}  // namespace
+
+void TransformersModel::vote_on_dispatch_locked(const std::string& my_failure) {
+  if (!group_ || options_.tp_size <= 1) return;
+  agree_on_outcome(*group_,
+                   fmt::format("the tensor-parallel dispatch of {}", escape_path(reference_)),
+                   my_failure);
+}
+
 LoadReport TransformersModel::dispatch_locked() {
   if (dispatched_) return report_.value_or(LoadReport{});
   if (load_ref_.empty())
@@ -47,19 +67,36 @@ LoadReport TransformersModel::dispatch_locked() {
   lo.names = family_name_mapping(module_->config());
   lo.dtype.reset();     // the skeleton already has the dtype: each target keeps its own
   lo.revision.reset();  // load_ref_ is the resolved snapshot, pinned at construction
+  // All or nothing: the buffers are computed before anything is swapped; with tensor
+  // parallelism every rank votes before any rank keeps its weights (a failed rank, or one that
+  // went silent, makes every rank raise DistributedError).
+  const TensorSnapshot before(module_tensors(*module_));
   // A tensor-parallel rank's skeleton takes the shard shapes first (undone if the load fails).
   ShardShapes shards(*module_, options_.tp_rank, options_.tp_size, reference_);
   LoadReport report;
+  std::exception_ptr failed;
+  std::string failure;
   try {
     RealGuard real;  // the slots and buffers are real even inside a user's metaload.meta()
+    const std::vector<CausalLM::FreshBuffer> buffers =
+        module_->compute_nonpersistent_buffers(options_.device);
     report = metaload::load(*module_, load_ref_, lo);
+    CausalLM::apply_buffers(buffers);
+  } catch (const std::exception& e) {
+    failed = std::current_exception();
+    failure = e.what();
+  }
+  try {
+    vote_on_dispatch_locked(failure);
   } catch (...) {
+    before.restore();
     shards.undo();
     throw;
   }
-  {
-    RealGuard real;
-    module_->init_nonpersistent_buffers(options_.device);
+  if (failed) {
+    before.restore();
+    shards.undo();
+    std::rethrow_exception(failed);
   }
   report_ = report;
   dispatched_ = true;
@@ -158,20 +195,21 @@ void TransformersModel::dispatch_from(const std::vector<std::string>& names,
     return;
   }
   LoadReport report;
+  const TensorSnapshot before(module_tensors(*module_));
   try {
     RealGuard real;
     for (size_t i = 0; i < w.sources.size(); ++i) {
       w.sources[i] = w.sources[i].to(options_.device, w.targets[i].scalar_type()).contiguous();
       report.slot_bytes += w.sources[i].nbytes();
     }
+    const std::vector<CausalLM::FreshBuffer> buffers =
+        module_->compute_nonpersistent_buffers(options_.device);
     swap_in(w.targets, w.sources, w.names);
+    CausalLM::apply_buffers(buffers);
   } catch (...) {
+    before.restore();
     shards.undo();
     throw;
-  }
-  {
-    RealGuard real;
-    module_->init_nonpersistent_buffers(options_.device);
   }
   report.engine = "given";
   report_ = report;

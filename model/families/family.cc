@@ -6,6 +6,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "model/families/layers.h"
 
@@ -127,11 +128,34 @@ void replace_buffer(const at::Tensor& buffer, const at::Tensor& fresh) {
   buffer.unsafeGetTensorImpl()->shallow_copy_from(fresh.getIntrusivePtr());
 }
 
+at::Tensor make_buffer(const std::string& name, at::IntArrayRef sizes, at::ScalarType dtype,
+                       const at::Device& device, const std::function<at::Tensor()>& make) {
+  std::string why;
+  try {
+    return make();
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  } catch (const std::bad_alloc&) {
+    why = "out of memory";
+  }
+  uint64_t bytes = c10::elementSize(dtype);
+  for (int64_t d : sizes) bytes *= static_cast<uint64_t>(d);
+  const std::string first_line = why.substr(0, why.find('\n'));
+  throw FamilyError(fmt::format(
+      "the non-persistent buffer '{}' [{}] {} ({} bytes, {:.1f} GiB) cannot be made on {}: {}",
+      name, fmt::join(sizes, ", "), c10::toString(dtype), bytes,
+      static_cast<double>(bytes) / (1ull << 30), device.str(), first_line));
+}
+
 bool builds_meta(const at::Device& device) {
   return at::empty({0}, at::TensorOptions().device(device)).is_meta();
 }
 
 }  // namespace families
+
+void CausalLM::apply_buffers(const std::vector<FreshBuffer>& fresh) {
+  for (const FreshBuffer& b : fresh) families::replace_buffer(b.buffer, b.value);
+}
 
 int64_t output_elements(const torch::nn::Module& module) {
   const auto* observed = dynamic_cast<const families::Observed*>(&module);

@@ -91,11 +91,25 @@ class CausalLM : public torch::nn::Module {
   // An empty cache with room for `capacity` positions.
   KVCache new_cache(int64_t batch, int64_t capacity) const;
 
-  // Recomputes the non-persistent buffers (rotary inv_freq, causal masks) on `device` (default: the
-  // parameters' device) and puts them into the existing buffer tensors (same TensorImpl, so
-  // references stay valid). After a meta build the model layer calls it in a real window: the
-  // values then equal an eager real build's exactly. On meta it only sets shapes.
-  virtual void init_nonpersistent_buffers(std::optional<at::Device> device = std::nullopt) = 0;
+  // A non-persistent buffer and the tensor it is to become (compute_nonpersistent_buffers).
+  struct FreshBuffer {
+    std::string name;  // its state_dict name (`*` for every layer's shared buffer), for errors
+    at::Tensor buffer, value;
+  };
+  // The non-persistent buffers (rotary inv_freq, causal masks) computed on `device` (default: the
+  // parameters' device), without changing the model: a dispatch computes them before its first
+  // swap, so a buffer that cannot be made (a causal mask of 40 GB) fails it with nothing changed.
+  // FamilyError naming the buffer, its shape, dtype and bytes when one cannot be allocated.
+  virtual std::vector<FreshBuffer> compute_nonpersistent_buffers(
+      std::optional<at::Device> device = std::nullopt) = 0;
+  // Puts computed buffers into the existing buffer tensors (same TensorImpl, so references stay
+  // valid). Cannot fail.
+  static void apply_buffers(const std::vector<FreshBuffer>& fresh);
+  // Both at once. After a meta build the model layer calls it in a real window: the values then
+  // equal an eager real build's exactly. On meta it only sets shapes.
+  void init_nonpersistent_buffers(std::optional<at::Device> device = std::nullopt) {
+    apply_buffers(compute_nonpersistent_buffers(device));
+  }
 
   // Sets (or, with an empty function, clears) the observer of module outputs. The model layer's
   // scan records shapes with it, capture keeps the tensors. Costs nothing when unset.

@@ -23,8 +23,14 @@ MaskBuffers compute_masks(int64_t positions, const at::Device& device) {
   const auto float_opts = at::TensorOptions().dtype(at::kFloat).device(device);
   if (builds_meta(device))
     return {at::empty({1, 1, positions, positions}, bool_opts), at::empty({}, float_opts)};
-  return {at::ones({positions, positions}, bool_opts).tril().view({1, 1, positions, positions}),
-          at::full({}, -1e4, float_opts)};
+  // positions^2 bytes: a long context's mask is the one buffer an allocator may refuse.
+  at::Tensor bias = make_buffer("transformer.h.*.attn.bias", {1, 1, positions, positions},
+                                at::kBool, device, [&] {
+                                  return at::ones({positions, positions}, bool_opts)
+                                      .tril()
+                                      .view({1, 1, positions, positions});
+                                });
+  return {bias, at::full({}, -1e4, float_opts)};
 }
 
 class GPT2Attention : public Observed {
@@ -184,12 +190,14 @@ class GPT2LMHeadModel : public CausalLM {
     return emit(lm_head->forward(h));
   }
 
-  void init_nonpersistent_buffers(std::optional<at::Device> device) override {
+  std::vector<FreshBuffer> compute_nonpersistent_buffers(
+      std::optional<at::Device> device) override {
     const at::Device where = device ? *device : transformer->wte->weight.device();
     const MaskBuffers fresh = compute_masks(config_.max_position_embeddings, where);
     // One replacement per shared tensor reaches every layer's buffer.
-    replace_buffer(transformer->masks.bias, fresh.bias);
-    replace_buffer(transformer->masks.masked_bias, fresh.masked_bias);
+    return {
+        {"transformer.h.*.attn.bias", transformer->masks.bias, fresh.bias},
+        {"transformer.h.*.attn.masked_bias", transformer->masks.masked_bias, fresh.masked_bias}};
   }
 
   std::shared_ptr<GPT2Model> transformer;

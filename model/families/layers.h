@@ -239,6 +239,11 @@ std::pair<at::Tensor, at::Tensor> cache_append(KVCache& cache, int64_t layer, co
 // sees the new values, device and shape, even when it was a meta tensor.
 void replace_buffer(const at::Tensor& buffer, const at::Tensor& fresh);
 
+// make() of a buffer [sizes] of `dtype` on `device`; an allocation it cannot get is a FamilyError
+// naming `name`, the shape, dtype and bytes (instead of the allocator's untyped message).
+at::Tensor make_buffer(const std::string& name, at::IntArrayRef sizes, at::ScalarType dtype,
+                       const at::Device& device, const std::function<at::Tensor()>& make);
+
 // True when `device` (after MetaMode's forcing, if active) makes meta tensors: probes a factory.
 bool builds_meta(const at::Device& device);
 

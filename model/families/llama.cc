@@ -242,9 +242,11 @@ class ForCausalLM : public CausalLM {
     return emit(lm_head->forward(h));
   }
 
-  void init_nonpersistent_buffers(std::optional<at::Device> device) override {
+  std::vector<FreshBuffer> compute_nonpersistent_buffers(
+      std::optional<at::Device> device) override {
     const at::Device where = device ? *device : model->embed_tokens->weight.device();
-    replace_buffer(model->rotary_emb->inv_freq, compute_inv_freq(config_, where));
+    return {{"model.rotary_emb.inv_freq", model->rotary_emb->inv_freq,
+             compute_inv_freq(config_, where)}};
   }
 
   std::shared_ptr<Model> model;

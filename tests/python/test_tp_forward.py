@@ -201,6 +201,51 @@ def test_a_rank_lost_mid_forward_is_a_distributed_error_not_a_hang(tmp_path, mod
         assert "not every rank took part within 8000 ms" in message, message
 
 
+def read_state(out, rank):
+    with open(out / f"state-{rank}.txt") as f:
+        return f.read()
+
+
+def read_error(out, rank):
+    with open(out / f"error-{rank}.txt") as f:
+        head, message = f.read().split("\n", 1)
+    kind, seconds = head.split()
+    return kind, float(seconds), message
+
+
+def test_a_rank_whose_dispatch_fails_makes_every_rank_fail_and_none_keeps_weights(tmp_path):
+    import shutil
+    good = fixture(tmp_path, "gpt2-tiny")
+    broken = str(tmp_path / "broken")
+    shutil.copytree(good, broken)
+    shard = next(os.path.join(broken, f) for f in sorted(os.listdir(broken))
+                 if f.endswith(".safetensors"))
+    with open(shard, "r+b") as f:  # rank 1's file ends half-way through its tensors
+        f.truncate(os.path.getsize(shard) // 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    spawn(2, out, "dispatchfail", good, broken)
+    for rank in (0, 1):
+        kind, _, message = read_error(out, rank)
+        assert kind == "DistributedError", (rank, kind, message)
+        assert "not every rank succeeded" in message and "rank 1:" in message, message
+        assert "rank 0:" not in message, message  # rank 0's part went well
+        # Nobody went ahead: no rank is dispatched, every parameter is still meta.
+        assert read_state(out, rank) == "dispatched=False all_meta=True", rank
+
+
+def test_a_rank_that_never_dispatches_stops_the_others_within_the_timeout(tmp_path):
+    d = fixture(tmp_path, "gpt2-tiny")
+    out = tmp_path / "out"
+    out.mkdir()
+    spawn(2, out, "dispatchsilent", d)
+    kind, seconds, message = read_error(out, 0)
+    assert kind == "DistributedError" and "tensor-parallel dispatch" in message, message
+    # A hang guard, not a speed claim: the vote waits one collective timeout (8 s), not forever.
+    assert seconds < 60, seconds
+    assert read_state(out, 0) == "dispatched=False all_meta=True"
+
+
 def test_scan_with_tp_size_needs_no_group(tmp_path):
     d = fixture(tmp_path, "llama-tiny")
     m = TransformersModel(d, progress=False)

@@ -8,7 +8,10 @@ MODE "run": every rank loads each checkpoint DIR with tp_size N and saves what t
 MODE "mismatch": rank r asks for tp_size N + r (only rank 0 is right); MODE "nosplit": the
 model cannot be split into N ranks; MODE "die": rank 1 kills
 itself after the first forward and rank 0 runs a second one; MODE "hang": rank 1 sleeps instead of
-the second forward. Errors go to OUT/error-<rank>.txt as "<kind> <seconds>\\n<message>".
+the second forward. MODE "dispatchfail": rank 1 loads DIR[1] (a broken copy of DIR[0]);
+MODE "dispatchsilent": rank 1 never dispatches (sleeps, then exits). In both, OUT/state-<rank>.txt
+says after the dispatch whether the model is dispatched and whether every parameter is still meta.
+Errors go to OUT/error-<rank>.txt as "<kind> <seconds>\\n<message>".
 """
 import datetime
 import os
@@ -39,8 +42,31 @@ def record_error(out, rank, e, t0):
         f.write(f"{type(e).__name__} {time.perf_counter() - t0:.2f}\n{e}")
 
 
+def dispatch_vote(rank, world, out, mode, dirs):
+    """The dispatch is a vote: a rank whose part failed, or that never comes, stops every rank."""
+    import metaload
+    d = dirs[1] if (mode == "dispatchfail" and rank == 1) else dirs[0]
+    m = metaload.TransformersModel(d, tp_size=world, collective_timeout=TIMEOUT, progress=False)
+    t0 = time.perf_counter()
+    try:
+        if rank == 1 and mode == "dispatchsilent":
+            time.sleep(TIMEOUT * 3)
+            os._exit(0)
+        m.dispatch()
+    except Exception as e:  # noqa: BLE001 (the test reads what each rank saw)
+        record_error(out, rank, e, t0)
+    metas = all(p.is_meta for p in m.named_parameters().values())
+    with open(os.path.join(out, f"state-{rank}.txt"), "w") as f:
+        f.write(f"dispatched={m.dispatched} all_meta={metas}")
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def run(rank, world, out, mode, dirs):
     import metaload
+
+    if mode.startswith("dispatch"):
+        return dispatch_vote(rank, world, out, mode, dirs)
 
     if mode == "run":
         for i, d in enumerate(dirs):
