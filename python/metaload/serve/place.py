@@ -87,13 +87,38 @@ def _layer_bytes(model) -> Tuple[int, List[int]]:
     return outside, list(layers.values())
 
 
-def need(ref: str, dtype=None, batch: int = 1, seq: int = 2048, revision=None) -> dict:
-    """What one deployment needs: weights (stored bytes in `dtype`), activations, the layers'
-    bytes, and the TP degrees it takes."""
+def _config_only(ref, dtype):
+    """(weights, config, max_tp_size) of a directory holding only config.json: the skeleton's
+    parameters and buffers in `dtype`, each tensor once (what its checkpoint would store)."""
+    import os
+
     import metaload
-    info = metaload.describe_checkpoint(ref, dtype=dtype, revision=revision,
-                                        allow_local_paths=True)
-    cfg = info.config or {}
+    with open(os.path.join(ref, "config.json")) as f:
+        config = json.load(f)
+    model = metaload.TransformersModel(ref, dtype=dtype, allow_local_paths=True)
+    seen, total = set(), 0
+    for t in list(model.named_parameters().values()) + list(model.named_buffers().values()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total, config, metaload.max_tp_size(config)
+
+
+def need(ref: str, dtype=None, batch: int = 1, seq: int = 2048, revision=None) -> dict:
+    """What one deployment needs: weights (stored bytes in `dtype`, from the headers; for a
+    directory holding only config.json, from its skeleton), activations, the layers' bytes, and
+    the TP degrees it takes."""
+    import os
+
+    import metaload
+    try:
+        info = metaload.describe_checkpoint(ref, dtype=dtype, revision=revision,
+                                            allow_local_paths=True)
+        weights, cfg, max_tp = info.size_bytes, info.config or {}, info.max_tp_size
+    except metaload.ResolveError:
+        if not os.path.isfile(os.path.join(str(ref), "config.json")):
+            raise
+        weights, cfg, max_tp = _config_only(ref, dtype)
     cfg = cfg.get("text_config", cfg)
     longest = cfg.get("max_position_embeddings") or cfg.get("n_positions")
     seq = min(seq, longest) if isinstance(longest, int) and longest > 0 else seq
@@ -105,11 +130,9 @@ def need(ref: str, dtype=None, batch: int = 1, seq: int = 2048, revision=None) -
         model, scan, why = None, {}, f"{type(e).__name__}: {e}"
     else:
         why = None
-    outside, layers = _layer_bytes(model) if model is not None else (info.size_bytes, [])
-    degrees = []
-    if info.max_tp_size:
-        degrees = [d for d in range(2, info.max_tp_size + 1) if info.max_tp_size % d == 0]
-    return {"ref": ref, "weights": int(info.size_bytes), "activations": activation_bytes(scan),
+    outside, layers = _layer_bytes(model) if model is not None else (weights, [])
+    degrees = [d for d in range(2, max_tp + 1) if max_tp % d == 0] if max_tp else []
+    return {"ref": ref, "weights": int(weights), "activations": activation_bytes(scan),
             "outside_layers": outside, "layers": layers, "tp_degrees": degrees,
             "model": model, "batch": batch, "seq": seq, "scan_error": why}
 
