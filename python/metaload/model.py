@@ -150,10 +150,13 @@ class TransformersModel:
         finally:
             if folder is not None:  # read at construction only
                 shutil.rmtree(folder, ignore_errors=True)
+        # The source serves what it resolved at construction: a key's hub-cache snapshot (a
+        # key is never a path for the loader to look up), a repo id pinned at its commit.
+        source = folder is None
         self._dist_report = _dist_load.dispatch_broadcast(
-            self, str(ref), process_group=group, source_rank=source_rank,
-            buffer_bytes=buffer_bytes, timeout=collective_timeout, threads=placement["threads"],
-            revision=revision)
+            self, self.info["checkpoint"] if source else str(ref), process_group=group,
+            source_rank=source_rank, buffer_bytes=buffer_bytes, timeout=collective_timeout,
+            threads=placement["threads"], revision=None if source else revision)
 
     def _watch(self, dispatching=None):
         """Forwards the dispatch's progress to the callback while a call that may dispatch runs."""

@@ -352,3 +352,24 @@ def test_single_process_tp_load_into_a_transformers_model(tmp_path):
     for n, t in m.named_parameters():
         assert torch.equal(t, want[n]), n
     assert not any(t.is_meta for t in m.state_dict().values())
+
+
+def test_broadcast_from_a_model_key(tmp_path, monkeypatch):
+    """TransformersModel(key, source_rank=0): the source resolves the key in its hub cache (never
+    a path) and serves the slices from that snapshot (the key reached the loader's path rules and
+    was a ResolveError); the receiver has no cache at all."""
+    hub = tmp_path / "hub"
+    made = metaload.make_checkpoint(config="llama-tiny", hf_cache=str(hub), repo="org/llama")
+    key = metaload.to_model_key("metaload.TransformersModel", "org/llama")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    spec = skeleton_spec(made["dir"], str(tmp_path / "llama.skeleton.json"))
+    gen = {"ids": GEN_IDS, "new_tokens": 4}
+    steps = [{"ref": {"0": key, "*": str(tmp_path / "absent")}, "source_rank": 0,
+              "generate": gen}]
+    results, _, logs = run_ranks(tmp_path, 2, steps, spec,
+                                 extra_env={1: {"HF_HUB_CACHE": str(tmp_path / "no-cache")}})
+    want = metaload.TransformersModel(key, progress=False).generate(torch.tensor(GEN_IDS), 4)
+    for r in range(2):
+        e = results[r][0]
+        assert e["ok"], (e.get("message"), logs[r])
+        assert torch.equal(torch.tensor(e["tokens"]), want), (r, e["tokens"], want)
