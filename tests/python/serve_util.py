@@ -15,6 +15,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 REPO = "metaload-test/serve-gpt2"
+OTHER = "metaload-test/serve-gpt2-other"  # a second deployment, for isolation
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PROMPT = "the quick brown fox"
 
@@ -22,13 +23,13 @@ PROMPT = "the quick brown fox"
 # ---------------------------------------------------------------------------------------------
 # The checkpoint
 
-def write_checkpoint(cache, cfg=None):
+def write_checkpoint(cache, cfg=None, repo_id=REPO):
     """A GPT-2 (by default 2 layers, 32 wide) and a byte-level BPE tokenizer trained here, as a
     hub-cache snapshot."""
     import torch
     import transformers as tf
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    repo = os.path.join(cache, "models--" + REPO.replace("/", "--"))
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
     snap = os.path.join(repo, "snapshots", COMMIT)
     torch.manual_seed(0)
     cfg = cfg or tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64,
@@ -66,11 +67,11 @@ def env_for(top, **extra):
 class Server:
     """`python -m metaload.serve` on 127.0.0.1, a free port; stop() ends it and its executors."""
 
-    def __init__(self, top, *args, timeout=300, command=None):
+    def __init__(self, top, *args, timeout=300, command=None, refs=(REPO,)):
         self.log = open(os.path.join(top, f"server-{time.monotonic_ns()}.log"), "w+")
         command = command or [sys.executable, "-m", "metaload.serve"]
         self.proc = subprocess.Popen(
-            [*command, REPO, "--host", "127.0.0.1", "--port", "0", *args], env=env_for(top),
+            [*command, *refs, "--host", "127.0.0.1", "--port", "0", *args], env=env_for(top),
             stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
         self.url = self._ready(timeout)
 
@@ -351,6 +352,41 @@ def _disconnect(model, url):
     return {"queued_after_close": status["queued"], "after": _compare(model, url, "hidden")}
 
 
+def _oom(model, url):
+    """A request that asks for more memory than the machine has: an error, and the next works.
+    Only where the kernel refuses an allocation past RAM + swap (vm.overcommit_memory 0 or 2):
+    with 1 it would be granted, and filling it would bring the OOM killer to the machine."""
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() == "1":
+            return {"skipped": "vm.overcommit_memory is 1"}
+
+    def body():
+        with model.trace(PROMPT, remote=url):
+            hog = bytearray(1 << 42)  # noqa: F841 (4 TiB)
+    return {"error": _error_text(body), "after": _compare(model, url, "hidden")}
+
+
+def _prints(model, url):
+    """What a request prints comes back as LOG frames, in order."""
+    from nnsight.intervention.backends import remote
+    seen = []
+    parse = remote.RemoteBackend.parse
+
+    def recording(message):
+        r = parse(message)
+        seen.append([r.status.value, r.description])
+        return r
+    remote.RemoteBackend.parse = staticmethod(recording)
+    try:
+        with model.trace(PROMPT, remote=url):
+            print("first line from the request")
+            print("second", "line")
+            logits = model.lm_head.output.save()  # noqa: F841
+    finally:
+        remote.RemoteBackend.parse = staticmethod(parse)
+    return [d for s, d in seen if s == "LOG"]
+
+
 SCENARIOS = {**{name: (lambda n: lambda model, url: _compare(model, url, n))(name)
                 for name in TRACES},
              "raises": _raises, "exit": _crash("exit"), "segfault": _crash("segfault"),
@@ -358,7 +394,7 @@ SCENARIOS = {**{name: (lambda n: lambda model, url: _compare(model, url, n))(nam
              "concurrent": _concurrent, "no_key": _api_key("none"),
              "wrong_key": _api_key("wrong"), "right_key": _api_key("right"),
              "key_spellings": _key_spellings, "queue_positions": _queue_positions,
-             "disconnect": _disconnect}
+             "disconnect": _disconnect, "oom": _oom, "prints": _prints}
 
 
 def client(url, names):
@@ -377,5 +413,6 @@ def client(url, names):
 if __name__ == "__main__":
     if sys.argv[1] == "--write":
         write_checkpoint(sys.argv[2])
+        write_checkpoint(sys.argv[2], repo_id=OTHER)
     elif sys.argv[1] == "--client":
         client(sys.argv[2], sys.argv[3:])

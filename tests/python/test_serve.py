@@ -111,7 +111,7 @@ def more(top, server):
     """nnsight's client with NDIF_HOST set (read at its import), then the other traces."""
     return run_client(top, server.url, "ndif_host", "edited", "invokes", "generate",
                       "nonblocking", "concurrent", "key_spellings", "queue_positions",
-                      "disconnect", NDIF_HOST=server.url)
+                      "disconnect", "prints", NDIF_HOST=server.url)
 
 
 @pytest.mark.parametrize("trace", ["edited", "invokes", "generate", "nonblocking", "ndif_host"])
@@ -136,6 +136,10 @@ def test_queued_frames_give_each_request_its_position(more):
         assert states[-1] == "COMPLETED" and states.index("RUNNING") > states.index("QUEUED")
         assert queued == sorted(queued, reverse=True) and queued[-1] == 1, frames
     assert positions[2][0] >= 2, more["queue_positions"]
+
+
+def test_what_a_request_prints_comes_back_as_log_frames(more):
+    assert more["prints"] == ["first line from the request", "second line"]
 
 
 def test_a_client_that_goes_away_leaves_no_queued_work(more):
@@ -168,15 +172,18 @@ def strict(top):
     with open(keys, "w") as f:
         f.write(f"# the test's keys\nother-key\n{KEY}\n")
     s = Server(top, "--api-keys", keys, "--time-limit", "8", "--inline-result", "512",
-               "--max-body", "65536")
+               "--max-body", "65536", refs=(REPO, serve_util.OTHER))
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def strict_runs(top, strict):
-    return run_client(top, strict.url, "no_key", "wrong_key", "right_key", "sleeps", "exit",
-                      "segfault", NDIF_API_KEY=KEY)
+    other = strict.get("/status").json()["deployments"][serve_util.OTHER]
+    runs = run_client(top, strict.url, "no_key", "wrong_key", "right_key", "sleeps", "exit",
+                      "segfault", "oom", NDIF_API_KEY=KEY)
+    runs["other_before"] = other
+    return runs
 
 
 def test_a_missing_or_wrong_api_key_is_refused_and_the_right_one_works(strict_runs):
@@ -210,6 +217,17 @@ def test_an_executor_crash_is_an_error_and_it_restarts(strict_runs, strict, how,
     d = strict.get("/status").json()["deployments"][REPO]
     assert d["restarts"] == 3 and len(d["load_seconds"]) == 4  # sleeps, exit, segfault
     assert d["application_state"] == "RUNNING"
+    # The other deployment's executor went on as it was
+    other = strict.get("/status").json()["deployments"][serve_util.OTHER]
+    assert other["executor_pid"] == strict_runs["other_before"]["executor_pid"]
+    assert other["restarts"] == 0 and other["application_state"] == "RUNNING"
+
+
+def test_a_request_that_exhausts_memory_is_an_error_and_the_next_works(strict_runs):
+    if "skipped" in strict_runs["oom"]:
+        pytest.skip(strict_runs["oom"]["skipped"])
+    assert "MemoryError" in strict_runs["oom"]["error"], strict_runs["oom"]
+    assert strict_runs["oom"]["after"] == {"equal": True, "n": 2}
 
 
 def test_a_body_over_the_limit_is_refused(strict):
