@@ -9,6 +9,7 @@
 #include "c10_ext/meta_mode.h"
 #include "dist/handshake.h"
 #include "fake_mode/fake_tensor.h"
+#include "loader/engine/engine_device.h"
 #include "loader/load/slots_torch.h"
 #include "loader/load/swap.h"
 #include "model/family_load.h"
@@ -78,6 +79,9 @@ LoadReport TransformersModel::dispatch_locked() {
   std::string failure;
   try {
     RealGuard real;  // the slots and buffers are real even inside a user's metaload.meta()
+    // The device first, as the loader checks it (DeviceError), before buffers are made on it.
+    if (options_.device.is_cuda())
+      make_cuda_device_ops(options_.device.has_index() ? options_.device.index() : 0);
     const std::vector<CausalLM::FreshBuffer> buffers =
         module_->compute_nonpersistent_buffers(options_.device);
     report = metaload::load(*module_, load_ref_, lo);
