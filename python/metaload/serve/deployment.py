@@ -49,6 +49,19 @@ class ExecutorGone(Exception):
     pass
 
 
+_ctx_lock = threading.Lock()
+
+
+def _context():
+    """The executors' multiprocessing context: a fork server that has imported the heavy modules
+    once (see _preload), so a start or a restart forks a ready process instead of importing
+    torch and transformers again; never a fork of the front itself (its threads)."""
+    with _ctx_lock:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["metaload.serve._preload"])
+        return ctx
+
+
 class Deployment:
     def __init__(self, spec, describe, device, dtype, limits: Limits, emit: Callable):
         self.spec, self.describe, self.device, self.dtype = spec, describe, device, dtype
@@ -68,7 +81,7 @@ class Deployment:
     def start(self):
         """Starts the executor and waits until the model is loaded (RuntimeError if it fails)."""
         self.state = "DEPLOYING"
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context()
         parent, child = ctx.Pipe()
         spec = {"key": self.spec.key, "repo_id": self.spec.repo_id, "ref": self.spec.ref}
         proc = ctx.Process(target=executor.main, args=(child, spec, self.device, self.dtype),
