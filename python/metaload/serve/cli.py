@@ -117,6 +117,16 @@ def _deployments(args, limits, emit):
     return held, plans
 
 
+def _start_fork_server():
+    """Starts the executors' fork server now: its imports (torch, transformers, nnsight) run
+    while this process resolves the deployments and plans their placement."""
+    from multiprocessing import forkserver
+
+    from .deployment import _context
+    _context()
+    forkserver.ensure_running()
+
+
 def serve(args):
     import uvicorn
 
@@ -124,6 +134,7 @@ def serve(args):
     from .deployment import Limits
     settings = Settings(api_keys=check_security(args), max_body_bytes=args.max_body,
                         inline_result_bytes=args.inline_result, result_ttl_s=args.result_ttl)
+    _start_fork_server()
     holder = {}
     held, settings.placement = _deployments(args, Limits(time_limit_s=args.time_limit),
                                             lambda *a, **k: holder["front"].emit(*a, **k))
