@@ -158,6 +158,11 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         serve(args)
+    except ImportError as e:
+        sys.stderr.write(f"metaload serve: error: {e}: metaload serve needs nnsight 0.8, "
+                         f"fastapi, uvicorn, websockets and python-multipart (pip install "
+                         f"'metaload[serve]'; pinned in tools/requirements.txt)\n")
+        return 1
     except Exception as e:  # noqa: BLE001 - one line, the kind first, as the CLI's errors
         kind = type(e).__name__
         sys.stderr.write(f"metaload serve: error: {kind}: {e}\n")
