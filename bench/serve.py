@@ -75,10 +75,13 @@ url, rounds, prompt, repo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv
 huggingface._ID_CACHE[repo] = repo
 model = nnsight.LanguageModel(repo, dispatch=False)
 
+metas = []
 def trace(remote):
-    with model.trace(prompt, remote=remote):
+    with model.trace(prompt, remote=remote) as tracer:
         h = model.transformer.h[0].output.save()
         logits = model.lm_head.output.save()
+    if remote:
+        metas.append(tracer.backend.meta)
     return logits
 
 def timed(remote, n):
@@ -88,7 +91,9 @@ def timed(remote, n):
     return out
 
 trace(url); trace(False)  # warm both (the local dispatch, the server's first request)
+metas.clear()
 remote, local = timed(url, rounds), timed(False, rounds)
+server_meta = list(metas)
 
 from nnsight.schema.request import RequestModel
 blobs = {}
@@ -130,7 +135,9 @@ for _ in range(rounds):  # what nnsight's client spends on each POST before send
         pass
     hc.append(time.perf_counter() - t)
 print("RESULT " + json.dumps({"remote": remote, "local": local, "ser": ser, "de": de,
-                             "result_rt": rt, "throughput": tput, "httpx_client": hc}))
+                             "result_rt": rt, "throughput": tput, "httpx_client": hc,
+                             "executor": [m["executor_seconds"] for m in server_meta],
+                             "server": [m["server_seconds"] for m in server_meta]}))
 '''
 
 LOCAL_COLD = r'''
@@ -234,6 +241,10 @@ def main():
     print(f"| remote - local | {statistics.median(over) * 1e3:.1f} / {_pct(over, .95) * 1e3:.1f} |")
     print(f"| (de)serialization alone (request + result) | {serde * 1e3:.1f} |")
     print(f"| the client's own httpx.Client() per POST (client side) | {ms(s['httpx_client'])} |")
+    print(f"| on the server: POST received -> COMPLETED sent | {ms(s['server'])} |")
+    print(f"| ... of which the executor's run (deserialize, execute, save) | {ms(s['executor'])} |")
+    hop = [a - b for a, b in zip(s["server"], s["executor"])]
+    print(f"| ... the rest: front, queue, pipe, frames | {ms(hop)} |")
     print(f"\nserver peak RSS (front + executor): {s['server_rss_mib']:.0f} MiB")
     print("\n| concurrent clients | traces/s |\n|---|---|")
     for k, v in s["throughput"].items():

@@ -213,10 +213,16 @@ class Deployment:
                         f"{_exit_text(self._proc.exitcode)} while running this request; it is "
                         f"being restarted")
                 continue
-            kind, _, payload = msg
+            kind, _, payload = msg[:3]
             if kind == "log":
                 self.emit(job, "LOG", payload)
                 continue
-            self.emit(job, "COMPLETED" if kind == "done" else "ERROR",
-                      "" if kind == "done" else payload, data=payload if kind == "done" else None)
+            if kind == "done":
+                # What the request cost here: the executor's run (deserialize, execute, save)
+                # and the whole stay from POST to now.
+                self.emit(job, "COMPLETED", "", data=payload,
+                          meta={"executor_seconds": msg[3],
+                                "server_seconds": time.time() - job.received})
+            else:
+                self.emit(job, "ERROR", payload)
             return

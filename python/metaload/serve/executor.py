@@ -12,7 +12,8 @@ one request's code never runs in another's.
 The parent talks to it over a multiprocessing Connection:
   parent -> child  ("job", id, blob, compress, env) | ("stop",)
   child -> parent  ("ready", info) | ("failed", message) at start;
-                   ("log", id, text), ("done", id, result_bytes), ("error", id, description)
+                   ("log", id, text), ("done", id, result_bytes, seconds),
+                   ("error", id, description)
 """
 import io
 import linecache
@@ -133,6 +134,7 @@ def _job(conn, model, persistent, job_id, blob, compress, env):
     stream = _LogStream(conn, job_id)
     old = sys.stdout
     sys.stdout = stream
+    began = time.perf_counter()
     try:
         data = run(model, persistent, blob, compress, env)
     except BaseException as e:  # noqa: BLE001 - whatever the user's code raised goes back
@@ -143,7 +145,7 @@ def _job(conn, model, persistent, job_id, blob, compress, env):
     finally:
         sys.stdout = old
     stream.flush()
-    conn.send(("done", job_id, data))
+    conn.send(("done", job_id, data, time.perf_counter() - began))
 
 
 def main(conn, spec, device, dtype):
