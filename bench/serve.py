@@ -72,6 +72,8 @@ from nnsight.modeling import huggingface
 from nnsight.schema.config import CONFIG
 CONFIG.APP.REMOTE_LOGGING = False
 url, rounds, prompt, repo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if int(sys.argv[5]):
+    torch.set_num_threads(int(sys.argv[5]))
 huggingface._ID_CACHE[repo] = repo
 model = nnsight.LanguageModel(repo, dispatch=False)
 
@@ -185,12 +187,12 @@ def _result(stdout):
     return json.loads(line[len("RESULT "):])
 
 
-def steady(top, rounds):
-    server = serve_util.Server(top)
+def steady(top, rounds, threads):
+    server = serve_util.Server(top, "--threads", str(threads))
     try:
         r = subprocess.run([sys.executable, "-c", CLIENT, server.url, str(rounds), PROMPT,
-                            serve_util.REPO], env=serve_util.env_for(top), capture_output=True,
-                           text=True, timeout=1800)
+                            serve_util.REPO, str(threads)], env=serve_util.env_for(top),
+                           capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0, r.stderr[-3000:]
         out = _result(r.stdout)
         out["server_rss_mib"] = _peak_rss_tree(server.proc.pid)
@@ -225,16 +227,19 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the executor and of the local trace alike (default 1: "
+                        "on 2 shared cores two threads wait on each other; 0: torch's default)")
     a = p.parse_args()
     top = tempfile.mkdtemp(prefix="bench-serve-")
     write(top, a.layers)
-    s = steady(top, a.rounds)
+    s = steady(top, a.rounds, a.threads)
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.1f} / {_pct(xs, 0.95) * 1e3:.1f}"  # noqa
     over = [r - l for r, l in zip(sorted(s["remote"]), sorted(s["local"]))]
     serde = statistics.median(s["ser"]) + statistics.median(s["de"]) + \
         statistics.median(s["result_rt"])
     print(f"bench/serve: GPT-2 {a.layers} x 256, prompt {len(PROMPT.split())} words, "
-          f"{a.rounds} rounds, 127.0.0.1")
+          f"{a.rounds} rounds, {a.threads or 'default'} torch threads, 127.0.0.1")
     print("\n| trace | median / p95 ms |\n|---|---|")
     print(f"| local (client's own model) | {ms(s['local'])} |")
     print(f"| remote (metaload serve) | {ms(s['remote'])} |")

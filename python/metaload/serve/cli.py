@@ -30,6 +30,8 @@ def parser():
     p.add_argument("--gpus", default=None, help="NxSIZE: place on N GPUs of SIZE each")
     p.add_argument("--batch", type=int, default=1, help="declared batch size, for placement")
     p.add_argument("--seq", type=int, default=2048, help="declared sequence length, for placement")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of each executor (default 0: torch's default, the cores)")
     p.add_argument("--api-keys", default=None, metavar="FILE", help="file of API keys, one a line")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds a request may run")
     p.add_argument("--max-body", type=int, default=64 << 20, help="largest request body, bytes")
@@ -113,7 +115,7 @@ def _deployments(args, limits, emit):
         specs[spec.identity] = spec
     plans = placement(args, list(specs.values()))
     held = {i: Deployment(s, keys.describe(s), plans[s.ref]["devices"][0], args.dtype, limits,
-                          emit) for i, s in specs.items()}
+                          emit, threads=args.threads) for i, s in specs.items()}
     return held, plans
 
 

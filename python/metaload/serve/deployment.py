@@ -63,8 +63,10 @@ def _context():
 
 
 class Deployment:
-    def __init__(self, spec, describe, device, dtype, limits: Limits, emit: Callable):
+    def __init__(self, spec, describe, device, dtype, limits: Limits, emit: Callable,
+                 threads: int = 0):
         self.spec, self.describe, self.device, self.dtype = spec, describe, device, dtype
+        self.threads = threads
         self.limits, self.emit = limits, emit
         self.state = "NOT_STARTED"
         self.restarts, self.load_s, self.pid = 0, [], None
@@ -83,7 +85,8 @@ class Deployment:
         self.state = "DEPLOYING"
         ctx = _context()
         parent, child = ctx.Pipe()
-        spec = {"key": self.spec.key, "repo_id": self.spec.repo_id, "ref": self.spec.ref}
+        spec = {"key": self.spec.key, "repo_id": self.spec.repo_id, "ref": self.spec.ref,
+                "threads": self.threads}
         proc = ctx.Process(target=executor.main, args=(child, spec, self.device, self.dtype),
                            name=f"metaload-serve-executor {self.spec.ref}", daemon=True)
         began = time.monotonic()

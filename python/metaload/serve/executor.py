@@ -47,7 +47,11 @@ class _LogStream(io.TextIOBase):
 
 def build(spec, device, dtype):
     """The deployment's nnsight model, dispatched; and what the parent reports of it."""
+    import torch
+
     import metaload
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     metaload.enable_nnsight()
     from nnsight.modeling import huggingface
     from nnsight.modeling.mixins.remotable import Remotable
