@@ -13,6 +13,8 @@ all on 127.0.0.1. Tables:
   3. cold start: launching `python -m metaload.serve` to the first COMPLETED, against the same
      model's first local nnsight trace without metaload (a from_pretrained dispatch), each from
      a fresh process; peak RSS of the server (front + executor) and of the local process
+  4. bench/serve_place's table: metaload place against NDIF's sizing rule
+bench/run serve runs it (torch 2.x only).
 """
 import argparse
 import json
@@ -260,6 +262,10 @@ def main():
           f"(**{serve_s / local_s:.2f}x**) | {serve_rss:.0f} |")
     print(f"| local nnsight, from_pretrained dispatch: start -> first trace | {local_s:.2f} "
           f"(1.00x) | {local_rss:.0f} |")
+    print("\nPlacement from the key alone against NDIF's rule (bench/serve_place.py):\n")
+    sys.path.insert(0, HERE)
+    import serve_place
+    serve_place.main()
 
 
 if __name__ == "__main__":
