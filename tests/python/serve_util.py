@@ -387,6 +387,15 @@ def _prints(model, url):
     return [d for s, d in seen if s == "LOG"]
 
 
+def _compare_env(model, url):
+    """nnsight.status() and nnsight.compare() read this server (NDIF_HOST)."""
+    import nnsight
+    status = nnsight.status()
+    c = nnsight.compare()
+    return {"listed": REPO in status, "state": status[REPO]["state"] if REPO in status else None,
+            "python_matches": c.python_matches, "mismatches": len(c.mismatches)}
+
+
 SCENARIOS = {**{name: (lambda n: lambda model, url: _compare(model, url, n))(name)
                 for name in TRACES},
              "raises": _raises, "exit": _crash("exit"), "segfault": _crash("segfault"),
@@ -394,7 +403,8 @@ SCENARIOS = {**{name: (lambda n: lambda model, url: _compare(model, url, n))(nam
              "concurrent": _concurrent, "no_key": _api_key("none"),
              "wrong_key": _api_key("wrong"), "right_key": _api_key("right"),
              "key_spellings": _key_spellings, "queue_positions": _queue_positions,
-             "disconnect": _disconnect, "oom": _oom, "prints": _prints}
+             "disconnect": _disconnect, "oom": _oom, "prints": _prints,
+             "compare_env": _compare_env}
 
 
 def client(url, names):

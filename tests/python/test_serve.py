@@ -111,7 +111,7 @@ def more(top, server):
     """nnsight's client with NDIF_HOST set (read at its import), then the other traces."""
     return run_client(top, server.url, "ndif_host", "edited", "invokes", "generate",
                       "nonblocking", "concurrent", "key_spellings", "queue_positions",
-                      "disconnect", "prints", NDIF_HOST=server.url)
+                      "disconnect", "prints", "compare_env", NDIF_HOST=server.url)
 
 
 @pytest.mark.parametrize("trace", ["edited", "invokes", "generate", "nonblocking", "ndif_host"])
@@ -136,6 +136,12 @@ def test_queued_frames_give_each_request_its_position(more):
         assert states[-1] == "COMPLETED" and states.index("RUNNING") > states.index("QUEUED")
         assert queued == sorted(queued, reverse=True) and queued[-1] == 1, frames
     assert positions[2][0] >= 2, more["queue_positions"]
+
+
+def test_nnsight_status_and_compare_read_this_server(more):
+    # The client and the server share one environment here: nothing differs
+    assert more["compare_env"] == {"listed": True, "state": "RUNNING", "python_matches": True,
+                                   "mismatches": 0}
 
 
 def test_what_a_request_prints_comes_back_as_log_frames(more):

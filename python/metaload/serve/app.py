@@ -14,7 +14,6 @@ import contextlib
 import hmac
 import json
 import secrets
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional
 
@@ -244,7 +243,10 @@ def make_app(front: Front) -> FastAPI:
 
 
 def python_env() -> dict:
-    """/env: this Python's version and installed packages, as nnsight.ndif.get_local_env."""
-    from importlib.metadata import distributions
-    packages = {d.metadata["Name"]: d.version for d in distributions() if d.metadata["Name"]}
-    return {"python_version": sys.version, "packages": packages}
+    """/env: this Python's version and installed packages, keyed as nnsight's own
+    get_local_env keys them (import names), so nnsight.compare() matches them up; modules only
+    importable from the server's working tree ("local") are left out."""
+    from nnsight.ndif import get_local_env
+    env = get_local_env()
+    env["packages"] = {k: v for k, v in env["packages"].items() if v != "local"}
+    return env
