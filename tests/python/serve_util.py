@@ -305,7 +305,7 @@ def _blob(model, body):
 def _sleep_one(model, backend):
     with model.trace(PROMPT, backend=backend):
         import time as _time
-        _time.sleep(1)
+        _time.sleep(2)
         logits = model.lm_head.output.save()  # noqa: F841
 
 
@@ -347,9 +347,13 @@ def _disconnect(model, url):
         httpx.post(url + "/request", data={"data": envelope},
                    files={"blob": ("r", blob, "application/octet-stream")}, timeout=30)
     ws.close()
-    time.sleep(0.5)
-    status = httpx.get(url + "/status", timeout=30).json()["deployments"][REPO]
-    return {"queued_after_close": status["queued"], "after": _compare(model, url, "hidden")}
+    deadline = time.monotonic() + 30
+    while True:  # the server notices the close at once; this only waits for that
+        queued = httpx.get(url + "/status", timeout=30).json()["deployments"][REPO]["queued"]
+        if queued == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return {"queued_after_close": queued, "after": _compare(model, url, "hidden")}
 
 
 def _oom(model, url):

@@ -129,7 +129,7 @@ def test_every_spelling_of_the_key_reaches_the_deployment(more):
 
 
 def test_queued_frames_give_each_request_its_position(more):
-    """Sent at once, one second each: while the first runs the third waits behind the second."""
+    """Sent at once, two seconds each: while the first runs the third waits behind the second."""
     positions = [[p for s, p in frames if s == "QUEUED"] for frames in more["queue_positions"]]
     for frames, queued in zip(more["queue_positions"], positions):
         states = [s for s, _ in frames]
