@@ -124,3 +124,18 @@ def assert_cuda_initialised_by_real_requests_only(probe):
     r = run_python(probe)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[0] == CUDA_INIT_EXPECTED, r.stdout
+
+
+def write_tokenizer(d):
+    """A small byte-level BPE tokenizer, trained here (no download), saved as transformers does
+    (test_nnsight's and the serve tests' tiny GPT-2s)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                            unk_token="<unk>").save_pretrained(d)

@@ -28,21 +28,14 @@ def write_checkpoint(cache, cfg=None, repo_id=REPO):
     hub-cache snapshot."""
     import torch
     import transformers as tf
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from conftest import write_tokenizer
     repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
     snap = os.path.join(repo, "snapshots", COMMIT)
     torch.manual_seed(0)
     cfg = cfg or tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64,
                         bos_token_id=1, eos_token_id=1)
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(snap)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, trainer)
-    tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                               unk_token="<unk>").save_pretrained(snap)
+    write_tokenizer(snap)
     os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
     with open(os.path.join(repo, "refs", "main"), "w") as f:
         f.write(COMMIT)
@@ -309,19 +302,27 @@ def _sleep_one(model, backend):
         logits = model.lm_head.output.save()  # noqa: F841
 
 
-def _queue_positions(model, url):
-    """Three requests on one session, sent at once: their QUEUED frames' positions."""
+def _session_of_sleeps(model, url):
+    """A websocket session of our own and a function that posts one 2 s request on it."""
     import httpx
     import websocket
-    from nnsight.schema.response import ResponseModel
     blob = _blob(model, _sleep_one)
     ws = websocket.create_connection(url.replace("http", "ws", 1) + "/subscribe", timeout=120)
     sid = json.loads(ws.recv())["session_id"]
     envelope = json.dumps({"model_key": model.to_model_key(), "session_id": sid,
                            "compress": False, "env": {}})
-    ids = [httpx.post(url + "/request", data={"data": envelope},
-                      files={"blob": ("r", blob, "application/octet-stream")},
-                      timeout=30).json()["id"] for _ in range(3)]
+
+    def post():
+        return httpx.post(url + "/request", data={"data": envelope},
+                          files={"blob": ("r", blob, "application/octet-stream")}, timeout=30)
+    return ws, post
+
+
+def _queue_positions(model, url):
+    """Three requests on one session, sent at once: their QUEUED frames' positions."""
+    from nnsight.schema.response import ResponseModel
+    ws, post = _session_of_sleeps(model, url)
+    ids = [post().json()["id"] for _ in range(3)]
     seen = {i: [] for i in ids}
     done = 0
     while done < 3:
@@ -337,15 +338,9 @@ def _queue_positions(model, url):
 def _disconnect(model, url):
     """A client that goes away with a request running and two queued: nothing is left queued."""
     import httpx
-    import websocket
-    blob = _blob(model, _sleep_one)
-    ws = websocket.create_connection(url.replace("http", "ws", 1) + "/subscribe", timeout=120)
-    sid = json.loads(ws.recv())["session_id"]
-    envelope = json.dumps({"model_key": model.to_model_key(), "session_id": sid,
-                           "compress": False, "env": {}})
+    ws, post = _session_of_sleeps(model, url)
     for _ in range(3):
-        httpx.post(url + "/request", data={"data": envelope},
-                   files={"blob": ("r", blob, "application/octet-stream")}, timeout=30)
+        post()
     ws.close()
     deadline = time.monotonic() + 30
     while True:  # the server notices the close at once; this only waits for that

@@ -21,6 +21,8 @@ import sys
 
 import pytest
 
+from conftest import write_tokenizer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 REPO = "metaload-test/tiny-gpt2"
@@ -28,20 +30,6 @@ REPO = "metaload-test/tiny-gpt2"
 
 # ---------------------------------------------------------------------------------------------
 # The worker
-
-def _write_tokenizer(d):
-    """A small byte-level BPE tokenizer, trained here (no download), saved as transformers does."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 8, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                            unk_token="<unk>").save_pretrained(d)
-
 
 def _write_models(top):
     import torch
@@ -58,7 +46,7 @@ def _write_models(top):
         torch.manual_seed(i)
         d = os.path.join(top, name)
         tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
-        _write_tokenizer(d)
+        write_tokenizer(d)
         dirs[name] = d
     return dirs
 
@@ -147,7 +135,7 @@ def _keys(top, nnsight, metaload):
     made = metaload.make_checkpoint(config="gpt2-tiny", arch="gpt2", hf_cache=cache, repo=REPO)
     snapshots = os.path.join(cache, "models--" + REPO.replace("/", "--"), "snapshots")
     for snap in os.listdir(snapshots):  # nnsight's pipeline loads a tokenizer with the model
-        _write_tokenizer(os.path.join(snapshots, snap))
+        write_tokenizer(os.path.join(snapshots, snap))
     huggingface._ID_CACHE[REPO] = REPO  # the Hub's canonical spelling: the network part
     out = []
     for revision in (None, made["commit"]):
