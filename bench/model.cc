@@ -224,13 +224,7 @@ void core_rows(const std::string& keep, int rounds) {
           build_causal_lm(parse_family_config(read_config_json(dir + "/config.json"), dir), meta);
       build_anchor.push_back(now_s() - t);
     };
-    if (r % 2) {
-      anchor_build();
-      model_build();
-    } else {
-      model_build();
-      anchor_build();
-    }
+    interleaved(r, model_build, anchor_build);
     TransformersModel& m = *mp;
     double t0;
 

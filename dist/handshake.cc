@@ -56,7 +56,8 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
 
 void agree_on_outcome(Collectives& group, const std::string& step, const std::string& my_failure) {
   // "ok" or "failed: <message>": never empty, so a rank's empty text cannot read as success.
-  const std::string mine = my_failure.empty() ? "ok" : "failed: " + my_failure;
+  static const std::string kFailed = "failed: ";
+  const std::string mine = my_failure.empty() ? "ok" : kFailed + my_failure;
   std::vector<std::string> texts;
   try {
     texts = group.all_gather_text(mine);
@@ -69,8 +70,8 @@ void agree_on_outcome(Collectives& group, const std::string& step, const std::st
   std::string failures;
   for (size_t r = 0; r < texts.size(); ++r) {
     if (texts[r] == "ok") continue;
-    const std::string why =
-        texts[r].rfind("failed: ", 0) == 0 ? texts[r].substr(8) : "sent " + quote_text(texts[r]);
+    const std::string why = texts[r].rfind(kFailed, 0) == 0 ? texts[r].substr(kFailed.size())
+                                                            : "sent " + quote_text(texts[r]);
     failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, why);
   }
   if (failures.empty()) return;

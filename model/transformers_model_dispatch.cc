@@ -91,16 +91,12 @@ LoadReport TransformersModel::dispatch_locked() {
     failure = e.what();
   }
   try {
-    vote_on_dispatch_locked(failure);
+    vote_on_dispatch_locked(failure);  // every rank takes part, whether its own part failed or not
+    if (failed) std::rethrow_exception(failed);
   } catch (...) {
-    before.restore();
+    before.restore();  // a failed vote undoes this rank's swap
     shards.undo();
     throw;
-  }
-  if (failed) {
-    before.restore();
-    shards.undo();
-    std::rethrow_exception(failed);
   }
   report_ = report;
   dispatched_ = true;
@@ -199,7 +195,6 @@ void TransformersModel::dispatch_from(const std::vector<std::string>& names,
     return;
   }
   LoadReport report;
-  const TensorSnapshot before(module_tensors(*module_));
   try {
     RealGuard real;
     for (size_t i = 0; i < w.sources.size(); ++i) {
@@ -208,10 +203,9 @@ void TransformersModel::dispatch_from(const std::vector<std::string>& names,
     }
     const std::vector<CausalLM::FreshBuffer> buffers =
         module_->compute_nonpersistent_buffers(options_.device);
-    swap_in(w.targets, w.sources, w.names);
+    swap_in(w.targets, w.sources, w.names);  // all or nothing itself; apply_buffers cannot fail
     CausalLM::apply_buffers(buffers);
   } catch (...) {
-    before.restore();
     shards.undo();
     throw;
   }
