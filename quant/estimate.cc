@@ -193,7 +193,10 @@ void size_module(const QuantConfig& cfg, DType source, const std::string& file,
 }
 
 bool is_gpt2(const nlohmann::json& c) {
-  return c.is_object() && c.value("model_type", "") == "gpt2";
+  // A model_type that is not a string is not gpt2 (json::value would throw type_error for it).
+  if (!c.is_object()) return false;
+  const auto it = c.find("model_type");
+  return it != c.end() && it->is_string() && it->get_ref<const std::string&>() == "gpt2";
 }
 
 }  // namespace
