@@ -1,4 +1,4 @@
-#include "dist/collectives.h"
+#include "distributed/collectives.h"
 
 #include <fmt/format.h>
 

@@ -15,7 +15,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "dist/errors.h"
+#include "distributed/errors.h"
 
 namespace metaload {
 

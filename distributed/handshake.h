@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dist/collectives.h"
+#include "distributed/collectives.h"
 
 namespace metaload {
 

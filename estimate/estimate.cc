@@ -1,4 +1,4 @@
-#include "quant/estimate.h"
+#include "estimate/estimate.h"
 
 #include <cmath>
 #include <regex>
@@ -6,10 +6,10 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "loader/format/file_io.h"
-#include "model/checkpoint_shapes.h"
-#include "model/describe.h"
-#include "model/dtypes.h"
-#include "model/tp.h"
+#include "identity/checkpoint_shapes.h"
+#include "identity/describe.h"
+#include "identity/dtypes.h"
+#include "identity/tp_degree.h"
 
 namespace metaload {
 namespace {

@@ -1,7 +1,7 @@
 // estimate: the exact bytes a real quantization of an unquantized checkpoint (or of a config
 // alone) would store, following each library's defaults for what it leaves alone (embeddings,
 // lm_head, norms, biases; GPTQ and AWQ quantize the repeated blocks' linear layers only) and its
-// group / block sizes (quant/layout.h has the layouts). Torch-free.
+// group / block sizes (loader/format/quant_layout.h has the layouts). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/format/writer.h"
-#include "model/reference.h"
-#include "quant/layout.h"
+#include "identity/reference.h"
+#include "loader/format/quant_layout.h"
 
 namespace metaload {
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/torch_library.h"
-#include "quant/estimate.h"
+#include "estimate/estimate.h"
 
 namespace metaload {
 namespace {

@@ -1,10 +1,10 @@
-#include "model/checkpoint_shapes.h"
+#include "identity/checkpoint_shapes.h"
 
 #include <string>
 
 #include "base/checked.h"
 #include "base/text.h"
-#include "model/errors.h"
+#include "identity/errors.h"
 
 namespace metaload {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/describe.h"
+#include "identity/describe.h"
 
 #include <cmath>
 #include <map>
@@ -6,10 +6,10 @@
 
 #include "base/checked.h"
 #include "base/text.h"
-#include "model/dtypes.h"
-#include "model/reference.h"
-#include "model/tp.h"
-#include "quant/layout.h"
+#include "identity/dtypes.h"
+#include "identity/reference.h"
+#include "identity/tp_degree.h"
+#include "loader/format/quant_layout.h"
 
 namespace metaload {
 namespace {

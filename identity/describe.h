@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/format/checkpoint.h"
-#include "model/reference.h"
+#include "identity/reference.h"
 
 namespace metaload {
 
@@ -29,7 +29,7 @@ struct CheckpointInfo {
   uint64_t n_buffer_elements = 0;      // elements of the excluded non-parameter buffers
   uint64_t stored_bytes = 0;           // bytes of tensor data on disk, buffers included
   std::optional<int64_t> max_tp_size;  // from the config, when there is one
-  // For a checkpoint whose config.json has a quantization_config (quant/layout.h): the scheme,
+  // For a checkpoint whose config.json has a quantization_config (loader/format/quant_layout.h): the scheme,
   // the per-module breakdown, and what limits the TP degree. size_bytes is then the exact stored
   // bytes (packed weights, scales, zero points, blobs, unquantized tensors) and n_params counts
   // packed weights by their logical elements and leaves the scales etc. out.

@@ -1,4 +1,4 @@
-#include "model/dtypes.h"
+#include "identity/dtypes.h"
 
 #include <algorithm>
 #include <cctype>

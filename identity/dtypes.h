@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "loader/format/safetensors.h"
-#include "model/errors.h"
+#include "identity/errors.h"
 
 namespace metaload {
 
@@ -65,7 +65,7 @@ inline constexpr std::array<std::string_view, 4> MODEL_DTYPES = {{
 
 // Any accepted spelling of one of MODEL_DTYPES ("half", "torch.bfloat16", "bf16", "double") -> its
 // table entry. DTypeError naming MODEL_DTYPES for other names of the table; resolve_dtype_name's
-// error for unknown ones. model/model_dtype.h maps the entry to a torch ScalarType.
+// error for unknown ones. identity/model_dtype.h maps the entry to a torch ScalarType.
 const DTypeEntry& resolve_model_dtype(std::string_view name);
 
 }  // namespace metaload

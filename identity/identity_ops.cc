@@ -8,12 +8,12 @@
 #include "base/torch_library.h"
 #include "loader/errors.h"
 #include "loader/format/json_util.h"
-#include "model/describe.h"
-#include "model/dtypes.h"
-#include "model/model_key.h"
-#include "model/reference.h"
-#include "model/registry.h"
-#include "model/tp.h"
+#include "identity/describe.h"
+#include "identity/dtypes.h"
+#include "identity/model_key.h"
+#include "identity/reference.h"
+#include "identity/registry.h"
+#include "identity/tp_degree.h"
 
 namespace metaload {
 namespace {
@@ -107,7 +107,7 @@ std::string op_dtype_table() {
 
 // Where a reference's checkpoint is, without opening it: {"key": whether `ref` is a model key,
 // "dir": the directory of its weights, "repo_id", "commit"}. load_into resolves a model key here
-// (hub cache only, model/reference.h) and loads the snapshot directory, never a path the key's
+// (hub cache only, identity/reference.h) and loads the snapshot directory, never a path the key's
 // repo id would name in the working directory.
 std::string op_resolve_reference(std::string ref, c10::optional<std::string> revision,
                                  bool allow_local_paths) {

@@ -1,12 +1,12 @@
 // The torch ScalarType of a dtype a model runs in: the one mapping from the dtype table
-// (model/dtypes.h) to torch, used by TransformersModel's Python constructor and the CLI's --dtype.
+// (identity/dtypes.h) to torch, used by TransformersModel's Python constructor and the CLI's --dtype.
 #pragma once
 
 #include <string_view>
 
 #include <c10/core/ScalarType.h>
 
-#include "model/dtypes.h"
+#include "identity/dtypes.h"
 
 namespace metaload {
 

@@ -1,4 +1,4 @@
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 #include <cctype>
 #include <charconv>
@@ -9,7 +9,7 @@
 #include "base/text.h"
 #include "loader/errors.h"
 #include "loader/format/json_util.h"
-#include "model/registry.h"
+#include "identity/registry.h"
 
 namespace metaload {
 namespace {

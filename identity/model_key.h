@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/errors.h"
+#include "identity/errors.h"
 
 namespace metaload {
 

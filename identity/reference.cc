@@ -1,4 +1,4 @@
-#include "model/reference.h"
+#include "identity/reference.h"
 
 #include <sys/stat.h>
 

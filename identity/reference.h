@@ -9,7 +9,7 @@
 #include <string>
 
 #include "loader/format/reference.h"
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 namespace metaload {
 

@@ -1,4 +1,4 @@
-#include "model/registry.h"
+#include "identity/registry.h"
 
 #include <algorithm>
 #include <map>

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 namespace metaload {
 

@@ -1,4 +1,4 @@
-#include "model/tp.h"
+#include "identity/tp_degree.h"
 
 #include <numeric>
 #include <string>

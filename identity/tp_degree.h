@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/errors.h"
+#include "identity/errors.h"
 
 namespace metaload {
 

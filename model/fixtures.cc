@@ -21,7 +21,7 @@
 #include "loader/format/file_io.h"
 #include "loader/format/hf_cache.h"
 #include "loader/format/writer.h"
-#include "model/checkpoint_shapes.h"
+#include "identity/checkpoint_shapes.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
 #include "model/sha256.h"

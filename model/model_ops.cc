@@ -9,11 +9,11 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
-#include "dist/collectives.h"
+#include "distributed/collectives.h"
 #include "loader/load/progress_board.h"
-#include "model/dtypes.h"
+#include "identity/dtypes.h"
 #include "model/fixtures.h"
-#include "model/model_dtype.h"
+#include "identity/model_dtype.h"
 #include "model/transformers_model.h"
 
 namespace metaload {

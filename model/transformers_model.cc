@@ -13,7 +13,7 @@
 #include "loader/format/checkpoint.h"
 #include "loader/format/file_io.h"
 #include "loader/format/hf_cache.h"
-#include "model/reference.h"
+#include "identity/reference.h"
 #include "model/transformers_model_impl.h"
 
 namespace metaload {

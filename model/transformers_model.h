@@ -28,14 +28,14 @@
 
 #include <ATen/ATen.h>
 
-#include "dist/collectives.h"
+#include "distributed/collectives.h"
 #include "fake_mode/scan.h"
 #include "loader/engine/engine.h"
 #include "loader/engine/file_mapping.h"
 #include "loader/load/plan.h"
 #include "model/errors.h"
 #include "model/families/family.h"
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 namespace torch {
 namespace nn {
@@ -45,7 +45,7 @@ class Module;
 
 namespace metaload {
 
-struct ModelReference;  // model/reference.h
+struct ModelReference;  // identity/reference.h
 
 // The loader's options are the model's (LoadOptions, loader/load/plan.h): dispatch() hands them to
 // metaload::load, with the family's names in place of `names`. Their meaning here:

@@ -7,7 +7,7 @@
 
 #include "base/text.h"
 #include "c10_ext/meta_mode.h"
-#include "dist/handshake.h"
+#include "distributed/handshake.h"
 #include "fake_mode/fake_tensor.h"
 #include "loader/engine/engine_device.h"
 #include "loader/load/slots_torch.h"

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/text.h"
-#include "model/registry.h"
+#include "identity/registry.h"
 #include "model/transformers_model.h"
 #include "model/transformers_model_impl.h"
 

@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 namespace metaload {
 

@@ -2,7 +2,7 @@
 // collectives a tensor-parallel forward runs on (family.h's TensorParallel over dist/).
 #include <fmt/format.h>
 
-#include "dist/handshake.h"
+#include "distributed/handshake.h"
 #include "model/families/spec.h"
 #include "model/sha256.h"
 #include "model/transformers_model.h"

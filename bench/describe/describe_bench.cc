@@ -19,8 +19,8 @@
 
 #include "loader/format/checkpoint.h"
 #include "loader/format/writer.h"
-#include "model/checkpoint_shapes.h"
-#include "model/describe.h"
+#include "identity/checkpoint_shapes.h"
+#include "identity/describe.h"
 
 namespace {
 

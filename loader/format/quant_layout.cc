@@ -1,4 +1,4 @@
-#include "quant/layout.h"
+#include "loader/format/quant_layout.h"
 
 #include <algorithm>
 #include <cmath>

@@ -32,7 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/format/checkpoint.h"
-#include "quant/scheme.h"
+#include "loader/format/quant_scheme.h"
 
 namespace metaload {
 

@@ -1,4 +1,4 @@
-#include "quant/scheme.h"
+#include "loader/format/quant_scheme.h"
 
 #include <algorithm>
 #include <cctype>

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loader/format/safetensors.h"
-#include "quant/errors.h"
+#include "loader/errors.h"
 
 namespace metaload {
 
@@ -59,7 +59,7 @@ struct QuantConfig {
   bool blocks_only = false;
   // GPTQ checkpoint_format "gptq_v2" (zero points stored as they are; "gptq" stores z - 1).
   bool gptq_v2 = false;
-  // Read off the tensors (infer_quant_config, quant/layout.h), not from a quantization_config.
+  // Read off the tensors (infer_quant_config, loader/format/quant_layout.h), not from a quantization_config.
   bool inferred = false;
   nlohmann::json source;  // the quantization_config as given
 };
@@ -82,7 +82,7 @@ std::optional<nlohmann::json> find_quant_config(const nlohmann::json& config);
 //   (W4A4: input_global_scale too), ct-nvfp4a16.
 struct QuantPreset {
   const char* name;
-  const char* table_name;  // the old per-dtype table's name for it (model/dtypes.h)
+  const char* table_name;  // the old per-dtype table's name for it (identity/dtypes.h)
   const char* config;      // the quantization_config JSON
 };
 const std::vector<QuantPreset>& quant_presets();

@@ -2,7 +2,7 @@
 // weights file, an index file, or a Hugging Face repo id in the local hub cache -- and where its
 // weights and config.json are. Stats paths and reads the hub cache's refs only; opens no weight
 // file. The one place the path rules live: open_checkpoint (checkpoint.h) and the model layer's
-// resolve_reference (model/reference.h, which adds model keys) both start here. Torch-free.
+// resolve_reference (identity/reference.h, which adds model keys) both start here. Torch-free.
 #pragma once
 
 #include <optional>

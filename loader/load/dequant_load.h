@@ -1,6 +1,6 @@
 // Dequantizing loads (LoadOptions::dequantize): the quantized weights of a checkpoint go into the
 // module's ordinary weight tensors as float32 / float16 / bfloat16. The layouts are quant/'s (one
-// parser, quant/layout.h: config.json's quantization_config, or the scheme read off the tensors
+// parser, loader/format/quant_layout.h: config.json's quantization_config, or the scheme read off the tensors
 // when there is none); this file turns each quantized module into a dequantization job: its
 // parts to read, the kernel's parameters (kernels/dequant_bits.h QuantView) and, for a
 // tensor-parallel rank, the window of the logical weight on pack and group boundaries.
@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "kernels/dequant_bits.h"  // QuantScheme, QuantView
-#include "loader/format/tp_shard.h"
+#include "loader/tp/shard.h"
 #include "loader/load/plan.h"
-#include "quant/layout.h"
+#include "loader/format/quant_layout.h"
 
 namespace metaload {
 

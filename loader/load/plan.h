@@ -18,7 +18,7 @@
 
 #include "loader/engine/engine.h"
 #include "loader/engine/engine_device.h"
-#include "loader/engine/tp.h"
+#include "loader/tp/slice.h"
 #include "loader/errors.h"  // MismatchError
 #include "loader/format/checkpoint.h"
 #include "loader/load/slots_torch.h"
@@ -66,7 +66,7 @@ struct LoadOptions {
   // off for plain files, which someone may overwrite while the model lives.
   std::optional<bool> map_files;
   // Quantized weights (GPTQ, AWQ, bitsandbytes NF4/FP4 and int8, FP8 with block scales,
-  // compressed-tensors pack-quantized and NVFP4; quant/layout.h, load/dequant_load.h) load
+  // compressed-tensors pack-quantized and NVFP4; loader/format/quant_layout.h, load/dequant_load.h) load
   // dequantized into their ordinary weight targets as this dtype (float32, float16 or bfloat16),
   // in the same all-or-nothing load; LoadReport::dequantized names them. Unset: every tensor
   // loads as stored, by name.

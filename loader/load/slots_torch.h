@@ -13,7 +13,7 @@
 #include "loader/engine/engine.h"
 #include "loader/engine/engine_device.h"
 #include "loader/engine/file_mapping.h"
-#include "loader/engine/tp.h"
+#include "loader/tp/slice.h"
 
 namespace metaload {
 

@@ -1,4 +1,4 @@
-#include "loader/engine/tp.h"
+#include "loader/tp/slice.h"
 
 #include "base/checked.h"
 #include "base/text.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "loader/engine/engine.h"
-#include "loader/format/tp_shard.h"  // TpShard: the general shard a family's TP plan describes
+#include "loader/tp/shard.h"  // TpShard: the general shard a family's TP plan describes
 
 namespace metaload {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "loader/format/tp_shard.h"
+#include "loader/tp/shard.h"
 #include "model/families/config.h"
 
 namespace metaload {
@@ -85,7 +85,7 @@ std::vector<TPRule> tp_plan(const FamilyConfig& config);
 // The rule whose pattern matches `name`; FamilyError when none does.
 const TPRule& tp_rule_for(const std::vector<TPRule>& plan, const std::string& name);
 
-// What rank `rank` of `size` holds of a tensor stored with `shape` (loader/format/tp_shard.h).
+// What rank `rank` of `size` holds of a tensor stored with `shape` (loader/tp/shard.h).
 // FamilyError when the shape does not fit the rule or `size` does not divide what must be divided
 // (heads, features; the padded vocabulary always divides).
 TpShard tp_shard(const TPRule& rule, const std::vector<int64_t>& shape, int64_t rank, int64_t size);

@@ -451,7 +451,7 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
 
 def _key_checkpoint(ref, revision):
     """(ref, revision) to load: for a model key, its snapshot directory in the hub cache at the
-    key's revision joined with `revision` (model/reference.h: a key is never a path, not even
+    key's revision joined with `revision` (identity/reference.h: a key is never a path, not even
     one its repo id names in the working directory; RepoIdError, ResolveError); anything else
     as given (a path first, then a repo id in the hub cache)."""
     if not isinstance(ref, str) or ":" not in ref or os.path.exists(ref):

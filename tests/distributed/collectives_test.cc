@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/collectives.h"
-#include "dist/handshake.h"
+#include "distributed/collectives.h"
+#include "distributed/handshake.h"
 #include "model/fixtures.h"
 #include "model/transformers_model.h"
 #include "tests/loader/test_util.h"

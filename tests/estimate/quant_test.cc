@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "loader/format/writer.h"
-#include "model/checkpoint_shapes.h"
-#include "model/describe.h"
-#include "quant/estimate.h"
-#include "quant/layout.h"
+#include "identity/checkpoint_shapes.h"
+#include "identity/describe.h"
+#include "estimate/estimate.h"
+#include "loader/format/quant_layout.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 using namespace metaload;
 

@@ -46,7 +46,7 @@ def main():
           "m.layers.0.down_proj.qzeros": torch.zeros(2, 2, dtype=torch.int32),
           "m.layers.0.down_proj.scales": torch.zeros(2, 16, dtype=torch.float16),
           "m.layers.0.down_proj.g_idx": torch.zeros(64, dtype=torch.int32)})
-    # A head count no int64 holds (found by the fuzzer: model/tp.cc cast it, undefined behaviour).
+    # A head count no int64 holds (found by the fuzzer: identity/tp_degree.cc cast it, undefined behaviour).
     seed("gptq-float-heads", {"quant_method": "gptq", "bits": 4, "group_size": 32},
          {"m.layers.0.down_proj.qweight": torch.zeros(8, 16, dtype=torch.int32),
           "m.layers.0.down_proj.qzeros": torch.zeros(2, 2, dtype=torch.int32),
@@ -80,7 +80,7 @@ def main():
 
 def inferred():
     """The same tensors without a quantization_config: the scheme a dequantizing load reads off
-    the tensors (quant/layout.h infer_quant_config)."""
+    the tensors (loader/format/quant_layout.h infer_quant_config)."""
     for name in ("gptq", "awq", "bnb-nf4-dq", "bnb-fp4", "bnb-int8", "fp8", "ct-nvfp4"):
         with open(os.path.join(OUT, name), "rb") as f:
             data = f.read()

@@ -1,5 +1,5 @@
-// libFuzzer target: quantized-checkpoint recognition (quant/layout.h) and estimate
-// (quant/estimate.h) on hostile input. An input is "<config.json text>\0<safetensors file>": the
+// libFuzzer target: quantized-checkpoint recognition (loader/format/quant_layout.h) and estimate
+// (estimate/estimate.h) on hostile input. An input is "<config.json text>\0<safetensors file>": the
 // quantization_config is parsed (without one, the scheme is read off the tensors as a
 // dequantizing load does: infer_quant_config), the file's header validated, and its tensors
 // recognised, with quant_state blobs and weight_shape read from the file's own data -- the one
@@ -14,8 +14,8 @@
 
 #include "loader/format/json_util.h"
 #include "loader/format/safetensors.h"
-#include "quant/estimate.h"
-#include "quant/layout.h"
+#include "estimate/estimate.h"
+#include "loader/format/quant_layout.h"
 
 using namespace metaload;
 

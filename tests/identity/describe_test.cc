@@ -1,5 +1,5 @@
 // describe_checkpoint: exact parameter counts from headers, sizes per dtype, byte accounting.
-#include "model/describe.h"
+#include "identity/describe.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,12 +11,12 @@
 #include "base/checked.h"
 #include "loader/format/json_util.h"
 #include "loader/format/writer.h"
-#include "model/checkpoint_shapes.h"
-#include "model/dtypes.h"
-#include "model/errors.h"
-#include "model/model_key.h"
-#include "model/reference.h"
-#include "model/registry.h"
+#include "identity/checkpoint_shapes.h"
+#include "identity/dtypes.h"
+#include "identity/errors.h"
+#include "identity/model_key.h"
+#include "identity/reference.h"
+#include "identity/registry.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {
@@ -246,7 +246,7 @@ TEST(Describe, ModelKeysResolveThroughTheHubCache) {
       hash);
   EXPECT_EQ(describe_checkpoint(nnsight_key, std::nullopt, hash).revision, hash);
   // A key pinning another revision: ModelKeyError, as everywhere a key meets a revision
-  // (model/reference.h join_revision).
+  // (identity/reference.h join_revision).
   expect_error<ModelKeyError>(
       [&] { describe_checkpoint(pinned, std::nullopt, std::string("main")); });
   expect_error<ModelKeyError>([] { describe_checkpoint(R"(unknown.Class:{"repo_id": "x"})"); });

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "loader/format/checkpoint.h"
-#include "model/dtypes.h"
-#include "model/tp.h"
+#include "identity/dtypes.h"
+#include "identity/tp_degree.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -1,10 +1,10 @@
 // The dtype names a model runs in: the CLI's --dtype and TransformersModel's dtype both go through
-// the one table (model/dtypes.h) and the one torch mapping (model/model_dtype.h).
+// the one table (identity/dtypes.h) and the one torch mapping (identity/model_dtype.h).
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "model/model_dtype.h"
+#include "identity/model_dtype.h"
 #include "tests/loader/test_util.h"
 #include "tools/cli/torch/torch_cli.h"
 

@@ -1,5 +1,5 @@
 // Model keys (byte-identical to nnsight's, which uses json.dumps) and the class registry.
-#include "model/model_key.h"
+#include "identity/model_key.h"
 
 #include <functional>
 #include <limits>
@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "loader/format/json_util.h"
-#include "model/registry.h"
+#include "identity/registry.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -1,14 +1,14 @@
 // resolve_reference: every kind of reference a user names a model by, and the one error kind for
 // a key whose revision disagrees with the one asked for. Torch-free.
-#include "model/reference.h"
+#include "identity/reference.h"
 
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
-#include "model/describe.h"
+#include "identity/describe.h"
 #include "model/fixtures.h"
-#include "model/registry.h"
+#include "identity/registry.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

@@ -32,7 +32,7 @@
 #include "loader/engine/engine.h"
 #include "loader/engine/engine_device.h"
 #include "loader/engine/slots.h"
-#include "loader/engine/tp.h"
+#include "loader/tp/slice.h"
 #include "tests/loader/engine_test_util.h"
 
 namespace metaload {

@@ -25,8 +25,8 @@
 #include "loader/load/plan.h"
 #include "loader/load/slots_torch.h"
 #include "model/fixtures.h"
-#include "model/registry.h"
-#include "model/tp.h"
+#include "identity/registry.h"
+#include "identity/tp_degree.h"
 #include "model/transformers_model.h"
 #include "tests/loader/test_util.h"
 

@@ -29,7 +29,7 @@ from conftest import ROOT
 # (file, test) -> why its bound is a hang guard. Keep it small: a new entry needs a wait that can
 # block for good without its bound, and a bound several times the expected time.
 ALLOWED = {
-    ("tests/dist/collectives_test.cc",
+    ("tests/distributed/collectives_test.cc",
      "Collectives.ARankThatNeverAnswersIsATimeoutNamingTheOperation"):
         "the 200 ms collective timeout must end a wait on a group that never answers; bound 10 s",
     ("tests/python/test_dist_load.py", "check_failed_everywhere"):

@@ -2,7 +2,7 @@
 #include <iostream>
 #include <memory>
 
-#include "model/describe.h"
+#include "identity/describe.h"
 #include "tools/cli/command.h"
 
 namespace metaload {

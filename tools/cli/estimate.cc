@@ -5,7 +5,7 @@
 #include <iostream>
 #include <memory>
 
-#include "quant/estimate.h"
+#include "estimate/estimate.h"
 #include "tools/cli/command.h"
 
 namespace metaload {

@@ -5,9 +5,9 @@
 
 #include "loader/format/hf_cache.h"
 #include "loader/format/json_util.h"
-#include "model/model_key.h"
-#include "model/reference.h"
-#include "model/registry.h"
+#include "identity/model_key.h"
+#include "identity/reference.h"
+#include "identity/registry.h"
 #include "tools/cli/command.h"
 
 namespace metaload {

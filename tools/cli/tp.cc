@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "loader/format/checkpoint.h"
-#include "model/reference.h"
-#include "model/tp.h"
+#include "identity/reference.h"
+#include "identity/tp_degree.h"
 #include "tools/cli/command.h"
 
 namespace metaload {

@@ -19,11 +19,11 @@
 
 #include "loader/engine/engine.h"
 #include "loader/format/hf_cache.h"
-#include "model/describe.h"
+#include "identity/describe.h"
 #include "model/fixtures.h"
-#include "model/model_key.h"
-#include "model/registry.h"
-#include "model/tp.h"
+#include "identity/model_key.h"
+#include "identity/registry.h"
+#include "identity/tp_degree.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
 

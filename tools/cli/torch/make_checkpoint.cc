@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/dtypes.h"
+#include "identity/dtypes.h"
 #include "model/fixtures.h"
 #include "tools/cli/torch/torch_cli.h"
 

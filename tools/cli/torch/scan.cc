@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/text.h"
-#include "model/model_dtype.h"
+#include "identity/model_dtype.h"
 #include "model/transformers_model.h"
 #include "tools/cli/torch/torch_cli.h"
 

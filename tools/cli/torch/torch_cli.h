@@ -43,7 +43,7 @@ int exec_python_module(const std::string& module, const std::vector<std::string>
 
 // "cpu", "cuda", "cuda:1"; UsageError naming the option otherwise.
 c10::Device parse_device(const std::string& text, const char* option);
-// A dtype name from the one table (model/dtypes.h) that a model can run in.
+// A dtype name from the one table (identity/dtypes.h) that a model can run in.
 c10::ScalarType parse_model_dtype(const std::string& text, const char* option);
 
 // The arguments of the subcommands that build a model (scan, run): REF, --device, --dtype,
