@@ -351,6 +351,72 @@ def _disconnect(model, url):
     return {"queued_after_close": queued, "after": _compare(model, url, "hidden")}
 
 
+def _hidden_on(model, backend):
+    with model.trace(PROMPT, backend=backend):
+        h = model.transformer.h[0].output.save()  # noqa: F841
+        logits = model.lm_head.output.save()  # noqa: F841
+
+
+def _ttl(model, url):
+    """Two non-blocking requests (no session: their results go through a URL): one downloaded at
+    once, one left for longer than --result-ttl (the server's, 1 s here)."""
+    import httpx
+    blob = _blob(model, _hidden_on)
+    envelope = json.dumps({"model_key": model.to_model_key(), "session_id": "",
+                           "compress": False, "env": {}})
+
+    def result_url():
+        job = httpx.post(url + "/request", data={"data": envelope},
+                         files={"blob": ("r", blob, "application/octet-stream")},
+                         timeout=30).json()["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{url}/response/{job}", timeout=30)
+            if r.status_code == 200 and r.json()["status"] == "COMPLETED":
+                return r.json()["data"]
+            time.sleep(0.02)
+        raise AssertionError(f"request {job} did not complete")
+    at_once = httpx.get(result_url(), timeout=30)
+    left = result_url()
+    time.sleep(1.5)
+    late = httpx.get(left, timeout=30)
+    return {"at_once": at_once.status_code, "at_once_again": httpx.get(
+        at_once.url, timeout=30).status_code, "late": late.status_code,
+        "late_detail": late.json().get("detail")}
+
+
+def _sleep_long(model, backend):
+    with model.trace(PROMPT, backend=backend):
+        import time as _time
+        _time.sleep(600)
+        logits = model.lm_head.output.save()  # noqa: F841
+
+
+def _cancel_running(model, url):
+    """A client that goes away while its (600 s) request runs: the next client's trace is
+    served long before the server's time limit would have stopped the first."""
+    import httpx
+    import websocket
+    from nnsight.schema.response import ResponseModel
+    blob = _blob(model, _sleep_long)
+    ws = websocket.create_connection(url.replace("http", "ws", 1) + "/subscribe", timeout=120)
+    sid = json.loads(ws.recv())["session_id"]
+    envelope = json.dumps({"model_key": model.to_model_key(), "session_id": sid,
+                           "compress": False, "env": {}})
+    httpx.post(url + "/request", data={"data": envelope},
+               files={"blob": ("r", blob, "application/octet-stream")}, timeout=30)
+    states = []
+    while "RUNNING" not in states:
+        frame = ws.recv()
+        r = ResponseModel.unpickle(frame) if isinstance(frame, bytes) else \
+            ResponseModel.model_validate_json(frame)
+        states.append(r.status.value)
+    ws.close()
+    began = time.monotonic()
+    after = _compare(model, url, "hidden")
+    return {"states": states, "after": after, "seconds": time.monotonic() - began}
+
+
 def _oom(model, url):
     """A request that asks for more memory than the machine has: an error, and the next works.
     Only where the kernel refuses an allocation past RAM + swap (vm.overcommit_memory 0 or 2):
@@ -403,7 +469,7 @@ SCENARIOS = {**{name: (lambda n: lambda model, url: _compare(model, url, n))(nam
              "wrong_key": _api_key("wrong"), "right_key": _api_key("right"),
              "key_spellings": _key_spellings, "queue_positions": _queue_positions,
              "disconnect": _disconnect, "oom": _oom, "prints": _prints,
-             "compare_env": _compare_env}
+             "compare_env": _compare_env, "ttl": _ttl, "cancel_running": _cancel_running}
 
 
 def client(url, names):

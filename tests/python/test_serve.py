@@ -294,3 +294,73 @@ def test_metaload_place_refuses_a_model_that_does_not_fit_with_the_numbers(top):
     assert "PlanError" in r.stderr and "does not fit" in r.stderr and "148480 bytes" in r.stderr
     assert "free: cuda:0 64.00 KiB, cuda:1 64.00 KiB" in r.stderr, r.stderr
     assert "TP degrees: [2]" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Results' time to live, a running request whose client went away, and the /subscribe caps
+
+@pytest.fixture(scope="module")
+def short(top):
+    s = Server(top, "--time-limit", "120", "--result-ttl", "1", "--max-subscribers", "3",
+               "--max-subscribers-per-ip", "2", "--subscribe-timeout", "2")
+    yield s
+    s.stop()
+
+
+def test_a_result_not_downloaded_within_its_ttl_is_gone(top, short):
+    r = run_client(top, short.url, "ttl")["ttl"]
+    assert (r["at_once"], r["at_once_again"]) == (200, 404), r  # downloaded once, then gone
+    assert r["late"] == 404 and "downloaded or expired" in r["late_detail"], r
+    assert short.get("/status").json()["results_held"] == 0
+
+
+def test_a_running_request_whose_client_went_away_is_cancelled(top, short):
+    before = short.get("/status").json()["deployments"][REPO]
+    r = run_client(top, short.url, "cancel_running")["cancel_running"]
+    assert r["states"][-1] == "RUNNING" and r["after"] == {"equal": True, "n": 2}, r
+    # The 600 s request would have held the queue until the 120 s time limit
+    assert r["seconds"] < 60, r
+    after = short.get("/status").json()["deployments"][REPO]
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["restarts"] == before["restarts"] + 1 and after["application_state"] == "RUNNING"
+    assert after["executor_pid"] != before["executor_pid"]
+    assert "was cancelled after" in short.stderr() and "its client went away" in short.stderr()
+
+
+def _socket_from(server, source):
+    """A /subscribe websocket from the loopback address `source` (Linux routes 127/8 to lo)."""
+    import socket
+
+    import websocket
+    host, port = server.url.split("//", 1)[1].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
+    return websocket.create_connection(server.url.replace("http", "ws", 1) + "/subscribe",
+                                       socket=sock, timeout=30)
+
+
+def test_subscribe_sockets_are_capped_per_address_and_in_all_and_idle_ones_closed(short):
+    import websocket
+    refused0 = short.get("/status").json()["subscribers_refused"]
+    a = [_socket_from(short, "127.0.0.1") for _ in range(2)]
+    for ws in a:
+        assert json.loads(ws.recv())["session_id"]
+    with pytest.raises(websocket.WebSocketBadStatusException) as third_from_a:
+        _socket_from(short, "127.0.0.1")  # over --max-subscribers-per-ip 2
+    assert third_from_a.value.status_code == 403
+    b = _socket_from(short, "127.0.0.2")
+    assert json.loads(b.recv())["session_id"]
+    with pytest.raises(websocket.WebSocketBadStatusException):
+        _socket_from(short, "127.0.0.3")  # over --max-subscribers 3
+    status = short.get("/status").json()
+    assert status["subscribers"] == 3 and status["subscribers_refused"] == refused0 + 2
+    # No request names these sessions: each is closed after --subscribe-timeout 2 s
+    for ws in a + [b]:
+        ws.settimeout(30)
+        op, frame = ws.recv_data(control_frame=True)
+        assert op == websocket.ABNF.OPCODE_CLOSE, (op, frame)
+        assert int.from_bytes(frame[:2], "big") == 1008 and b"within 2 s" in frame, frame
+    status = short.get("/status").json()
+    assert status["subscribers"] == 0 and status["subscribers_idle_closed"] >= 3
+    c = _socket_from(short, "127.0.0.3")  # room again
+    assert json.loads(c.recv())["session_id"]
+    c.close()

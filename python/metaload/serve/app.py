@@ -31,6 +31,12 @@ class Settings:
     max_body_bytes: int = 64 << 20
     inline_result_bytes: int = 8 << 20
     result_ttl_s: float = 600.0
+    # /subscribe is unauthenticated (nnsight's client sends no key there): open sockets are
+    # capped per client address and in all, and one whose session no POST /request names
+    # within subscribe_timeout_s is closed.
+    max_subscribers: int = 256
+    max_subscribers_per_ip: int = 16
+    subscribe_timeout_s: float = 60.0
     placement: Dict[str, dict] = field(default_factory=dict)
 
 
@@ -59,6 +65,9 @@ class Front:
         self.deployments, self.settings, self.env = deployments, settings, env
         self.store = Store(settings.result_ttl_s)
         self.sessions: Dict[str, asyncio.Queue] = {}
+        self.named: Dict[str, asyncio.Event] = {}  # session -> set once a request names it
+        self.per_ip: Dict[str, int] = {}
+        self.refused_sockets = self.idle_closed = 0
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
     def emit(self, job: Job, status: str, description: str = "", data=None, meta=None):
@@ -94,11 +103,14 @@ class Front:
             entry = dict(d.describe)
             entry.update({"deployment_level": "HOT", "application_state": d.state,
                           "queued": d.queued(), "executor_pid": d.pid, "restarts": d.restarts,
+                          "cancelled": d.cancelled,
                           "load_seconds": d.load_s,
                           "placement": self.settings.placement.get(d.spec.ref)})
             out[d.spec.repo_id if d.spec.revision is None else
                 f"{d.spec.repo_id}@{d.spec.revision}"] = entry
-        return {"deployments": out, "results_held": self.store.results_held()}
+        return {"deployments": out, "results_held": self.store.results_held(),
+                "subscribers": len(self.sessions), "subscribers_refused": self.refused_sockets,
+                "subscribers_idle_closed": self.idle_closed}
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -185,6 +197,8 @@ def _submit_route(app: FastAPI, front: Front):
                 description=f"metaload serve: model key {envelope.model_key!r} is not deployed "
                             f"here; this server holds:\n  {held}").model_dump_json()))
         session = envelope.session_id if envelope.session_id in front.sessions else ""
+        if session:
+            front.named[session].set()
         job = Job(job_id, blob, bool(envelope.compress), dict(envelope.env), session,
                   str(request.base_url).rstrip("/"))
         received = ResponseModel(id=job_id, status="RECEIVED", description="received")
@@ -193,28 +207,73 @@ def _submit_route(app: FastAPI, front: Front):
         return JSONResponse(json.loads(received.model_dump_json()))
 
 
+def _admit(front: Front, ws: WebSocket) -> Optional[str]:
+    """Why a new /subscribe socket is refused (None: it is admitted, and counted)."""
+    ip = ws.client.host if ws.client else "?"
+    st = front.settings
+    total = sum(front.per_ip.values())
+    if total >= st.max_subscribers:
+        return f"{total} /subscribe sockets are open, the most this server takes"
+    if front.per_ip.get(ip, 0) >= st.max_subscribers_per_ip:
+        return (f"{ip} has {front.per_ip[ip]} /subscribe sockets open, the most one address may "
+                f"have")
+    front.per_ip[ip] = front.per_ip.get(ip, 0) + 1
+    return None
+
+
 def _subscribe_route(app: FastAPI, front: Front):
     @app.websocket("/subscribe")
     async def subscribe(ws: WebSocket):
-        await ws.accept()  # a missing key is refused at POST /request, where the client says why
+        # A missing key is refused at POST /request, where the client says why; the socket
+        # itself is unauthenticated, so it is capped (see _admit) and closed if unused.
+        why = _admit(front, ws)
+        if why is not None:
+            front.refused_sockets += 1
+            await ws.close(code=1013, reason=f"metaload serve: {why}; try again later")
+            return
+        ip = ws.client.host if ws.client else "?"
         sid = secrets.token_hex(16)
         queue = front.sessions[sid] = asyncio.Queue()
-        closed = asyncio.ensure_future(ws.receive())
+        named = front.named[sid] = asyncio.Event()
+        closed = timer = None
         try:
+            await ws.accept()
+            closed = asyncio.ensure_future(ws.receive())
+            timer = asyncio.ensure_future(
+                asyncio.wait_for(named.wait(), front.settings.subscribe_timeout_s))
             await ws.send_text(json.dumps({"session_id": sid}))
             while True:
                 frame = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({frame, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if frame not in done:
+                waits = {frame, closed} | ({timer} if timer is not None else set())
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if timer in done:
+                    if not named.is_set():  # no request named this session in time
+                        frame.cancel()
+                        front.idle_closed += 1
+                        await ws.close(code=1008, reason=(
+                            f"metaload serve: no request named this session within "
+                            f"{front.settings.subscribe_timeout_s:g} s"))
+                        break
+                    timer = None
+                if closed in done:
                     frame.cancel()
                     break
+                if frame not in done:
+                    frame.cancel()
+                    continue
                 item = frame.result()
                 await (ws.send_bytes(item) if isinstance(item, bytes) else ws.send_text(item))
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
-            closed.cancel()
+            for task in (closed, timer):
+                if task is not None:
+                    task.cancel()
             front.sessions.pop(sid, None)
+            front.named.pop(sid, None)
+            front.per_ip[ip] -= 1
+            if not front.per_ip[ip]:
+                del front.per_ip[ip]
             for d in front.deployments.values():
                 d.cancel_session(sid)
 
@@ -224,9 +283,9 @@ def make_app(front: Front) -> FastAPI:
     async def lifespan(app):
         front.loop = asyncio.get_running_loop()
 
-        async def expire():
+        async def expire():  # take_result and status refuse expired entries by themselves
             while True:
-                await asyncio.sleep(5)
+                await asyncio.sleep(min(5.0, max(0.1, front.settings.result_ttl_s / 4)))
                 front.store.expire()
         task = asyncio.ensure_future(expire())
         try:

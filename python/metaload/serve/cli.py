@@ -38,8 +38,26 @@ def parser():
     p.add_argument("--inline-result", type=int, default=8 << 20,
                    help="largest result sent on the websocket; larger ones go through a URL")
     p.add_argument("--result-ttl", type=float, default=600.0,
-                   help="seconds a result (and a request's status) is kept for its client")
+                   help="seconds a result too large to go inline (and a request's status) is "
+                        "kept for its client when not downloaded (default 600)")
+    p.add_argument("--max-subscribers", type=int, default=256,
+                   help="most /subscribe websockets open at once (unauthenticated: capped)")
+    p.add_argument("--max-subscribers-per-ip", type=int, default=16,
+                   help="most /subscribe websockets open at once from one client address")
+    p.add_argument("--subscribe-timeout", type=float, default=60.0,
+                   help="seconds a /subscribe websocket stays open before a request names its "
+                        "session")
     return p
+
+
+def check_limits(args):
+    """Every limit positive: a zero or negative one is a UsageError naming the option."""
+    for option in ("time_limit", "max_body", "inline_result", "result_ttl", "max_subscribers",
+                   "max_subscribers_per_ip", "subscribe_timeout"):
+        value = getattr(args, option)
+        if not value > 0:
+            raise UsageError(f"metaload serve: --{option.replace('_', '-')} {value}: must be "
+                             f"positive")
 
 
 def is_loopback(host: str) -> bool:
@@ -134,8 +152,12 @@ def serve(args):
 
     from .app import Front, Settings, make_app, python_env
     from .deployment import Limits
+    check_limits(args)
     settings = Settings(api_keys=check_security(args), max_body_bytes=args.max_body,
-                        inline_result_bytes=args.inline_result, result_ttl_s=args.result_ttl)
+                        inline_result_bytes=args.inline_result, result_ttl_s=args.result_ttl,
+                        max_subscribers=args.max_subscribers,
+                        max_subscribers_per_ip=args.max_subscribers_per_ip,
+                        subscribe_timeout_s=args.subscribe_timeout)
     _start_fork_server()
     holder = {}
     held, settings.placement = _deployments(args, Limits(time_limit_s=args.time_limit),

@@ -8,6 +8,7 @@ is an ERROR; the executor is then killed if need be and started again, and the q
 import collections
 import multiprocessing
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ class ExecutorGone(Exception):
     pass
 
 
+class Cancelled(Exception):
+    """The running request's client went away: its executor is killed and started again."""
+
+
 _ctx_lock = threading.Lock()
 
 
@@ -70,6 +75,7 @@ class Deployment:
         self.limits, self.emit = limits, emit
         self.state = "NOT_STARTED"
         self.restarts, self.load_s, self.pid = 0, [], None
+        self.cancelled = 0  # running requests stopped because their client went away
         self._queue = collections.deque()
         self._cv = threading.Condition()
         self._running: Optional[Job] = None
@@ -143,8 +149,9 @@ class Deployment:
         self.emit(job, "QUEUED", f"queued at position {position}", meta={"position": position})
 
     def cancel_session(self, session_id: str):
-        """Drops the queued requests of a client that went away; a running one's result is
-        dropped when it ends."""
+        """Drops the queued requests of a client that went away, and stops its running one: the
+        deployment's thread sees the mark within half a second, kills the executor (a request is
+        arbitrary code: nothing short of that stops it) and starts it again."""
         with self._cv:
             for job in [j for j in self._queue if j.session_id == session_id]:
                 self._queue.remove(job)
@@ -185,6 +192,8 @@ class Deployment:
             if self.state != "RUNNING":
                 self.emit(job, "ERROR", f"deployment {self.spec.key} cannot start its executor")
                 return
+        if job.cancelled:  # its client went away between the queue and here
+            return
         self.emit(job, "RUNNING", "running")
         began = time.monotonic()
         deadline = began + self.limits.time_limit_s
@@ -194,9 +203,17 @@ class Deployment:
         except ExecutorGone as e:
             self.emit(job, "ERROR", str(e), meta={"seconds": time.monotonic() - began})
             self._restart()
+        except Cancelled:
+            self.cancelled += 1
+            sys.stderr.write(f"metaload serve: request {job.id} of deployment {self.spec.ref} "
+                             f"was cancelled after {time.monotonic() - began:.1f} s: its client "
+                             f"went away; restarting the executor\n")
+            self._restart()
 
     def _wait(self, job: Job, deadline: float):
         while True:
+            if job.cancelled:
+                raise Cancelled()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ExecutorGone(

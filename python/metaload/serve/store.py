@@ -21,7 +21,7 @@ class Store:
     def status(self, job_id: str) -> Optional[str]:
         with self._lock:
             entry = self._status.get(job_id)
-        return None if entry is None else entry[1]
+        return None if entry is None or entry[0] <= time.monotonic() else entry[1]
 
     def put_result(self, data: bytes) -> str:
         token = secrets.token_urlsafe(32)  # 256 bits: the URL is the only credential
@@ -30,9 +30,11 @@ class Store:
         return token
 
     def take_result(self, token: str) -> Optional[bytes]:
+        """The result, once; None when downloaded already or past its time to live (even if the
+        periodic sweep has not removed it yet)."""
         with self._lock:
             entry = self._results.pop(token, None)
-        return None if entry is None else entry[1]
+        return None if entry is None or entry[0] <= time.monotonic() else entry[1]
 
     def results_held(self) -> int:
         with self._lock:
