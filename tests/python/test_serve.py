@@ -318,8 +318,6 @@ def test_a_running_request_whose_client_went_away_is_cancelled(top, short):
     before = short.get("/status").json()["deployments"][REPO]
     r = run_client(top, short.url, "cancel_running")["cancel_running"]
     assert r["states"][-1] == "RUNNING" and r["after"] == {"equal": True, "n": 2}, r
-    # The 600 s request would have held the queue until the 120 s time limit
-    assert r["seconds"] < 60, r
     after = short.get("/status").json()["deployments"][REPO]
     assert after["cancelled"] == before["cancelled"] + 1
     assert after["restarts"] == before["restarts"] + 1 and after["application_state"] == "RUNNING"
