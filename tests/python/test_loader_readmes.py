@@ -1,11 +1,11 @@
-"""loader/ is three packages (format/, engine/, load/), each with a README covering every header
+"""loader/ is four packages (format/, engine/, tp/, load/), each with a README covering every header
 in it, and loader/README.md an index naming them and loader/errors.h (issue 13). Torch-free."""
 import glob
 import os
 
 from conftest import ROOT
 
-PACKAGES = ("format", "engine", "load")
+PACKAGES = ("format", "engine", "tp", "load")
 
 
 def test_every_loader_header_is_named_in_its_folders_readme():
