@@ -18,14 +18,14 @@ BRIDGE_NAME = "libmetaload_c10d"
 
 
 def bridge_path():
-    """libmetaload_c10d.so beside libmetaload.so, or in its dist/ folder (Bazel's bazel-bin);
+    """libmetaload_c10d.so beside libmetaload.so, or in its distributed/ folder (Bazel's bazel-bin);
     METALOAD_C10D_LIB overrides."""
     env = os.environ.get("METALOAD_C10D_LIB")
     if env:
         return env
     here = os.path.dirname(_lib.library_path())
     candidates = [os.path.join(here, BRIDGE_NAME + ".so"),
-                  os.path.join(here, "dist", BRIDGE_NAME + ".so")]
+                  os.path.join(here, "distributed", BRIDGE_NAME + ".so")]
     return next((c for c in candidates if os.path.exists(c)), candidates[0])
 
 
@@ -37,7 +37,7 @@ def _bridge():
             raise _lib.error_class("DistributedError")(
                 f"torch {torch.__version__} cannot hand a process group to C++ by itself and "
                 f"metaload's bridge module {path} does not exist: build it (Bazel: "
-                f"//:libmetaload_c10d.so; CMake: the metaload_c10d target)")
+                f"//distributed:libmetaload_c10d.so; CMake: the metaload_c10d target)")
         loader = importlib.machinery.ExtensionFileLoader(BRIDGE_NAME, path)
         spec = importlib.util.spec_from_file_location(BRIDGE_NAME, path, loader=loader)
         module = importlib.util.module_from_spec(spec)
