@@ -45,6 +45,7 @@ std::optional<at::ScalarType> torch_dtype_of(DType d) {
       {DType::F8_E4M3FNUZ, "Float8_e4m3fnuz"},
       {DType::F8_E5M2FNUZ, "Float8_e5m2fnuz"},
       {DType::F8_E8M0, "Float8_e8m0fnu"},
+      {DType::F4, "Float4_e2m1fn_x2"},
   };
   auto it = names.find(d);
   if (it == names.end()) return std::nullopt;
@@ -55,6 +56,15 @@ std::optional<at::ScalarType> torch_dtype_of(DType d) {
   return std::nullopt;
 }
 
+std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<int64_t>& shape) {
+  if (d != DType::F4) return shape;
+  // torch.float4_e2m1fn_x2 holds two F4 values a byte, along the last dimension.
+  if (shape.empty() || shape.back() % 2 != 0) return std::nullopt;
+  std::vector<int64_t> packed = shape;
+  packed.back() /= 2;
+  return packed;
+}
+
 namespace {
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -62,6 +72,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
   o << at::IntArrayRef(s);
   return o.str();
 }
+
+constexpr const char* kF4LastDim =
+    "which torch.float4_e2m1fn_x2 cannot hold (it packs two values a byte along the last "
+    "dimension, which must be even)";
 
 std::string base_name(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -246,7 +260,13 @@ std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sourc
   spec.name = src.name[owner];
   spec.file = src.file[owner];
   spec.data_offset = ckpt.files[src.file[owner]].data_start + info.begin;
-  spec.stored_shape = info.shape;
+  const std::optional<std::vector<int64_t>> stored_shape = torch_shape_of(info.dtype, info.shape);
+  if (!stored_shape) {
+    bad.mismatched.push_back({t.name, ": " + where + " is " + dtype_name(info.dtype) + " " +
+                                          shape_str(info.shape) + ", " + kF4LastDim});
+    return std::nullopt;
+  }
+  spec.stored_shape = *stored_shape;
   spec.stored_dtype = *stored;
   spec.dtype = *want;
   const std::optional<std::vector<int64_t>> shape = slot_shape(t, spec, opt, bad);
@@ -520,8 +540,14 @@ std::tuple<std::vector<std::string>, std::vector<at::Tensor>, std::string> load_
   for (const TensorInfo& info : header.tensors) {
     const std::optional<at::ScalarType> dtype = torch_dtype_of(info.dtype);
     if (!dtype) return {{}, {}, dtype_name(info.dtype)};
+    const std::optional<std::vector<int64_t>> shape = torch_shape_of(info.dtype, info.shape);
+    if (!shape) {
+      throw FormatError(
+          path, info.name, "unsupported-dtype",
+          std::string(dtype_name(info.dtype)) + " " + shape_str(info.shape) + ": " + kF4LastDim);
+    }
     names.push_back(info.name);
-    tensors.push_back(at::empty(info.shape, at::TensorOptions().dtype(*dtype).device(at::kMeta)));
+    tensors.push_back(at::empty(*shape, at::TensorOptions().dtype(*dtype).device(at::kMeta)));
     t.push_back({info.name, tensors.back()});
   }
   if (t.empty()) return {names, tensors, ""};

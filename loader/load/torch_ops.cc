@@ -38,6 +38,7 @@ std::optional<DType> safetensors_dtype_of(c10::ScalarType t) {
       {"Float8_e4m3fnuz", DType::F8_E4M3FNUZ},
       {"Float8_e5m2fnuz", DType::F8_E5M2FNUZ},
       {"Float8_e8m0fnu", DType::F8_E8M0},
+      {"Float4_e2m1fn_x2", DType::F4},
   };
   auto it = by_name.find(c10::toString(t));
   if (it == by_name.end()) return std::nullopt;
@@ -70,6 +71,14 @@ Prepared prepare(const std::string& file, const std::string& name, const at::Ten
         std::string("dtype ") + c10::toString(t.scalar_type()) + " has no safetensors equivalent");
   }
   Prepared p{name, *d, t.sizes().vec(), {}};
+  if (*d == DType::F4) {  // the header counts F4 values; float4_e2m1fn_x2 holds two a byte
+    if (p.shape.empty()) {
+      throw FormatError(file, name, "unsupported-dtype",
+                        "a 0-d float4_e2m1fn_x2 tensor has no last dimension to store its two F4 "
+                        "values along");
+    }
+    p.shape.back() *= 2;
+  }
   // The CPU contiguous copy is made when the writer first asks for this tensor's bytes and dropped
   // after the last block, so only one tensor is ever copied at a time.
   auto cache = std::make_shared<at::Tensor>();

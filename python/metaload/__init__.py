@@ -16,21 +16,22 @@ from ._lib import (ConfigError, ConversionError, DataDependentError, DequantErro
                    QuantLayoutError, QuantSchemeError, ReadError,
                    RepoIdError, ResolveError, ScanError, ShapeError, ShardError, SizeOverflowError,
                    SliceError, SwapError, TPError, UnknownOpError, UsageError, VerifyError,
-                   build_info, error_class, library_path, load)
+                   build_info, error_class, library_path)
+from ._lib import load as _load_library
 from ._fake import fake, is_fake
 from ._scan import ModuleShape, Scan, scan
 from ._load import FileReport, LoadReport, check_mapped_files, load_into, quant_layout
 from ._dist_load import DistReport
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
-from ._safetensors import load_file, safe_open, save_file
+from ._safetensors import FormatValueError, load, load_file, safe_open, save, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
 from .checkpoint import (CheckpointInfo, QuantEstimate, bytes_per_element, describe,
                          describe_checkpoint, estimate, from_model_key, max_tp_size,
                          quant_presets, save_safetensors, to_model_key, tp_degree_for)
 
-ops = load()
+ops = _load_library()
 __version__ = build_info()[0]
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "is_fake",
     "is_forcing",
     "library_path",
+    "load",
     "load_file",
     "load_into",
     "make_checkpoint",
@@ -69,6 +71,7 @@ __all__ = [
     "real",
     "reset_forcing_stats",
     "safe_open",
+    "save",
     "save_file",
     "save_safetensors",
     "scan",
@@ -87,6 +90,7 @@ __all__ = [
     "FileChangedError",
     "FixtureError",
     "FormatError",
+    "FormatValueError",
     "LoadCancelled",
     "LoadError",
     "MismatchError",

@@ -1,7 +1,9 @@
 """The safetensors library's Python names, over metaload's own header reader, writer and loader:
 
     metaload.save_file({"w": w, "b": b}, "model.safetensors", metadata={"format": "pt"})
+    data = metaload.save({"w": w})                                     # the same bytes, in memory
     tensors = metaload.load_file("model.safetensors", device="cpu")       # {name: tensor}
+    tensors = metaload.load(data)                                      # {name: tensor} on cpu
     mapped = metaload.load_file("model.safetensors", mmap=True)   # views of a copy-on-write map
     with metaload.safe_open("model.safetensors", framework="pt") as f:     # reads the header only
         f.keys(), f.metadata()
@@ -9,16 +11,26 @@
         rows = f.get_slice("w")[:, 0:128]                         # reads what the slice selects
 
 Files are the format's, read and written by both libraries alike; for the same tensors (and metadata
-of at most one entry: safetensors keeps it in a hash map) save_file writes the same bytes as
-safetensors.torch.save_file (tests/python/test_safetensors_api.py checks both directions).
+of at most one entry: safetensors keeps it in a hash map) save_file and save write the same bytes as
+safetensors.torch.save_file and save (tests/python/test_safetensors_api.py checks both directions,
+tests/python/test_safetensors_conformance.py runs safetensors' own cases against both libraries).
 
-Differences: save_file stores every key, also tensors that share memory (safetensors refuses them;
-save_safetensors stores ties once); metadata() is None for a file whose metadata is absent or
-empty (safetensors tells those apart); only framework="pt".
+save_file and save refuse what safetensors refuses, with the exception types it raises: a value
+that is not a dict of {str: Tensor} and a non-strided (sparse, ...) or non-contiguous tensor are a
+FormatValueError (a metaload.FormatError that is also a ValueError), tensors whose memory overlaps
+a FormatError (a RuntimeError, as safetensors'); checkpoint.save_safetensors still writes any
+strides and stores tied tensors. F4 (torch.float4_e2m1fn_x2, two values a byte) is stored with the
+logical shape in the header (the last dimension doubled), as safetensors does.
+
+Differences: metadata() is None for a file whose metadata is absent or empty (safetensors tells
+those apart); only framework="pt"; load(data) goes through a temporary file (the validating reader
+reads files), and its tensors own their memory; a malformed file or bytes is a metaload.FormatError
+(safetensors: its SafetensorError); messages are metaload's own.
 """
 import json
 import mmap
 import os
+import tempfile
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -29,14 +41,29 @@ PathLike = Union[str, "os.PathLike[str]"]
 Device = Union[str, int, torch.device]
 
 # Format dtype names -> torch dtypes this torch has (torch 1.13 lacks the unsigned 16-64 bit
-# integers and the float8 types).
+# integers, the float8 types and float4; no torch has F6_E2M3 or F6_E3M2). The C++ side keeps the
+# same pairs in loader/load/plan.cc (torch_dtype_of) and torch_ops.cc (safetensors_dtype_of).
 _DTYPES = {name: getattr(torch, attr) for name, attr in [
     ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"), ("I16", "int16"), ("U16", "uint16"),
     ("F16", "float16"), ("BF16", "bfloat16"), ("I32", "int32"), ("U32", "uint32"),
     ("F32", "float32"), ("F64", "float64"), ("I64", "int64"), ("U64", "uint64"),
     ("C64", "complex64"), ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
     ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-    ("F8_E8M0", "float8_e8m0fnu")] if hasattr(torch, attr)}
+    ("F8_E8M0", "float8_e8m0fnu"), ("F4", "float4_e2m1fn_x2")] if hasattr(torch, attr)}
+# Every dtype name the format (and safetensors 0.8) defines.
+FORMAT_DTYPES = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+                 "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
+                 "C64", "F64", "I64", "U64")
+
+
+class FormatValueError(_lib.FormatError, ValueError):
+    """A metaload.FormatError that is also a ValueError, for what safetensors raises a ValueError
+    for (save_file / save of something that is not {str: Tensor}, of a non-strided or
+    non-contiguous tensor): `except ValueError` and `except metaload.FormatError` both catch it.
+    Not a C++ kind: the library never raises it."""
+
+
+FormatValueError.__module__ = "metaload"
 
 
 def _real():
@@ -51,33 +78,156 @@ def _device(device: Device) -> torch.device:
     return torch.device(device)
 
 
-def _torch_dtype(name: str, where: str) -> torch.dtype:
+def _lacking(path: str, dtype: str, tensor: str) -> "_lib.DTypeError":
+    return _lib.DTypeError(f"{path}: tensor {_lib.quote(tensor)}: this torch ({torch.__version__}) "
+                           f"has no dtype for the file's {dtype}")
+
+
+def _torch_dtype(name: str, path: str, tensor: str) -> torch.dtype:
     dtype = _DTYPES.get(name)
     if dtype is None:
-        raise _lib.DTypeError(f"{where}: this torch ({torch.__version__}) has no dtype for the "
-                              f"file's {name}")
+        raise _lacking(path, name, tensor)
     return dtype
 
 
-@_lib.typed_errors
-def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
-              metadata: Optional[Dict[str, str]] = None) -> None:
-    """Writes `tensors` ({name: tensor}, any device, any strides) to `filename` as safetensors,
-    with `metadata` ({str: str}) in the header. Written to a temporary file and renamed into
-    place."""
-    if not isinstance(tensors, dict):
-        raise TypeError(f"save_file takes a dict of tensors, not {type(tensors).__name__}")
+def _torch_shape(dtype: str, shape: List[int], path: str, tensor: str) -> List[int]:
+    """The torch shape of a stored tensor: F4's float4_e2m1fn_x2 holds two values a byte."""
+    if dtype != "F4":
+        return list(shape)
+    if not shape or shape[-1] % 2:
+        raise _lib.FormatError(f"{path}: tensor {_lib.quote(tensor)}: F4 {list(shape)}, which "
+                               "torch.float4_e2m1fn_x2 cannot hold (it packs two values a byte "
+                               "along the last dimension, which must be even) (rule "
+                               "unsupported-dtype)")
+    return list(shape[:-1]) + [shape[-1] // 2]
+
+
+def _storage_span(t: torch.Tensor):
+    """(device, storage address, first byte, end byte) of the memory `t` covers, or None (meta,
+    no storage, empty)."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return None
+    try:
+        storage = t.untyped_storage()
+    except AttributeError:  # torch 1.13
+        storage = t.storage()
+    base = storage.data_ptr()
+    if base == 0:
+        return None
+    start = t.data_ptr()
+    end = start + t.element_size()
+    for size, stride in zip(t.shape, t.stride()):  # the farthest element covered
+        end += (size - 1) * stride * t.element_size()
+    return t.device, base, start, end
+
+
+def _shared_groups(tensors: Dict[str, torch.Tensor]) -> List[List[str]]:
+    """Names of tensors whose memory overlaps, by groups (disjoint parts of one storage are not
+    shared: safetensors writes them)."""
+    by_storage = {}
     for name, t in tensors.items():
-        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
-            raise TypeError(f"save_file: {_lib.quote(name)} -> {type(t).__name__}: tensors must be "
-                            "{str: torch.Tensor}")
-    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str)
-                                        for k, v in metadata.items()):
-        raise TypeError("save_file: metadata must be {str: str}")
+        span = _storage_span(t)
+        if span is not None:
+            by_storage.setdefault(span[:2], []).append((span[2], span[3], name))
+    groups = []
+    for spans in by_storage.values():
+        spans.sort()
+        current, stop = [spans[0][2]], spans[0][1]
+        for start, end, name in spans[1:]:
+            if start < stop:
+                current.append(name)
+                stop = max(stop, end)
+            else:
+                groups.append(current)
+                current, stop = [name], end
+        groups.append(current)
+    return [sorted(g) for g in groups if len(g) > 1]
+
+
+def _check_for_save(fn: str, tensors, metadata) -> None:
+    """What safetensors refuses, in its order and with its exception types."""
+    if not isinstance(tensors, dict):
+        raise FormatValueError(f"{fn}: expected a dict of {{str: torch.Tensor}}, not "
+                               f"{type(tensors).__name__} (rule not-a-dict)")
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise FormatValueError(f"{fn}: {_lib.quote(name)}: expected a torch.Tensor, not "
+                                   f"{type(t).__name__} (rule not-a-tensor)")
+    for name in tensors:
+        if not isinstance(name, str):
+            raise TypeError(f"{fn}: {_lib.quote(name)} ({type(name).__name__}): tensor names must "
+                            "be str")
+    not_strided = [n for n, t in tensors.items() if t.layout != torch.strided]
+    if not_strided:
+        raise FormatValueError(
+            f"{fn}: {', '.join(map(_lib.quote, not_strided))}: only dense (strided) tensors can "
+            "be saved; make them dense with .to_dense() first (rule unsupported-layout)")
+    shared = _shared_groups(tensors)
+    if shared:
+        raise _lib.FormatError(
+            f"{fn}: tensors that share memory: "
+            + "; ".join(", ".join(map(_lib.quote, g)) for g in shared)
+            + " (each would be stored whole, and load untied): save one of each, or use "
+              "metaload.save_safetensors, which stores tied tensors (rule shared-memory)")
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise FormatValueError(
+                f"{fn}: {_lib.quote(name)}: a non-contiguous tensor (a view of another one, or "
+                "transposed): save .contiguous() or the whole tensor (rule non-contiguous)")
+    if metadata is not None and (not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise TypeError(f"{fn}: metadata must be {{str: str}}")
+
+
+@_lib.typed_errors
+def _write(fn: str, tensors, filename: str, metadata) -> None:
+    _check_for_save(fn, tensors, metadata)
     md = json.dumps(metadata) if metadata else ""
     with _real():
-        _lib.load().save_safetensors(os.fspath(filename), list(tensors),
+        _lib.load().save_safetensors(filename, list(tensors),
                                      [t.detach() for t in tensors.values()], md)
+
+
+def _as_bytes_error(e: "_lib.Error", path: str) -> "_lib.Error":
+    """`e` naming "<bytes>" instead of the temporary file `path`."""
+    return type(e)(str(e).replace(path, "<bytes>"))
+
+
+def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,
+              metadata: Optional[Dict[str, str]] = None) -> None:
+    """Writes `tensors` ({name: tensor}, any device, dense and contiguous, no two sharing memory)
+    to `filename` as safetensors, with `metadata` ({str: str}) in the header. Written to a
+    temporary file and renamed into place."""
+    _write("save_file", tensors, os.fspath(filename), metadata)
+
+
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes save_file(tensors, ..., metadata) writes (safetensors.torch.save's), through a
+    temporary file."""
+    with tempfile.TemporaryDirectory(prefix="metaload-save-") as tmp:
+        path = os.path.join(tmp, "tensors.safetensors")
+        try:
+            _write("save", tensors, path, metadata)
+        except _lib.Error as e:
+            raise _as_bytes_error(e, path) from None
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """The tensors of safetensors file bytes `data` (safetensors.torch.load's), on cpu, in file
+    order, validated as load_file validates a file (through a temporary file); each owns its
+    memory."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"load takes the bytes of a safetensors file, not {type(data).__name__}")
+    with tempfile.TemporaryDirectory(prefix="metaload-load-") as tmp:
+        path = os.path.join(tmp, "bytes.safetensors")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            return load_file(path)
+        except _lib.Error as e:
+            raise _as_bytes_error(e, path) from None
 
 
 @_lib.typed_errors
@@ -93,8 +243,9 @@ def load_file(filename: PathLike, device: Device = "cpu",
     with _real():
         names, tensors, lacking = _lib.load().load_file(path, _device(device), bool(mmap))
     if lacking:
-        raise _lib.DTypeError(f"{path}: this torch ({torch.__version__}) has no dtype for the "
-                              f"file's {lacking}")
+        header = json.loads(_lib.load().read_safetensors_header(path))
+        tensor = next(t["name"] for t in header["tensors"] if t["dtype"] == lacking)
+        raise _lacking(path, lacking, tensor)
     return dict(zip(names, tensors))
 
 
@@ -153,8 +304,8 @@ class safe_open:  # noqa: N801 (safetensors' name)
     def _view(self, name: str) -> torch.Tensor:
         """The tensor's bytes in the file as a CPU tensor of its dtype and shape (no copy)."""
         t = self._entry(name)
-        dtype = _torch_dtype(t["dtype"], self._path)
-        shape = t["shape"]
+        dtype = _torch_dtype(t["dtype"], self._path, name)
+        shape = _torch_shape(t["dtype"], t["shape"], self._path, name)
         numel = 1
         for s in shape:
             numel *= s

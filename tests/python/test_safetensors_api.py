@@ -99,15 +99,12 @@ def _case(name):
         return {"big": torch.ones(10 * 2**20, dtype=torch.float32),
                 "small.a": _rand((5,), torch.float16, gen),
                 "small.b": _rand((3, 3), torch.int32, gen)}, None
-    if name == "non-contiguous":  # metaload writes any strides; safetensors wants contiguous
-        base = _rand((6, 4), torch.float32, gen)
-        return {"t": base.t(), "every_other": base[::2], "c": base}, None
     raise KeyError(name)
 
 
 CASES = ([f"dtype-{d}" for d in COMMON + NEWER] +
          ["0-d", "empty", "metadata-one", "metadata-many", "same-size-dtypes", "names", "many",
-          "large-offsets", "non-contiguous"])
+          "large-offsets"])
 # Identical bytes except where the format leaves a choice (module docstring).
 IDENTICAL = set(CASES) - {"metadata-many"}
 
@@ -333,8 +330,11 @@ def test_load_file_and_safe_open_are_real_inside_meta(tmp_path):
 
 def test_save_file_rejects_what_it_cannot_write(tmp_path):
     path = tmp_path / "bad.safetensors"
-    with pytest.raises(TypeError):
+    with pytest.raises(metaload.FormatValueError) as e:  # safetensors' ValueError
         metaload.save_file([torch.ones(1)], path)
+    assert isinstance(e.value, ValueError) and e.value.rule == "not-a-dict"
+    with pytest.raises(TypeError, match="names must be str"):
+        metaload.save_file({1: torch.ones(1)}, path)
     with pytest.raises(TypeError):
         metaload.save_file({"a": torch.ones(1)}, path, metadata={"n": 1})
     with pytest.raises(metaload.FormatError) as e:
@@ -343,3 +343,148 @@ def test_save_file_rejects_what_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match="framework"):
         metaload.safe_open(path, framework="np")
     assert not os.path.exists(path)
+
+
+def _no_file(path):
+    return not os.path.exists(path)
+
+
+@pytest.mark.parametrize("bad, rule", [
+    ({"w": {"a": 1}}, "not-a-tensor"),
+    ({"w": torch.ones(2, 3).to_sparse()}, "unsupported-layout"),
+    ({"w": torch.ones(4, 4).t()}, "non-contiguous"),
+    ({"w": torch.ones(4, 4)[:, ::2]}, "non-contiguous"),
+])
+def test_what_safetensors_calls_a_value_error_is_a_format_value_error(tmp_path, bad, rule):
+    path = str(tmp_path / "v.safetensors")
+    for save in (lambda: metaload.save_file(bad, path), lambda: metaload.save(bad)):
+        with pytest.raises(ValueError) as e:
+            save()
+        assert isinstance(e.value, metaload.FormatError) and isinstance(e.value, metaload.Error)
+        assert e.value.rule == rule and "'w'" in str(e.value)
+    assert _no_file(path)
+
+
+def test_tensors_sharing_memory_are_refused_naming_each_group(tmp_path):
+    a, b = torch.arange(12.0), torch.arange(5.0)
+    path = str(tmp_path / "s.safetensors")
+    tensors = {"a": a, "a.head": a[:4], "a.tail": a[8:], "b": b, "b.same": b, "c": torch.ones(2)}
+    with pytest.raises(metaload.FormatError) as e:
+        metaload.save_file(tensors, path)
+    assert e.value.rule == "shared-memory" and isinstance(e.value, RuntimeError)
+    assert "'a', 'a.head', 'a.tail'; 'b', 'b.same'" in str(e.value) and "'c'" not in str(e.value)
+    assert _no_file(path)
+    # Disjoint parts of one storage share no byte: written, as safetensors writes them.
+    metaload.save_file({"head": a[:4], "tail": a[4:]}, path)
+    assert torch.equal(metaload.load_file(path)["tail"], a[4:])
+
+
+def test_save_safetensors_still_writes_any_strides_and_ties(tmp_path):
+    """checkpoint.save_safetensors is metaload's own writer, not the drop-in: it takes the views
+    and tied tensors of a state dict as they are."""
+    base = torch.arange(24.0).reshape(6, 4)
+    path = str(tmp_path / "any.safetensors")
+    metaload.save_safetensors(path, {"t": base.t(), "every_other": base[::2], "c": base})
+    got = metaload.load_file(path)
+    assert torch.equal(got["t"], base.t()) and torch.equal(got["every_other"], base[::2])
+    assert torch.equal(got["c"], base)
+
+
+def test_save_and_load_in_memory(tmp_path):
+    gen = torch.Generator().manual_seed(5)
+    tensors = {"w": torch.randn(3, 5, generator=gen), "ids": torch.arange(4),
+               "e": torch.empty(0, 2), "s": torch.tensor(1.5)}
+    data = metaload.save(tensors, metadata={"format": "pt"})
+    path = tmp_path / "f.safetensors"
+    metaload.save_file(tensors, path, metadata={"format": "pt"})
+    assert data == path.read_bytes()
+    for source in (data, bytearray(data), memoryview(data)):
+        _assert_same_tensors(metaload.load(source), tensors)
+    with pytest.raises(TypeError):
+        metaload.load(str(path))
+    with pytest.raises(metaload.FormatError, match="^<bytes>: ") as e:
+        metaload.load(data[:20])
+    assert "metaload-load-" not in str(e.value)
+    with pytest.raises(metaload.FormatError) as e:  # the C++ writer's refusal, on <bytes>
+        metaload.save({"m": torch.ones(2, device="meta")})
+    assert e.value.rule == "no-data" and str(e.value).startswith("<bytes>: ")
+
+
+def _one_tensor_file(path, dtype, shape, nbytes):
+    header = json.dumps({"w": {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}})
+    header += " " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(nbytes))
+    return path
+
+
+# Every dtype safetensors 0.8 knows: (name, torch attribute or None where no torch has one, bits).
+FORMAT_DTYPES = [
+    ("BOOL", "bool", 8), ("F4", "float4_e2m1fn_x2", 4), ("F6_E2M3", None, 6),
+    ("F6_E3M2", None, 6), ("U8", "uint8", 8), ("I8", "int8", 8), ("F8_E5M2", "float8_e5m2", 8),
+    ("F8_E4M3", "float8_e4m3fn", 8), ("F8_E8M0", "float8_e8m0fnu", 8),
+    ("F8_E4M3FNUZ", "float8_e4m3fnuz", 8), ("F8_E5M2FNUZ", "float8_e5m2fnuz", 8),
+    ("I16", "int16", 16), ("U16", "uint16", 16), ("F16", "float16", 16),
+    ("BF16", "bfloat16", 16), ("I32", "int32", 32), ("U32", "uint32", 32),
+    ("F32", "float32", 32), ("C64", "complex64", 64), ("F64", "float64", 64),
+    ("I64", "int64", 64), ("U64", "uint64", 64)]
+
+
+def test_format_dtypes_are_safetensors_0_8s():
+    from metaload import _safetensors
+    assert [d for d, _, _ in FORMAT_DTYPES] == list(_safetensors.FORMAT_DTYPES)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+@pytest.mark.parametrize("name, attr, bits", FORMAT_DTYPES)
+def test_every_format_dtype_is_read(tmp_path, name, attr, bits, mmap):
+    """The header of every 0.8 dtype parses (describe, safe_open); its tensor loads where torch
+    has the dtype, else a DTypeError names the dtype, the tensor and the file."""
+    shape = [2, 4]  # 8 values: a whole number of bytes for the 4- and 6-bit dtypes too
+    path = _one_tensor_file(tmp_path / f"{name}.safetensors", name, shape, 8 * bits // 8)
+    info = metaload.describe(str(path))
+    assert info.n_tensors == 1 and info.stored_bytes == 8 * bits // 8
+    with metaload.safe_open(path) as f:
+        assert f.get_slice("w").get_dtype() == name and f.get_slice("w").get_shape() == shape
+    dtype = getattr(torch, attr, None) if attr else None
+    if dtype is None:
+        with pytest.raises(metaload.DTypeError) as e:
+            metaload.load_file(path, mmap=mmap)
+        assert str(e.value).startswith(f"{path}: tensor 'w': ") and name in str(e.value)
+        with pytest.raises(metaload.DTypeError, match=f"tensor 'w': .*{name}"):
+            metaload.safe_open(path).get_tensor("w")
+        return
+    w = metaload.load_file(path, mmap=mmap)["w"]
+    want = [2, 2] if name == "F4" else shape  # float4_e2m1fn_x2 holds two F4 values a byte
+    assert w.dtype == dtype and list(w.shape) == want
+    assert w.view(torch.uint8).sum().item() == 0
+    with metaload.safe_open(path) as f:
+        assert f.get_tensor("w").dtype == dtype and list(f.get_tensor("w").shape) == want
+
+
+def test_f4_with_an_odd_last_dimension_names_the_tensor(tmp_path):
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip(f"torch {torch.__version__} has no float4_e2m1fn_x2")
+    path = _one_tensor_file(tmp_path / "odd.safetensors", "F4", [2, 3], 3)
+    with pytest.raises(metaload.FormatError) as e:
+        metaload.load_file(path)
+    assert e.value.rule == "unsupported-dtype" and "'w'" in str(e.value) and "[2, 3]" in str(e.value)
+    with pytest.raises(metaload.FormatError, match="'w'.*unsupported-dtype"):
+        metaload.safe_open(path).get_tensor("w")
+    with pytest.raises(metaload.FormatError, match="0-d"):
+        metaload.save_file({"s": torch.tensor([0], dtype=torch.uint8).view(
+            torch.float4_e2m1fn_x2).reshape(())}, tmp_path / "s.safetensors")
+
+
+def test_f4_loads_into_a_module(tmp_path):
+    """load_into plans F4 as torch holds it: the module's float4_e2m1fn_x2 [n, k/2]."""
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip(f"torch {torch.__version__} has no float4_e2m1fn_x2")
+    f4 = torch.float4_e2m1fn_x2
+    packed = torch.arange(8, dtype=torch.uint8).reshape(2, 4).view(f4)
+    path = tmp_path / "m.safetensors"
+    metaload.save_file({"packed": packed}, path)
+    module = torch.nn.Module()
+    module.register_buffer("packed", torch.empty(2, 4, dtype=f4, device="meta"))
+    metaload.load_into(module, str(path))
+    assert module.packed.dtype == f4 and list(module.packed.shape) == [2, 4]
+    assert module.packed.view(torch.uint8).tolist() == packed.view(torch.uint8).tolist()
