@@ -16,6 +16,33 @@ def lib_path():
     return os.path.abspath(path)
 
 
+def import_safetensors():
+    """PyPI's safetensors (its torch module imported too), or None: from this Python's
+    site-packages (tools/requirements.txt pins it for the torch 2.x environment), else from the
+    torch113-peers folder tools/setup fills beside that environment for Debian's torch 1.13,
+    which is on sys.path for this import only (its other packages stay unseen)."""
+    try:
+        import safetensors
+        import safetensors.torch
+        return safetensors
+    except ImportError:
+        pass
+    venv = subprocess.run([os.path.join(ROOT, "tools", "torch2_env")], capture_output=True,
+                          text=True).stdout.strip()
+    peers = os.path.join(os.path.dirname(venv), "torch113-peers")
+    if not venv or not os.path.isdir(os.path.join(peers, "safetensors")):
+        return None
+    sys.path.append(peers)
+    try:
+        import safetensors
+        import safetensors.torch
+        return safetensors
+    except ImportError:
+        return None
+    finally:
+        sys.path.remove(peers)
+
+
 def cli_path():
     """The metaload tool of the build under test: METALOAD_CLI, else next to the library."""
     if os.environ.get("METALOAD_CLI"):

@@ -11,9 +11,10 @@ the header padded with spaces to a multiple of 8. What is left open: the order o
 entries (safetensors keeps them in a Rust HashMap, in a different order from run to run) and
 whether empty metadata is written as `{}` or not at all; those cases compare parsed headers.
 
-PyPI's safetensors is installed in the torch 2.x environment only (tools/requirements.txt); Debian
-packages no python3-safetensors, so under Debian's torch 1.13 the interop tests skip and the
-metaload-only tests (round trips, header bytes, slicing) run.
+PyPI's safetensors is pinned for the torch 2.x environment (tools/requirements.txt); Debian packages
+no python3-safetensors, so for Debian's torch 1.13 it comes from tools/setup's torch113-peers folder
+(conftest.import_safetensors); without either, the interop tests skip and the metaload-only tests
+(round trips, header bytes, slicing) run.
 """
 import json
 import os
@@ -23,19 +24,16 @@ import pytest
 import torch
 
 import metaload
+from conftest import import_safetensors
 from metaload import checkpoint
 
-try:
-    import safetensors
-    import safetensors.torch
-except ImportError:  # Debian's Python: see the module docstring
-    safetensors = None
+safetensors = import_safetensors()
 
 needs_safetensors = pytest.mark.skipif(
     safetensors is None,
-    reason="PyPI's safetensors is not installed for this Python: it is in tools/requirements.txt "
-           "for the torch 2.x environment, and Debian has no python3-safetensors package for "
-           "Debian's torch 1.13")
+    reason="PyPI's safetensors is not importable for this Python: it is in tools/requirements.txt "
+           "for the torch 2.x environment and tools/setup's torch113-peers folder for Debian's "
+           "torch 1.13 (Debian has no python3-safetensors package)")
 
 
 def _rand(shape, dtype, gen):

@@ -14,48 +14,16 @@ The MPS, NPU and HPU cases of the original have no device here and are left out;
 skip without CUDA.
 
 safetensors 0.8.0 is pinned in tools/requirements.txt for the torch 2.x environment; for Debian's
-torch 1.13, tools/setup puts it in the torch113-peers folder beside that environment, which this
-file adds to sys.path. Cases that need a dtype torch 1.13 lacks skip there.
+torch 1.13 it comes from tools/setup's torch113-peers folder (conftest.import_safetensors). Cases
+that need a dtype torch 1.13 lacks skip there.
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import metaload
+from conftest import import_safetensors
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def _import_safetensors():
-    """safetensors (the package, its torch module), or None: from this Python's site-packages,
-    else (torch 1.x) from tools/setup's torch113-peers folder."""
-    try:
-        import safetensors
-        import safetensors.torch
-        return safetensors
-    except ImportError:
-        pass
-    venv = subprocess.run([os.path.join(ROOT, "tools", "torch2_env")], capture_output=True,
-                          text=True).stdout.strip()
-    peers = os.path.join(os.path.dirname(venv), "torch113-peers")
-    if not venv or not os.path.isdir(os.path.join(peers, "safetensors")):
-        return None
-    sys.path.append(peers)  # for this import only: the folder's other packages stay unseen
-    try:
-        import safetensors
-        import safetensors.torch
-        return safetensors
-    except ImportError:
-        return None
-    finally:
-        sys.path.remove(peers)
-
-
-_st = _import_safetensors()
+_st = import_safetensors()
 
 
 class _Library:
