@@ -22,9 +22,8 @@ import threading
 
 import torch
 
-from . import _lib, _wrapped
+from . import _lib, _thread_scope, _wrapped
 
-_tls = threading.local()
 _install_lock = threading.Lock()
 _scopes_lock = threading.Lock()
 _open_scopes = 0
@@ -54,28 +53,10 @@ def scope_closed():
             _wrapped.unwrap()
 
 
-def set_scope(kind):
-    """The innermost metaload scope on this thread is now `kind` ("meta", "real", "fake"); returns
-    the previous one, which restore_scope puts back when the scope exits."""
-    old = getattr(_tls, "scope", None)
-    _tls.scope = kind
-    return old
-
-
-def restore_scope(old):
-    _tls.scope = old
-
-
-def forcing_here():
-    """Whether this thread forces tensors onto meta (as metaload's Python scopes left it: the
-    innermost is a meta() scope)."""
-    return getattr(_tls, "scope", None) == "meta"
-
-
 def _forcing():
     """Whether a cuda call on this thread makes no real tensor: inside meta() (meta tensors) or
     fake() (fake tensors), innermost first; real() makes real ones."""
-    scope = getattr(_tls, "scope", None)
+    scope = _thread_scope.kind()
     if scope is not None:
         return scope != "real"
     return bool(_lib.load().is_forcing())  # MetaMode switched on in C++ (METALOAD=meta, C++ code)

@@ -9,7 +9,7 @@ on cpu and moved with metaload.fake_to, which does the .to() in C++).
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _device_init, _interplay, _lib, _mode, _to_args
+from . import _device_init, _interplay, _lib, _mode, _thread_scope, _to_args
 
 # torch functions that make tensors from nothing and take a `device` keyword.
 _FACTORIES = {
@@ -279,7 +279,7 @@ class _FakeScope(_mode._Scope):
             raise (_lib.translate(e) or e) from None
 
     def _enter_here(self):
-        self._was = _device_init.set_scope("fake")
+        self._was = _thread_scope.set_scope("fake")
         _device_init.install()
         self._fake = _interplay.set_fake_mode_aside()
         self._function_mode = _FakeFunctionMode()
@@ -288,7 +288,7 @@ class _FakeScope(_mode._Scope):
     def _leave_here(self):
         self._function_mode.__exit__(None, None, None)
         _interplay.restore_fake_mode(self._fake)
-        _device_init.restore_scope(self._was)
+        _thread_scope.restore_scope(self._was)
 
     def _value(self):
         return self.device
@@ -308,9 +308,3 @@ def fake(device="cpu"):
 
 def is_fake(t):
     return isinstance(t, torch.Tensor) and bool(_lib.load().is_fake(t))
-
-
-def scan(model, *inputs, device="cpu", **kwargs):
-    """metaload.scan (in _scan.py, beside the Scan type it returns)."""
-    from ._scan import scan as _scan
-    return _scan(model, *inputs, device=device, **kwargs)

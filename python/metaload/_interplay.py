@@ -11,8 +11,11 @@
 On torch 1.13 (none of this exists) every function here is a no-op.
 """
 import contextlib
+import sys
 
 import torch
+
+from . import _lib
 
 _FAKE_SLOT = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
 
@@ -75,10 +78,9 @@ _BNB_PATCHED = set()
 
 def _bnb_shape_forward(original):
     def forward(self, x, *args, **kwargs):
-        from . import _fake
         w = self.weight
-        placeholder = w is not None and (w.is_meta or _fake.is_fake(w))
-        if not placeholder or not (x.is_meta or _fake.is_fake(x)):
+        placeholder = w is not None and (w.is_meta or _is_fake(w))
+        if not placeholder or not (x.is_meta or _is_fake(x)):
             return original(self, x, *args, **kwargs)
         if x.shape[-1] != self.in_features:
             raise _shape_error(f"{type(self).__name__}: input of {x.shape[-1]} features, the layer "
@@ -89,15 +91,17 @@ def _bnb_shape_forward(original):
     return forward
 
 
+def _is_fake(t):  # metaload.is_fake (_fake.py is above this module)
+    return isinstance(t, torch.Tensor) and bool(_lib.load().is_fake(t))
+
+
 def _shape_error(message):
-    from . import _lib
     return _lib.error_class("ShapeError")(message)
 
 
 def patch_bitsandbytes_layers():
     """Wraps the forward of bitsandbytes' Linear4bit / Linear8bitLt (once; only if the program
     imported bitsandbytes) as described above."""
-    import sys
     bnb_nn = getattr(sys.modules.get("bitsandbytes"), "nn", None)
     if bnb_nn is None:
         return

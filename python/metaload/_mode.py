@@ -17,7 +17,7 @@ Python adds two things at the edges of a scope:
 import contextlib
 import threading
 
-from . import _device_init, _interplay, _lib
+from . import _device_init, _interplay, _lib, _thread_scope, _wrapped
 
 
 def is_forcing():
@@ -113,7 +113,7 @@ class _Scope(contextlib.ContextDecorator):
 
     def _enter_here(self):
         """What Python switches besides the C++ scope (undone by _leave_here)."""
-        self._was = _device_init.set_scope(self._name)
+        self._was = _thread_scope.set_scope(self._name)
         self._fake = _interplay.set_fake_mode_aside() if self._forcing else None
         if self._forcing:
             _device_init.install()
@@ -123,7 +123,7 @@ class _Scope(contextlib.ContextDecorator):
         if self._forcing:
             _device_init.scope_closed()
         _interplay.restore_fake_mode(self._fake)
-        _device_init.restore_scope(self._was)
+        _thread_scope.restore_scope(self._was)
 
     def _value(self):
         return None
@@ -207,3 +207,6 @@ class real(_Scope):
 
     _forcing = False
     _name = "real"
+
+
+_wrapped.real_scope = real  # the hook _wrapped's numpy() enters (see real_scope there)

@@ -29,11 +29,14 @@ import threading
 
 import torch
 
-from . import _device_init, _lib
+from . import _lib, _thread_scope
 
 _lock = threading.Lock()
 _originals = {}
 _own = {}  # (owner, name): whether owner defines it itself (else inherits it)
+# metaload.real, for _numpy: a hook _mode.py sets, as _mode imports this module (through
+# _device_init) and importing it here would close a circle.
+real_scope = None
 
 
 def _no_values(t, what):
@@ -46,7 +49,7 @@ def _no_values(t, what):
 
 def _tolist(self):
     original = _originals[(torch.Tensor, "tolist")]
-    if not (self.is_meta and _device_init.forcing_here()):
+    if not (self.is_meta and _thread_scope.forcing_here()):
         return original(self)
     try:
         return original(self)
@@ -56,14 +59,13 @@ def _tolist(self):
 
 def _numpy(self, *args, **kwargs):
     original = _originals[(torch.Tensor, "numpy")]
-    if not (self.is_meta and _device_init.forcing_here()):
+    if not (self.is_meta and _thread_scope.forcing_here()):
         return original(self, *args, **kwargs)
     try:
         values = _originals[(torch.Tensor, "tolist")](self)
     except RuntimeError:
         raise _no_values(self, "Tensor.numpy()") from None
-    from ._mode import real
-    with real():
+    with real_scope():
         return original(torch.tensor(values, dtype=self.dtype), *args, **kwargs)
 
 
@@ -74,7 +76,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def _skips(tensor):
     """Whether a random initialiser may return `tensor` untouched (see the module's docstring)."""
     return (type(tensor) in _PLAIN and tensor.is_meta and tensor.numel() > _MAX_VALUE_ELEMENTS
-            and _device_init.forcing_here())
+            and _thread_scope.forcing_here())
 
 
 _valid_kaiming = set()  # (type(a), a, mode, nonlinearity) that torch's checks accepted
@@ -145,7 +147,7 @@ _INITS = {"uniform_": _uniform, "normal_": _normal, "trunc_normal_": _trunc_norm
 
 def _with_cpu_device(original, device_position):
     def wrapper(*args, **kwargs):
-        if _device_init.forcing_here():
+        if _thread_scope.forcing_here():
             if len(args) > device_position:
                 args = args[:device_position] + ("cpu",) + args[device_position + 1:]
             elif kwargs.get("device") is not None:
@@ -161,7 +163,7 @@ def _load(f, *args, **kwargs):
     """torch.load on a forcing thread: every tensor it makes lands on meta, as with
     map_location="meta" (the unpickler makes an empty tensor on the storage's device, which
     MetaMode puts on meta, and then sets a cpu storage into it: torch's storage-device error)."""
-    if _device_init.forcing_here():
+    if _thread_scope.forcing_here():
         if args:
             args = ("meta",) + args[1:]
         else:
