@@ -41,6 +41,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _lib
+from ._reports import LoadReport, _report
 
 _PROTOCOL = 1
 DEFAULT_TIMEOUT_S = 600.0
@@ -53,6 +54,9 @@ _FAULT_ENV = "METALOAD_TEST_DIST_FAULT"
 
 # dist/errors.h's kind; .failures maps group ranks to what went wrong there (set by _error).
 DistributedError = _lib.DistributedError
+# metaload.TransformersModel (a TP slice's staging, the source's config.json): a hook model.py
+# sets, as model.py imports this module for its broadcast and importing it here would be a circle.
+TransformersModel: Any = None
 
 
 def _error(message: str, failures: Optional[Dict[int, str]] = None):
@@ -213,7 +217,6 @@ def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
 def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, tp_size: int,
                       threads: int, revision, strict: bool, mmap) -> _Staged:
     """Rank tp_rank's tensors of `ref`, loaded into fresh tensors (the module is not touched)."""
-    from ._load import _report
     from ._mode import real
     ops = _lib.load()
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -253,7 +256,6 @@ def _stage_family(ref: str, dev, want, tp_rank: int, tp_size: int, threads: int,
                   revision) -> _Staged:
     """Rank tp_rank's tensors of a family checkpoint (a TransformersModel with no group)."""
     from ._mode import real
-    from .model import TransformersModel
     ops = _lib.load()
     with real():
         _lib.typed_errors(ops.open_checkpoint)(str(ref), revision)  # ResolveError: nothing there
@@ -602,7 +604,6 @@ class _Job:
         return votes
 
     def report(self, rank, size, votes, stage_seconds, seconds):
-        from ._load import LoadReport
         held = _held(self.pairs)
         d = DistReport(self.g.rank, self.g.size, rank, size, self.mode, self.source_rank,
                        self.bytes_read, held, self.progress["sent"], self.received,
@@ -707,7 +708,6 @@ def share_config(process_group, source_rank: int, ref: str, revision, timeout) -
     mine = ""
     if g.rank == source_rank:
         try:
-            from .model import TransformersModel
             probe = TransformersModel(ref, revision=revision, progress=False, process_group=False)
             with open(probe.info["config_path"]) as f:
                 mine = json.dumps({"config": f.read()})

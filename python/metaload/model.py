@@ -18,10 +18,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _lib, _progress, _tp
+from . import _dist_load, _lib, _progress, _tp
 from ._lib import typed_errors
-from ._load import LoadReport
-from ._load import _report as _load_report
+from ._reports import LoadReport
+from ._reports import _report as _load_report
 from ._scan import ModuleShape, Scan  # noqa: F401 (metaload.model.ModuleShape, as before)
 from ._scan import from_json as _scan_from_json
 
@@ -132,7 +132,6 @@ class TransformersModel:
         config.json, then the broadcast dispatch (metaload._dist_load)."""
         import shutil
         import torch.distributed as dist
-        from . import _dist_load
         if not (dist.is_available() and dist.is_initialized()):
             raise _lib.error_class("DistributedError")(
                 "source_rank needs torch.distributed initialised (init_process_group) on every "
@@ -253,6 +252,9 @@ class TransformersModel:
         i = self.info
         state = "dispatched" if i["dispatched"] else "meta"
         return f"TransformersModel({i['reference']!r}, {i['class']}, {state})"
+
+
+_dist_load.TransformersModel = TransformersModel  # the hook _dist_load builds ranks' models with
 
 
 @typed_errors
