@@ -207,4 +207,21 @@ inline std::string capped_list(const std::vector<std::string>& items, std::strin
   return out;
 }
 
+// s ends with the given text (C++17's string_view has no ends_with).
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// A shape as torch prints one, "[2, 3]" ("[]" for a scalar): any sequence of integers with
+// size() and [] (std::vector<int64_t>, at::IntArrayRef, ...).
+template <typename Ints>
+std::string shape_str(const Ints& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(static_cast<long long>(shape[i]));
+  }
+  return out + "]";
+}
+
 }  // namespace metaload

@@ -5,18 +5,14 @@
 
 #include "base/checked.h"
 #include "base/text.h"
-#include "loader/format/file_io.h"
 #include "identity/checkpoint_shapes.h"
 #include "identity/describe.h"
 #include "identity/dtypes.h"
 #include "identity/tp_degree.h"
+#include "loader/format/file_io.h"
 
 namespace metaload {
 namespace {
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 uint64_t ceil_div(uint64_t a, uint64_t b) {
   return a / b + (a % b != 0);

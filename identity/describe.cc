@@ -14,11 +14,6 @@
 namespace metaload {
 namespace {
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         std::string_view(s).substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string last_component(const std::string& name) {
   size_t dot = name.find_last_of('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);

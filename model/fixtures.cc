@@ -16,12 +16,13 @@
 #include <fmt/format.h>
 
 #include "base/text.h"
+#include "base/unique_fd.h"
+#include "identity/checkpoint_shapes.h"
 #include "kernels/convert.h"
 #include "loader/errors.h"
 #include "loader/format/file_io.h"
 #include "loader/format/hf_cache.h"
 #include "loader/format/writer.h"
-#include "identity/checkpoint_shapes.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
 #include "model/sha256.h"
@@ -50,11 +51,6 @@ uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xCBF29CE484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
   return h;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Published and saved GPT-2 names differ by the base-model prefix; values must not.
@@ -349,22 +345,17 @@ float fixture_value(const std::string& name, const std::vector<int64_t>& shape,
 }
 
 std::string file_sha256(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw FixtureError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw FixtureError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   Sha256 sha;
   std::vector<unsigned char> buf(8u << 20);
   for (;;) {
-    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    const ssize_t r = ::read(fd.get(), buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw FixtureError(fmt::format("cannot read {}: {}", path, std::strerror(err)));
-    }
+    if (r < 0) throw FixtureError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
     if (r == 0) break;
     sha.update(buf.data(), static_cast<size_t>(r));
   }
-  ::close(fd);
   return sha.hex_digest();
 }
 

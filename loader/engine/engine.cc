@@ -23,6 +23,7 @@
 
 #include "base/checked.h"
 #include "base/text.h"
+#include "base/unique_fd.h"
 #include "loader/engine/engine_device.h"
 #include "loader/engine/progress.h"
 #include "loader/engine/slots.h"
@@ -389,7 +390,7 @@ class OpenFiles {
   explicit OpenFiles(const std::vector<std::string>& paths)
       : paths_(paths),
         cap_(open_file_cap()),
-        fds_(paths.size(), -1),
+        fds_(paths.size()),
         users_(paths.size(), 0),
         stats_(paths.size()),
         idle_pos_(paths.size()) {
@@ -397,7 +398,7 @@ class OpenFiles {
       for (size_t i = 0; i < paths_.size(); ++i) {
         stats_[i] = open_file(i, /*first=*/true);
         if (i >= cap_) close_file(i);
-        if (fds_[i] >= 0) idle_pos_[i] = idle_.insert(idle_.end(), i);
+        if (fds_[i]) idle_pos_[i] = idle_.insert(idle_.end(), i);
       }
     } catch (...) {
       close_all();
@@ -437,7 +438,7 @@ class OpenFiles {
   void check_unchanged() {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < fds_.size(); ++i) {
-      if (fds_[i] >= 0) check(i, "after reading");
+      if (fds_[i]) check(i, "after reading");
     }
   }
 
@@ -446,11 +447,11 @@ class OpenFiles {
   // returns its fstat. first: its identity is not known yet.
   struct stat open_file(size_t i, bool first) {
     const std::string& p = paths_[i];
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && close_idle()) {
-      fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd && (errno == EMFILE || errno == ENFILE) && close_idle()) {
+      fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     }
-    if (fd < 0) {
+    if (!fd) {
       const int e = errno;
       throw ReadError(p + ": cannot open: " + std::strerror(e) +
                       (e == EMFILE ? " (the load keeps at most " + std::to_string(cap_) +
@@ -459,23 +460,15 @@ class OpenFiles {
                                    : std::string()));
     }
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw ReadError(p + ": cannot stat: " + std::strerror(e));
+    if (::fstat(fd.get(), &st) != 0) {
+      throw ReadError(p + ": cannot stat: " + std::strerror(errno));
     }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw ReadError(p + ": is not a regular file");
-    }
-    if (!first && !same_file(st, stats_[i])) {
-      ::close(fd);
-      throw changed(i, st);
-    }
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (!S_ISREG(st.st_mode)) throw ReadError(p + ": is not a regular file");
+    if (!first && !same_file(st, stats_[i])) throw changed(i, st);
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
     // Doubles the kernel's readahead for a cold file; harmless when it is cached.
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    fds_[i] = fd;
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    fds_[i] = std::move(fd);
     ++open_;
     return st;
   }
@@ -490,21 +483,20 @@ class OpenFiles {
 
   void check(size_t i, const char* when) const {
     struct stat now;
-    if (::fstat(fds_[i], &now) != 0) {
+    if (::fstat(fds_[i].get(), &now) != 0) {
       throw ReadError(paths_[i] + ": cannot stat " + when + ": " + std::strerror(errno));
     }
     if (!same_file(now, stats_[i])) throw changed(i, now);
   }
 
   void close_file(size_t i) {
-    ::close(fds_[i]);
-    fds_[i] = -1;
+    fds_[i].reset();
     --open_;
   }
 
   void close_all() {
     for (size_t i = 0; i < fds_.size(); ++i) {
-      if (fds_[i] >= 0) close_file(i);
+      if (fds_[i]) close_file(i);
     }
   }
 
@@ -520,7 +512,7 @@ class OpenFiles {
 
   int acquire(size_t i) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (fds_[i] < 0) {
+    if (!fds_[i]) {
       while (open_ >= cap_ && close_idle()) {
       }
       open_file(i, /*first=*/false);
@@ -528,7 +520,7 @@ class OpenFiles {
       idle_.erase(idle_pos_[i]);
     }
     ++users_[i];
-    return fds_[i];
+    return fds_[i].get();
   }
 
   void release(size_t i) {
@@ -539,7 +531,7 @@ class OpenFiles {
   std::vector<std::string> paths_;
   size_t cap_;
   std::mutex mu_;
-  std::vector<int> fds_;            // -1 while closed
+  std::vector<UniqueFd> fds_;       // invalid while closed
   std::vector<uint32_t> users_;     // leases held
   std::vector<struct stat> stats_;  // at the first open
   std::list<size_t> idle_;          // open, no lease, least recently used first

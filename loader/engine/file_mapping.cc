@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/unique_fd.h"
+
 namespace metaload {
 
 namespace {
@@ -248,34 +250,29 @@ const char* mapping_guard_name(MappingGuard g) {
 
 std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t expected_size) {
   install_sigbus_handler();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ReadError(path + ": cannot open for mapping: " + errno_text(errno));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw ReadError(path + ": cannot open for mapping: " + errno_text(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != expected_size) {
+  if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected_size) {
     const int err = errno;
-    ::close(fd);
     throw ReadError(path + ": the file changed since its header was read (size " +
                     std::to_string(static_cast<uint64_t>(st.st_size)) + ", expected " +
                     std::to_string(expected_size) + ")" +
                     (err ? std::string(": ") + errno_text(err) : ""));
   }
-  void* base = expected_size == 0
-                   ? nullptr
-                   : ::mmap(nullptr, expected_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  if (base == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    throw ReadError(path + ": cannot map: " + errno_text(err));
-  }
+  void* base = expected_size == 0 ? nullptr
+                                  : ::mmap(nullptr, expected_size, PROT_READ | PROT_WRITE,
+                                           MAP_PRIVATE, fd.get(), 0);
+  if (base == MAP_FAILED) throw ReadError(path + ": cannot map: " + errno_text(errno));
   Registry& r = Registry::get();
   // The descriptor stays open while mapped (a lease lives on it, and fstat sees the mapped inode
   // even after a rename), within the budget.
   int held = -1;
   if (expected_size > 0 && r.held_files.fetch_add(1) < held_file_budget()) {
-    held = fd;
+    held = fd.release();  // the FileMapping owns it from here (its destructor ends the lease)
   } else {
     if (expected_size > 0) --r.held_files;
-    ::close(fd);  // the mapping keeps the file
+    fd.reset();  // the mapping keeps the file
   }
   std::shared_ptr<FileMapping> m(
       new FileMapping(path, static_cast<unsigned char*>(base), expected_size, held, st));
@@ -503,26 +500,24 @@ int64_t cachestat_pages(int fd, uint64_t start, uint64_t length) {
 }  // namespace
 
 bool FileMapping::all_cached(uint64_t start, uint64_t end, uint64_t n_pages) const {
-  const int fd = dup_fd();
-  if (fd < 0) return false;
-  const int64_t cached = cachestat_pages(fd, start, end - start);
-  ::close(fd);
+  const UniqueFd fd(dup_fd());
+  if (!fd) return false;
+  const int64_t cached = cachestat_pages(fd.get(), start, end - start);
   return cached >= 0 && static_cast<uint64_t>(cached) >= n_pages;
 }
 
 int64_t FileMapping::cached_pages(const std::vector<std::pair<uint64_t, uint64_t>>& windows) const {
-  const int fd = dup_fd();
-  if (fd < 0) return -1;
+  const UniqueFd fd(dup_fd());
+  if (!fd) return -1;
   int64_t sum = 0;
   for (const auto& [offset, length] : windows) {
-    const int64_t n = length == 0 ? 0 : cachestat_pages(fd, offset, length);
+    const int64_t n = length == 0 ? 0 : cachestat_pages(fd.get(), offset, length);
     if (n < 0) {
       sum = -1;
       break;
     }
     sum += n;
   }
-  ::close(fd);
   return sum;
 }
 

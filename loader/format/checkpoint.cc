@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 
+#include "base/text.h"
 #include "loader/format/file_io.h"
 #include "loader/format/hf_cache.h"
 #include "loader/format/json_util.h"
@@ -21,10 +22,6 @@ using fileio::real_path;
 
 constexpr uint64_t kMaxIndexSize = 256ull << 20;
 constexpr uint64_t kMaxConfigSize = 64ull << 20;
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 bool strictly_under(const std::string& child, const std::string& root) {
   return !root.empty() && child.size() > root.size() && child.compare(0, root.size(), root) == 0 &&

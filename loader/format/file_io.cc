@@ -52,9 +52,9 @@ File::File(const std::string& path) : path_(path) {
   // O_NONBLOCK: open() of a FIFO returns at once instead of waiting for a writer; O_NOCTTY: a
   // terminal device never becomes the controlling terminal. Both are dropped for regular files.
   do {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  } while (fd_ < 0 && errno == EINTR);
-  if (fd_ < 0) {
+    fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  } while (!fd_ && errno == EINTR);
+  if (!fd_) {
     const int err = errno;
     // ELOOP (a link loop), ENXIO (a socket), ... : say what is there rather than the errno.
     const std::string kind = file_kind(path);
@@ -70,27 +70,16 @@ File::File(const std::string& path) : path_(path) {
                       std::string("cannot open for reading: ") + std::strerror(err));
   }
   struct stat st;
-  if (::fstat(fd_, &st) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    throw FormatError(path, "", "unreadable", std::string("fstat failed: ") + std::strerror(err));
+  if (::fstat(fd_.get(), &st) != 0) {
+    throw FormatError(path, "", "unreadable", std::string("fstat failed: ") + std::strerror(errno));
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd_);
-    fd_ = -1;
-    not_a_file(path, mode_kind(st.st_mode));
-  }
-  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
-}
-
-File::~File() {
-  if (fd_ >= 0) ::close(fd_);
+  if (!S_ISREG(st.st_mode)) not_a_file(path, mode_kind(st.st_mode));
+  ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_NONBLOCK);
 }
 
 uint64_t File::regular_file_size() const {
   struct stat st;
-  if (::fstat(fd_, &st) != 0) {
+  if (::fstat(fd_.get(), &st) != 0) {
     throw FormatError(path_, "", "unreadable",
                       std::string("fstat failed: ") + std::strerror(errno));
   }
@@ -102,7 +91,7 @@ void File::pread_full(void* buf, size_t n, uint64_t offset) const {
   char* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = ::pread(fd_.get(), p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw FormatError(path_, "", "read-failed",

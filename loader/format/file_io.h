@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/unique_fd.h"
+
 namespace metaload {
 namespace fileio {
 
@@ -17,11 +19,10 @@ class File {
   // FIFO, socket, device, symbolic link loop); FormatError "unreadable" (strerror) when the file
   // cannot be opened.
   explicit File(const std::string& path);
-  ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const std::string& path() const { return path_; }
   // Size from fstat.
   uint64_t regular_file_size() const;
@@ -30,7 +31,7 @@ class File {
   void pread_full(void* buf, size_t n, uint64_t offset) const;
 
  private:
-  int fd_ = -1;
+  UniqueFd fd_;
   std::string path_;
 };
 

@@ -15,10 +15,6 @@
 namespace metaload {
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);

@@ -4,17 +4,13 @@
 
 #include <vector>
 
+#include "base/text.h"
 #include "loader/format/file_io.h"
 #include "loader/format/hf_cache.h"
 #include "loader/format/json_util.h"
 
 namespace metaload {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string parent_dir(const std::string& p) {
   const size_t slash = p.find_last_of('/');

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checked.h"
+#include "base/text.h"
 #include "loader/format/file_io.h"
 #include "loader/format/json_util.h"
 
@@ -54,15 +55,6 @@ std::string accepted_dtype_list() {
     s += r.name;
   }
   return s;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
 }
 
 constexpr const char* kMetadataKey = "__metadata__";

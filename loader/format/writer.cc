@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checked.h"
+#include "base/unique_fd.h"
 #include "loader/format/json_util.h"
 
 namespace metaload {
@@ -93,20 +94,20 @@ void check_name(const std::string& path, const std::string& name,
 // Writes `text` to path atomically (temporary file + rename).
 void write_text_file(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd)
     throw FormatError(path, "", "write-failed",
                       std::string("cannot create: ") + std::strerror(errno));
   try {
-    BlockWriter w(fd, tmp, std::max<uint64_t>(text.size(), 1));
+    BlockWriter w(fd.get(), tmp, std::max<uint64_t>(text.size(), 1));
     w.append(text.data(), text.size());
     w.flush();
   } catch (...) {
-    ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     throw;
   }
-  ::close(fd);
+  fd.reset();
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
@@ -253,14 +254,14 @@ SafetensorsHeader SafetensorsWriter::write() {
   }
 
   std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd)
     throw FormatError(path_, "", "write-failed",
                       std::string("cannot create: ") + std::strerror(errno));
   std::string current;
   try {
     // No bigger buffer than the whole file needs: small fixtures stay cheap.
-    BlockWriter w(fd, tmp, std::max<uint64_t>(std::min(block_size_, total), 8));
+    BlockWriter w(fd.get(), tmp, std::max<uint64_t>(std::min(block_size_, total), 8));
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(header.size() >> (8 * i));
     w.append(len, 8);
@@ -277,21 +278,21 @@ SafetensorsHeader SafetensorsWriter::write() {
     }
     w.flush();
     // Trailing holes need the size set explicitly.
-    if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    if (::ftruncate(fd.get(), static_cast<off_t>(total)) != 0) {
       throw FormatError(path_, "", "write-failed",
                         std::string("ftruncate failed: ") + std::strerror(errno));
     }
   } catch (const Error&) {
-    ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     throw;
   } catch (const std::exception& e) {
-    ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     throw FormatError(path_, current, "source-failed",
                       std::string("tensor data source failed: ") + e.what());
   }
-  if (::close(fd) != 0) {
+  if (fd.close() != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     throw FormatError(path_, "", "write-failed",

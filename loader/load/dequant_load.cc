@@ -14,12 +14,6 @@ namespace metaload {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << at::IntArrayRef(s);
-  return o.str();
-}
-
 // Parts are read as raw bytes: a dtype of the element's size (1.13 has no float8 or uint32).
 at::ScalarType raw_dtype(DType d) {
   switch (dtype_bits(d) / 8) {
@@ -303,7 +297,7 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
     d.module = k;
     const std::string where = quote_text(weight, '\'') + " (" +
                               quant_scheme_name(dequant_scheme(plan.layout.config)) + ", " +
-                              shape_str({m.out, m.in}) + ")";
+                              shape_str(std::vector<int64_t>{m.out, m.in}) + ")";
     std::optional<TpShard> shard;
     if (opt.tp_size > 1) {
       try {

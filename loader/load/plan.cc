@@ -67,12 +67,6 @@ std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<in
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << at::IntArrayRef(s);
-  return o.str();
-}
-
 constexpr const char* kF4LastDim =
     "which torch.float4_e2m1fn_x2 cannot hold (it packs two values a byte along the last "
     "dimension, which must be even)";

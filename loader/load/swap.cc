@@ -15,12 +15,6 @@ namespace metaload {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
-
 std::string label(const std::vector<std::string>& names, size_t i) {
   return i < names.size() && !names[i].empty() ? quote_text(names[i], '\'')
                                                : "#" + std::to_string(i);

@@ -5,13 +5,7 @@
 
 namespace metaload {
 
-namespace {
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-}  // namespace
+namespace {}  // namespace
 
 SliceRegion slice_region(const std::vector<int64_t>& shape, uint64_t elem_size,
                          uint64_t data_offset, const TpSlice& slice, const std::string& name) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "base/checked.h"
+#include "base/text.h"
 
 namespace metaload {
 namespace {
@@ -23,12 +24,6 @@ int64_t q_width(const FamilyConfig& c) {
 }
 int64_t kv_width(const FamilyConfig& c) {
   return checked_mul(c.num_kv_heads, c.head_dim, "the k, v width num_key_value_heads x head_dim");
-}
-
-std::string shape_str(const Shape& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
 }
 
 void gpt2_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {

@@ -159,5 +159,19 @@ TEST(Checked, AnOverflowNamesTheQuantityAndItsOperands) {
   EXPECT_THROW(checked_product<uint64_t>({2, -3}, 1, "x"), SizeOverflowError);
 }
 
+TEST(Text, ShapesPrintAsTorchPrintsThem) {
+  EXPECT_EQ(shape_str(std::vector<int64_t>{}), "[]");
+  EXPECT_EQ(shape_str(std::vector<int64_t>{2, 3}), "[2, 3]");
+  EXPECT_EQ(shape_str(std::vector<int64_t>{-1, int64_t{1} << 40}), "[-1, 1099511627776]");
+  EXPECT_EQ(shape_str(std::vector<int>{7}), "[7]");
+}
+
+TEST(Text, EndsWithComparesTheTailOnly) {
+  EXPECT_TRUE(ends_with("model.safetensors", ".safetensors"));
+  EXPECT_TRUE(ends_with("x", ""));
+  EXPECT_FALSE(ends_with("safetensors", ".safetensors"));
+  EXPECT_FALSE(ends_with("a.safetensors.tmp", ".safetensors"));
+}
+
 }  // namespace
 }  // namespace metaload

@@ -61,12 +61,6 @@ uint64_t rss_bytes() {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 std::vector<std::string> split(const std::string& path) {
   std::vector<std::string> parts;
   if (path.empty()) return parts;
