@@ -306,5 +306,4 @@ def fake(device="cpu"):
     return _FakeScope(claimable(device, "metaload.fake"))
 
 
-def is_fake(t):
-    return isinstance(t, torch.Tensor) and bool(_lib.load().is_fake(t))
+is_fake = _lib.is_fake  # metaload.is_fake

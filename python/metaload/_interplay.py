@@ -79,8 +79,8 @@ _BNB_PATCHED = set()
 def _bnb_shape_forward(original):
     def forward(self, x, *args, **kwargs):
         w = self.weight
-        placeholder = w is not None and (w.is_meta or _is_fake(w))
-        if not placeholder or not (x.is_meta or _is_fake(x)):
+        placeholder = w is not None and (w.is_meta or _lib.is_fake(w))
+        if not placeholder or not (x.is_meta or _lib.is_fake(x)):
             return original(self, x, *args, **kwargs)
         if x.shape[-1] != self.in_features:
             raise _shape_error(f"{type(self).__name__}: input of {x.shape[-1]} features, the layer "
@@ -89,10 +89,6 @@ def _bnb_shape_forward(original):
 
     forward.__wrapped__ = original
     return forward
-
-
-def _is_fake(t):  # metaload.is_fake (_fake.py is above this module)
-    return isinstance(t, torch.Tensor) and bool(_lib.load().is_fake(t))
 
 
 def _shape_error(message):

@@ -57,6 +57,12 @@ def check_utf8(kind, argument: str, values, rule: str = "") -> None:
                        f"Unicode)" + (f" (rule {rule})" if rule else "")) from None
 
 
+def is_fake(t):
+    """Whether `t` is one of metaload's fake tensors (metaload.is_fake). Here, below every module
+    that asks, so the scopes and the hooks share one definition."""
+    return isinstance(t, torch.Tensor) and bool(load().is_fake(t))
+
+
 def library_path():
     """METALOAD_LIB if set, else libmetaload.so next to this package (an installed copy)."""
     env = os.environ.get("METALOAD_LIB")
