@@ -69,66 +69,242 @@ class _FakeFunctionMode(TorchFunctionMode):
         if _interplay.torch_fake_mode_inside():  # entered in this scope: it wins (innermost)
             with _interplay.without_metaload_keys():
                 return func(*args, **(kwargs or {}))
+        if _stand_ins[0]:  # a scan stood in for a data-dependent module output (_scan.py)
+            return _propagate(_dispatch, func, args, kwargs or {})
         if func not in _SPECIAL and not (kwargs and "device" in kwargs):
             # Nothing to change (most calls: ops, .shape, .dtype, ...): the C++ FakeMode does it.
             return _typed_call(func, args, kwargs or {})
-        kwargs = dict(kwargs or {})
-        target = None
-        mode_device = _mode_device()
-        if mode_device is not None:
-            if func in _FACTORIES:
-                if kwargs.get("device") is None and not (
-                        func in (torch.as_tensor, torch.asarray) and args and
-                        isinstance(args[0], torch.Tensor)):
-                    kwargs["device"] = mode_device
-                if _needs_cuda_detour(kwargs.get("device")):
-                    target = torch.device(kwargs["device"])
-                    kwargs["device"] = "cpu"
-            elif func in _NEW_METHODS:
-                device = kwargs.get("device")
-                device = args[0].device if device is None else torch.device(device)
-                if _needs_cuda_detour(device):
-                    # Same call on a cpu tensor of the same dtype, then moved in C++.
-                    target = device
-                    kwargs.pop("device", None)
-                    args = (torch.empty(0, dtype=args[0].dtype, device="cpu"), *args[1:])
-            elif func in _LIKE and args and isinstance(args[0], torch.Tensor):
-                device = kwargs.get("device")
-                device = args[0].device if device is None else torch.device(device)
-                if _needs_cuda_detour(device):
-                    # Same call made on cpu (same shape, dtype and strides), then moved in C++.
-                    target = device
-                    kwargs["device"] = "cpu"
-            elif func in _INDEXING and len(args) > 1 and _needs_cuda_detour(args[0].device):
-                args = (args[0], _index_lists_on_cpu(args[1]), *args[2:])
-            elif (_RPOW_MAKES_A_TENSOR and func is torch.Tensor.__rpow__ and len(args) == 2 and
-                  _needs_cuda_detour(args[0].device)):
-                func, args = torch.pow, _rpow_args(*args)
-            elif func is torch.Tensor.to:
-                args, kwargs, target = _detour_to(args, kwargs)
-            elif func is torch.Tensor.cuda:
-                index = args[1] if len(args) > 1 else kwargs.get("device")
-                target = torch.device("cuda", index if isinstance(index, int) else 0) \
-                    if not isinstance(index, (str, torch.device)) else torch.device(index)
-                return _to_device(args[0], target)
-            elif "device" in kwargs and _needs_cuda_detour(kwargs["device"]):
+        return _dispatch(func, args, kwargs)
+
+
+def _dispatch(func, args, kwargs):
+    """One call inside fake(): the changes __torch_function__ makes (a factory's device, the cuda
+    detours, the shape rules below), then the call."""
+    if func not in _SPECIAL and not (kwargs and "device" in kwargs):
+        return _typed_call(func, args, kwargs or {})
+    rule = _SHAPE_RULES.get(func)
+    if rule is not None:
+        out = rule(*args, **(kwargs or {}))
+        if out is not NotImplemented:
+            return out
+    kwargs = dict(kwargs or {})
+    target = None
+    mode_device = _mode_device()
+    if mode_device is not None:
+        if func in _FACTORIES:
+            if kwargs.get("device") is None and not (
+                    func in (torch.as_tensor, torch.asarray) and args and
+                    isinstance(args[0], torch.Tensor)):
+                kwargs["device"] = mode_device
+            if _needs_cuda_detour(kwargs.get("device")):
                 target = torch.device(kwargs["device"])
                 kwargs["device"] = "cpu"
-        out = _typed_call(func, args, kwargs)
-        if target is not None and isinstance(out, torch.Tensor):
-            leaf_grad = out.requires_grad and out.grad_fn is None
-            out = _to_device(out.detach() if leaf_grad else out, target)
-            if leaf_grad:
-                out.requires_grad_(True)
-        return out
+        elif func in _NEW_METHODS:
+            device = kwargs.get("device")
+            device = args[0].device if device is None else torch.device(device)
+            if _needs_cuda_detour(device):
+                # Same call on a cpu tensor of the same dtype, then moved in C++.
+                target = device
+                kwargs.pop("device", None)
+                args = (torch.empty(0, dtype=args[0].dtype, device="cpu"), *args[1:])
+        elif func in _LIKE and args and isinstance(args[0], torch.Tensor):
+            device = kwargs.get("device")
+            device = args[0].device if device is None else torch.device(device)
+            if _needs_cuda_detour(device):
+                # Same call made on cpu (same shape, dtype and strides), then moved in C++.
+                target = device
+                kwargs["device"] = "cpu"
+        elif func in _INDEXING and len(args) > 1 and _needs_cuda_detour(args[0].device):
+            args = (args[0], _index_lists_on_cpu(args[1]), *args[2:])
+        elif (_RPOW_MAKES_A_TENSOR and func is torch.Tensor.__rpow__ and len(args) == 2 and
+              _needs_cuda_detour(args[0].device)):
+            func, args = torch.pow, _rpow_args(*args)
+        elif func is torch.Tensor.to:
+            args, kwargs, target = _detour_to(args, kwargs)
+        elif func is torch.Tensor.cuda:
+            index = args[1] if len(args) > 1 else kwargs.get("device")
+            target = torch.device("cuda", index if isinstance(index, int) else 0) \
+                if not isinstance(index, (str, torch.device)) else torch.device(index)
+            return _to_device(args[0], target)
+        elif "device" in kwargs and _needs_cuda_detour(kwargs["device"]):
+            target = torch.device(kwargs["device"])
+            kwargs["device"] = "cpu"
+    out = _typed_call(func, args, kwargs)
+    if target is not None and isinstance(out, torch.Tensor):
+        leaf_grad = out.requires_grad and out.grad_fn is None
+        out = _to_device(out.detach() if leaf_grad else out, target)
+        if leaf_grad:
+            out.requires_grad_(True)
+    return out
 
 
 # torch 1.13's Tensor.__rpow__(self, other) is torch.tensor(other, dtype, device=self.device)
 # ** self: the tensor made on a cuda fake's device initialises CUDA (2.x's: torch.pow(other, self)).
 _RPOW_MAKES_A_TENSOR = int(torch.__version__.split(".")[0]) < 2
 
+# ---- shape rules torch's kernels get wrong for fake tensors --------------------------------------
+# Each takes the call's arguments and returns its result, or NotImplemented to leave the call to
+# torch (real tensors, or a case torch's own kernel already answers as a real run would).
+
+def _is_shape_only(t):
+    return isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t))
+
+
+def _one_hot(tensor, num_classes=-1):
+    """F.one_hot: libtorch checks the class values (min().item()) on every tensor that is not on
+    the Meta backend, and fake tensors claim cpu or cuda. Its result is [*tensor.shape,
+    num_classes] int64, whatever the values; with num_classes=-1 the count is max() + 1, which
+    only the values know. A real tensor inside fake() gives a fake result, as every op there."""
+    if not (_is_shape_only(tensor) or _mode_device() is not None):
+        return NotImplemented  # real tensors inside real(): torch's one_hot
+    if tensor.dtype != torch.long:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        if tensor.numel() == 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        raise _lib.DataDependentError(
+            f"torch.nn.functional.one_hot with num_classes=-1 of a fake or meta tensor "
+            f"({tensor.dtype} {tuple(tensor.shape)}): the class count is its maximum + 1, a value "
+            "it does not hold; pass num_classes")
+    if num_classes < 0 and tensor.numel() > 0:
+        raise RuntimeError("num_classes should be positive")
+    return tensor.unsqueeze(-1).expand(*tensor.shape, num_classes).contiguous()
+
+
+def _histc(input, bins=100, min=0, max=0, *, out=None):
+    """torch.histc of an integer tensor on a fake cuda device: CUDA counts integers (the result
+    has the input's dtype), CPU (and so the Meta kernel, which follows CPU) refuses them."""
+    if (out is not None or not _is_shape_only(input) or input.device.type != "cuda" or
+            input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool):
+        return NotImplemented
+    return _typed_call(torch.histc, (input.float(), bins, min, max), {}).to(input.dtype)
+
+
+def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm on a fake cpu device. torch's Meta kernel follows the CUDA kernel (bf16
+    only); the CPU kernel (torch >= 2.9) also multiplies float32 and float16, which is what a
+    float32 MoE forward on cpu runs. Checked as the CPU kernel checks; the result is contiguous."""
+    if bias is not None or not (_is_shape_only(mat_a) and _is_shape_only(mat_b) or
+                                _mode_device() is not None):
+        return NotImplemented
+    devices = {t.device.type for t in (mat_a, mat_b, offs) if isinstance(t, torch.Tensor) and
+               not t.is_meta}
+    device = devices.pop() if len(devices) == 1 else (_mode_device() if not devices else None)
+    if device is None or torch.device(device).type != "cpu":
+        return NotImplemented
+    name = "torch._grouped_mm"
+    ok = (torch.float32, torch.float16, torch.bfloat16)
+    if mat_a.dtype not in ok or mat_b.dtype != mat_a.dtype:
+        raise _lib.ShapeError(f"{name}: Expected mat_a and mat_b to be Float32, BFloat16 or "
+                              f"Float16 matrices of one dtype, got {mat_a.dtype} and {mat_b.dtype}")
+    if mat_a.dim() not in (2, 3) or mat_b.dim() not in (2, 3):
+        raise _lib.ShapeError(f"{name}: Multiplicands must be 2D or 3D but got "
+                              f"mat_a.dim()={mat_a.dim()} and mat_b.dim()={mat_b.dim()}")
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if not (a2 and b2) and mat_a.shape[-1] != mat_b.shape[-2]:
+        raise _lib.ShapeError(f"{name}: contraction dimension of mat_a and mat_b must match "
+                              f"({tuple(mat_a.shape)} and {tuple(mat_b.shape)})")
+    for label, mat in (("mat_a", mat_a), ("mat_b", mat_b)):
+        align, st, sz = 16 // mat.element_size(), mat.stride(), mat.shape
+        if st[-2] == 1 and st[-1] >= max(1, sz[-2]):
+            lead = st[-1]
+        elif st[-1] == 1 and st[-2] >= max(1, sz[-1]):
+            lead = st[-2]
+        else:
+            raise _lib.ShapeError(f"{name}: Invalid strides/sizes, got {st} for strides and "
+                                  f"{tuple(sz)} for sizes of {label}")
+        if lead % align:
+            raise _lib.ShapeError(f"{name}: {label}'s strides should be multiple of 16 bytes "
+                                  f"(strides {st}, {mat.dtype})")
+    if (a2 or b2) != (offs is not None):
+        raise _lib.ShapeError(f"{name}: offs is needed exactly when an operand is 2D")
+    if offs is not None and (offs.dim() != 1 or offs.dtype != torch.int32):
+        raise _lib.ShapeError(f"{name}: offs must be a 1D int32 tensor, got {offs.dtype} "
+                              f"{tuple(offs.shape)}")
+    if a2 and b2:
+        size = (offs.shape[0], mat_a.shape[0], mat_b.shape[1])
+    elif a2:
+        if offs.shape[0] != mat_b.shape[0]:
+            raise _lib.ShapeError(f"{name}: matrix batch sizes have to match")
+        size = (mat_a.shape[0], mat_b.shape[-1])
+    elif b2:
+        if offs.shape[0] != mat_a.shape[0]:
+            raise _lib.ShapeError(f"{name}: matrix batch sizes have to match")
+        size = (mat_a.shape[1], mat_b.shape[1])
+    else:
+        if mat_a.shape[0] != mat_b.shape[0]:
+            raise _lib.ShapeError(f"{name}: batched dimension has to match")
+        size = (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
+    if out_dtype is not None and out_dtype != mat_a.dtype:
+        raise _lib.ShapeError(f"{name}: out_dtype must be None or the inputs' dtype on cpu")
+    return _typed_call(torch.empty, (size,), {"dtype": mat_a.dtype, "device": "cpu"})
+
+
+_SHAPE_RULES = {torch.nn.functional.one_hot: _one_hot, torch.histc: _histc,
+                torch.Tensor.histc: _histc}
+if hasattr(torch, "_grouped_mm"):
+    _SHAPE_RULES[torch._grouped_mm] = _grouped_mm
+
+
+# ---- outputs a scan could not compute -------------------------------------------------------
+# When a module's forward reads values a fake tensor does not have (MoE routing: which experts a
+# token picked), metaload.scan (_scan.py) marks the module data-dependent and hands its caller a
+# stand-in output. The stand-in's shape is nobody's claim: it and everything computed from it
+# carry the reason (_DATA_DEPENDENT) and a scan reports them as data-dependent, never their shape.
+# _stand_ins[0] counts the stand-ins made so far; while it is 0 nothing below runs.
+
+_DATA_DEPENDENT = "_metaload_data_dependent"
+_stand_ins = [0]
+
+
+def data_dependent_reason(t):
+    """Why `t`'s shape is not known (a stand-in or computed from one), or None."""
+    return getattr(t, _DATA_DEPENDENT, None) if isinstance(t, torch.Tensor) else None
+
+
+def mark_data_dependent(t, reason):
+    setattr(t, _DATA_DEPENDENT, reason)
+    return t
+
+
+def _tensors_in(x, found):
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            _tensors_in(e, found)
+    elif isinstance(x, dict):
+        for e in x.values():
+            _tensors_in(e, found)
+    return found
+
+
+def _propagate(dispatch, func, args, kwargs):
+    """dispatch(func, args, kwargs), where a tensor argument may be data-dependent: then every new
+    tensor in the result is too, and an error of the call (its guessed shapes did not fit) is a
+    DataDependentError naming the first reason."""
+    inputs = _tensors_in(kwargs, _tensors_in(args, []))
+    reason = next((r for r in map(data_dependent_reason, inputs) if r), None)
+    if reason is None:
+        return dispatch(func, args, kwargs)
+    try:
+        out = dispatch(func, args, kwargs)
+    except _lib.DataDependentError:
+        raise
+    except Exception as e:
+        raise _lib.DataDependentError(
+            f"{getattr(func, '__name__', func)} of a data-dependent tensor failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+            f"its shape depends on {reason}") from None
+    seen = {id(t) for t in inputs}
+    for t in _tensors_in(out, []):
+        if id(t) not in seen:
+            mark_data_dependent(t, reason)
+    return out
+
+
 # Every function __torch_function__ may change (besides calls given a device=).
-_SPECIAL = frozenset(_FACTORIES | _NEW_METHODS | _LIKE | _INDEXING |
+_SPECIAL = frozenset(_FACTORIES | _NEW_METHODS | _LIKE | _INDEXING | set(_SHAPE_RULES) |
                      {torch.Tensor.to, torch.Tensor.cuda} |
                      ({torch.Tensor.__rpow__} if _RPOW_MAKES_A_TENSOR else set()))
 

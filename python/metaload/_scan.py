@@ -8,6 +8,7 @@ and TransformersModel.scan(...) over the C++ model layer.
     s.total_bytes, s.device    # every module's output bytes summed (each module once); the device
 """
 import collections.abc
+import functools
 import time
 from typing import Dict, Iterator, NamedTuple, Optional, Tuple, Union
 
@@ -19,11 +20,15 @@ from . import _lib
 class ModuleShape(NamedTuple):
     path: str  # dotted module path; "" is the whole model
     cls: str  # the module's class name ("Linear", "GPT2Attention", ...)
-    shape: Tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device  # the device the (fake) output claims
+    shape: Optional[Tuple[int, ...]]  # None: data-dependent
+    dtype: Optional[torch.dtype]  # None: data-dependent
+    device: Optional[torch.device]  # the device the (fake) output claims; None: data-dependent
     calls: int  # outputs the module produced during the scan; shape etc. are the last one's
-    bytes: int  # of the output: elements x element size
+    bytes: Optional[int]  # of the output: elements x element size; None: data-dependent
+    # Why the output is not known without the data (metaload.scan): the module read values a fake
+    # tensor does not hold (MoE routing: which experts each token picked, how many tokens each
+    # expert got), or its output was computed from such a module's. None: shape etc. are exact.
+    data_dependent: Optional[str] = None
 
 
 class Scan(collections.abc.Mapping):
@@ -32,7 +37,13 @@ class Scan(collections.abc.Mapping):
 
     A module whose output is a tuple: metaload.scan reports its first tensor under the module's
     path; TransformersModel.scan reports each element as "<path>.0", "<path>.1", ...; modules
-    whose output holds no tensor are absent."""
+    whose output holds no tensor are absent.
+
+    A module whose forward needs values fake tensors do not hold (a data-dependent op such as
+    nonzero, or Python control flow on a tensor's value) is data-dependent: its ModuleShape has
+    shape, dtype, device and bytes None and `data_dependent` saying why, and so has every module
+    whose output is computed from its output; modules inside it that never ran are absent.
+    `data_dependent` maps each such path to its reason."""
 
     def __init__(self, device: Union[str, torch.device], seconds: float,
                  modules: Dict[str, ModuleShape], tp_size: int = 1, tp_rank: int = 0,
@@ -48,7 +59,13 @@ class Scan(collections.abc.Mapping):
 
     @property
     def total_bytes(self) -> int:
-        return sum(m.bytes for m in self.modules.values())
+        """The known outputs' bytes (data-dependent ones are not known)."""
+        return sum(m.bytes for m in self.modules.values() if m.bytes is not None)
+
+    @property
+    def data_dependent(self) -> Dict[str, str]:
+        """{path: reason} of the modules whose output depends on values (see Scan)."""
+        return {p: m.data_dependent for p, m in self.modules.items() if m.data_dependent}
 
     def __getitem__(self, path: str) -> ModuleShape:
         return self.modules[path]
@@ -61,7 +78,10 @@ class Scan(collections.abc.Mapping):
 
     def __repr__(self):
         root = self.modules.get("")
-        what = f", output {tuple(root.shape)} {root.dtype}" if root is not None else ""
+        what = ""
+        if root is not None:
+            what = f", output {tuple(root.shape)} {root.dtype}" if root.shape is not None else \
+                ", output data-dependent"
         return (f"Scan({len(self.modules)} modules on {self.device}{what}, "
                 f"{self.total_bytes} bytes of outputs, {self.seconds * 1e3:.1f} ms)")
 
@@ -88,22 +108,78 @@ def _first_tensor(output):
         return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
+    if isinstance(output, collections.abc.Mapping) and output:
+        # transformers' ModelOutput (an OrderedDict of the fields that are set: logits, ...).
+        first = next(iter(output.values()))
+        return first if isinstance(first, torch.Tensor) else None
     return None
+
+
+def _first_line(e, limit=300):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:limit] if text else ''}"
+
+
+def _stand_in_for(args, kwargs, reason):
+    """A data-dependent stand-in for a module's output: like its first tensor argument (a shape
+    nobody claims; _fake.py marks it and what is computed from it), or None without one."""
+    from ._fake import _stand_ins, _tensors_in, mark_data_dependent
+
+    inputs = _tensors_in(kwargs, _tensors_in(args, []))
+    if not inputs:
+        return None
+    _stand_ins[0] += 1
+    return mark_data_dependent(torch.empty_like(inputs[0]), reason)
+
+
+def _guarded(forward, path, made, last):
+    """forward, but a forward that needs values fake tensors do not hold returns a data-dependent
+    stand-in: on a DataDependentError, or on any error raised after a stand-in was made inside it
+    (its caller got a stand-in where it expected, say, a tuple). made[0] counts the scan's
+    stand-ins, last[0] is the latest one's reason."""
+    @functools.wraps(forward)  # inspect.signature(module.forward) still sees the real one
+    def call(*args, **kwargs):
+        before = made[0]
+        try:
+            return forward(*args, **kwargs)
+        except Exception as e:
+            if made[0] != before:
+                reason = last[0]
+            elif isinstance(e, _lib.DataDependentError):
+                reason = f"{path or '<model>'}: {_first_line(e)}"
+            else:
+                raise
+            out = _stand_in_for(args, kwargs, reason)
+            if out is None:
+                raise
+        made[0] += 1
+        last[0] = reason
+        return out
+    return call
 
 
 def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
     """Runs `model` on fake tensors and returns a Scan: {module path: ModuleShape} for every
-    submodule whose output is a tensor (or a tuple starting with one; the root module is ""),
-    without memory and without computing.
+    submodule whose output is a tensor (or a tuple starting with one, or a mapping such as
+    transformers' ModelOutput whose first value is one; the root module is ""), without memory and
+    without computing.
 
     Inputs may be real tensors (they count as on their own device), meta tensors (on `device`) or
     anything the model accepts; nothing is allocated and no weights are needed (build the model
-    under metaload.meta())."""
-    from ._fake import _needs_cuda_detour, _to_device, claimable, fake
+    under metaload.meta()).
+
+    A module that needs values fake tensors do not hold (a data-dependent op, as MoE routing's
+    nonzero; Python control flow on a value) does not end the scan: the module is marked
+    data-dependent (ModuleShape.data_dependent, the reason) and its caller gets a stand-in whose
+    shape is never reported; every module computed from it is data-dependent too. Meanwhile each
+    module's forward is wrapped (restored after). An error that no value caused is raised."""
+    from ._fake import _needs_cuda_detour, _stand_ins, _to_device, claimable, \
+        data_dependent_reason, fake
 
     device = claimable(device, "metaload.scan")  # ModeError before any hook is in place
     modules: Dict[str, ModuleShape] = {}
     hooks = []
+    made, last = [0], [None]  # stand-ins made by this scan, the latest one's reason
 
     def record(path):
         def hook(module, args, output):
@@ -111,6 +187,11 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
             if out is None:
                 return
             before = modules.get(path)
+            reason = data_dependent_reason(out) if made[0] else None
+            if reason is not None:
+                modules[path] = ModuleShape(path, type(module).__name__, None, None, None,
+                                            (before.calls if before else 0) + 1, None, reason)
+                return
             # Read past the fake mode's __torch_function__ (each .shape / .dtype / ... would go
             # through it: a third of a Llama scan's time); torch 1.13 ignores this and still asks.
             with torch._C.DisableTorchFunction():
@@ -120,8 +201,15 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
                                         (before.calls if before else 0) + 1, nbytes)
         return hook
 
+    guarded = []  # (module, its own forward attribute or None)
     for path, module in model.named_modules():
         hooks.append(module.register_forward_hook(record(path)))
+        own = module.__dict__.get("forward")
+        try:
+            module.forward = _guarded(module.forward, path, made, last)
+        except (AttributeError, TypeError, RuntimeError):  # a ScriptModule's forward stays
+            continue
+        guarded.append((module, own))
     t0 = time.perf_counter()
     try:
         with torch.no_grad(), fake(device):
@@ -129,6 +217,12 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
                            _needs_cuda_detour(device) and not x.is_meta else x for x in inputs)
             model(*inputs, **kwargs)
     finally:
+        _stand_ins[0] -= made[0]
         for h in hooks:
             h.remove()
+        for module, own in guarded:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
     return Scan(device, time.perf_counter() - t0, modules)
