@@ -15,7 +15,9 @@ What is data-dependent, and why:
   - "grouped_mm" (the default): nothing. The routing sorts the S = tokens x top_k (token, expert)
     pairs by expert and counts the tokens per expert (histc), and the grouped matmul takes those
     counts as offsets into S rows: every shape is S or a config size, whatever the routing picked.
-    Asserted: every module matched, none data-dependent.
+    Asserted: every module matched, none data-dependent, and metaload.fake alone gives the
+    logits' shape and dtype.
+  - Llama 4 (no implementation to choose: one batched matmul over every expert): nothing either.
   - "eager": each MoE layer's experts module loops over the experts the routing hit (nonzero of a
     per-expert hit mask) and gathers each expert's tokens (torch.where): the loop's trip count and
     the gathered sizes are values. The experts module is data-dependent (its reason names
@@ -24,7 +26,7 @@ What is data-dependent, and why:
     one expert's tokens, never runs in the scan. Asserted: the first MoE layer's experts module is
     data-dependent for aten::nonzero and every module that ran before it matched exactly.
 One row per case is printed: type, dtype, implementation, modules matched, data-dependent, result,
-and what FakeTensorMode did. A floor of fully matched grouped_mm cases never falls.
+and what FakeTensorMode did. A floor of fully matched grouped_mm / default cases never falls.
 
 The pieces, without transformers (so on both torches): F.one_hot of fake tensors, histc of integers
 on a fake cuda device, torch._grouped_mm in float32 on a fake cpu device, a ModelOutput-like
@@ -99,20 +101,36 @@ CASES = {
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", dict(num_experts=4, pad_token_id=1)),
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
                        dict(num_experts=4, moe_topk=2, moe_intermediate_size=16)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
+                         dict(num_local_experts=4, shared_intermediate_size=32)),
+    "jamba": ("JambaConfig", "JambaForCausalLM",
+              dict(num_experts=4, expert_layer_period=2, expert_layer_offset=1,
+                   attn_layer_period=2, attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=4,
+                   mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False)),
+    # Llama 4's experts are one batched matmul over every expert (no implementation to choose).
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=64,
+                         interleave_moe_layer_step=1, no_rope_layers=[1, 1]), ("default",)),
 }
 DTYPES = (torch.float32, torch.bfloat16)
 IMPLS = ("grouped_mm", "eager")
-# Fully matched grouped_mm cases (type x dtype) when this test was written; it may not fall.
-FLOOR = 32
+# Fully matched grouped_mm / default cases (type x dtype) when this test was written; it may not
+# fall.
+FLOOR = 38
 IDS = torch.arange(14).remainder(128).reshape(2, 7) * 5 % 128  # fixed input: 2 sequences of 7
 
 
+def impls_of(kind):
+    return CASES[kind][3] if len(CASES[kind]) > 3 else IMPLS
+
+
 def config_for(kind, impl):
-    config_cls, model_cls, extra = CASES[kind]
+    config_cls, model_cls, extra = CASES[kind][:3]
     kwargs = dict(BASE, **extra)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     config = getattr(transformers, config_cls)(**kwargs)
-    config._experts_implementation = impl
+    if impl != "default":
+        config._experts_implementation = impl
     return config, getattr(transformers, model_cls)
 
 
@@ -201,12 +219,18 @@ def run_case(kind, dtype, impl):
     assert all(p.is_meta for p in meta_model.parameters())
     assert all("forward" not in m.__dict__ for m in meta_model.modules())  # the scan's guards left
     matched, dd, problems = compare(real, scan)
+    if impl != "eager":  # metaload.fake alone runs the same forward
+        with metaload.fake("cpu"), torch.no_grad():
+            logits = meta_model(IDS).logits
+            got = (tuple(logits.shape), logits.dtype, metaload.is_fake(logits))
+        if got != (real[""][0], real[""][1], True):
+            problems.append(f"metaload.fake's logits {got}, real {real['']}")
     return real, scan, matched, dd, problems, torch_fake_forward(config, model_cls, dtype, real)
 
 
 def buildable(kind):
     try:
-        config, model_cls = config_for(kind, "grouped_mm")
+        config, model_cls = config_for(kind, impls_of(kind)[0])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model_cls(config)
@@ -224,7 +248,7 @@ def test_moe_models_scan_like_their_real_forward():
             unbuilt[kind] = why
             continue
         for dtype in DTYPES:
-            for impl in IMPLS:
+            for impl in impls_of(kind):
                 try:
                     real, scan, matched, dd, problems, torch_fake = run_case(kind, dtype, impl)
                 except Exception as e:
@@ -233,9 +257,9 @@ def test_moe_models_scan_like_their_real_forward():
                     continue
                 failures += [f"{kind} {dtype} {impl}: {p}" for p in problems]
                 ok = not problems
-                if impl == "grouped_mm":
+                if impl != "eager":
                     if dd:
-                        failures.append(f"{kind} {dtype} grouped_mm: data-dependent modules "
+                        failures.append(f"{kind} {dtype} {impl}: data-dependent modules "
                                         f"{sorted(scan.data_dependent)[:4]}: its shapes are static")
                     full += ok and not dd
                 else:
@@ -249,7 +273,7 @@ def test_moe_models_scan_like_their_real_forward():
               f"{torch_fake}")
     for kind, why in unbuilt.items():
         print(f"{kind:<16} not built tiny: {why}")
-    print(f"grouped_mm cases fully matched: {full} (floor {FLOOR})")
+    print(f"grouped_mm / default cases fully matched: {full} (floor {FLOOR})")
     assert not failures, "\n".join(failures)
     assert full >= FLOOR
 
