@@ -114,6 +114,12 @@ std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarg
                     "checkpoint tensors load as), got ") +
         c10::toString(*opt.dtype));
   }
+  if (opt.tp_size > 1 && !opt.names.assemblies.empty()) {
+    throw PlanError("tp_size " + std::to_string(opt.tp_size) + ": " +
+                    q(opt.names.assemblies[0].targets[0]) +
+                    " is assembled from several checkpoint tensors (fused experts), which "
+                    "tensor-parallel loads do not split yet");
+  }
   if (opt.tp_size > 1 && !opt.names.tp_shard) {
     throw PlanError("tp_size " + std::to_string(opt.tp_size) +
                     " needs the model family's TP plan (LoadOptions::names.tp_shard)");
@@ -127,15 +133,48 @@ std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarg
   return by_name;
 }
 
+// The targets assembled from several checkpoint tensors (assembly.h), and which tensors those are.
+struct Assembled {
+  std::unordered_map<std::string, std::pair<size_t, size_t>> target;  // -> (assembly, output)
+  std::unordered_map<std::string, size_t> leaf;                       // -> assembly
+  std::map<size_t, AssemblyResult> result;                            // computed once each
+};
+
+// Only assemblies whose every target is loaded claim their tensors (the others' stay ordinary
+// names: unexpected, under strict).
+Assembled index_assemblies(const std::unordered_map<std::string, size_t>& by_name,
+                           const LoadOptions& opt) {
+  Assembled out;
+  const std::vector<Assembly>& all = opt.names.assemblies;
+  for (size_t a = 0; a < all.size(); ++a) {
+    const bool loaded = std::all_of(all[a].targets.begin(), all[a].targets.end(),
+                                    [&](const std::string& t) { return by_name.count(t) > 0; });
+    if (!loaded) continue;
+    for (size_t k = 0; k < all[a].targets.size(); ++k) {
+      if (!out.target.emplace(all[a].targets[k], std::make_pair(a, k)).second)
+        throw PlanError("two conversions assemble " + q(all[a].targets[k]));
+    }
+    for (const std::string& leaf : assembly_leaves(all[a])) {
+      if (!out.leaf.emplace(leaf, a).second) {
+        throw PlanError("checkpoint tensor " + q(leaf) + " is a source of two conversions (to " +
+                        q(all[out.leaf[leaf]].targets[0]) + " and " + q(all[a].targets[0]) + ")");
+      }
+    }
+  }
+  return out;
+}
+
 // Step 2: each checkpoint tensor to the target its (renamed) name is; unexpected ones under
-// strict, two tensors for one target a mismatch.
+// strict, two tensors for one target a mismatch. An assembly's tensors are its own.
 Sources match_sources(const std::vector<LoadTarget>& targets,
                       const std::unordered_map<std::string, size_t>& by_name,
-                      const Checkpoint& ckpt, const LoadOptions& opt, Mismatches& bad) {
+                      const Checkpoint& ckpt, const LoadOptions& opt, const Assembled& assembled,
+                      Mismatches& bad) {
   const size_t n_targets = targets.size();
   Sources src{std::vector<const TensorInfo*>(n_targets, nullptr), std::vector<size_t>(n_targets, 0),
               std::vector<std::string>(n_targets)};
   for (const std::string& cname : ckpt.tensor_names()) {
+    if (assembled.leaf.count(cname)) continue;
     std::optional<std::string> mname = cname;
     if (opt.names.checkpoint_to_module) mname = opt.names.checkpoint_to_module(cname);
     if (!mname) continue;  // ignored by the family
@@ -277,6 +316,102 @@ std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sourc
   return spec;
 }
 
+// Step 4 for an assembled target: its slot filled from the assembly's checkpoint tensors, each
+// read once into its place; nullopt (and a mismatch) when a tensor is absent, of a dtype the
+// target cannot take, or the assembly's shape is not the target's.
+// `by_name`: a checkpoint tensor that has the target's own name too (then both would fill it).
+std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::string& by_name,
+                                            std::pair<size_t, size_t> which, Assembled& assembled,
+                                            const Checkpoint& ckpt, const LoadOptions& opt,
+                                            Mismatches& bad) {
+  const Assembly& a = opt.names.assemblies[which.first];
+  const std::vector<std::string> leaves = assembly_leaves(a);
+  if (!by_name.empty()) {
+    bad.mismatched.push_back({t.name, ": both " + q(by_name) +
+                                          " in the checkpoint and the conversion of " +
+                                          q(leaves[0]) + ", ... (model type " +
+                                          escape_text(a.model_type) + ") make it"});
+    return std::nullopt;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<const TensorInfo*> info;
+  std::vector<size_t> file;
+  for (const std::string& leaf : leaves) {
+    auto it = ckpt.lookup.find(leaf);
+    if (it == ckpt.lookup.end()) {
+      bad.missing.push_back({leaf, " (a source of " + escape_text(t.name) + ", model type " +
+                                       escape_text(a.model_type) + ")"});
+      return std::nullopt;
+    }
+    info.push_back(&ckpt.tensor(it->second));
+    file.push_back(it->second.file);
+    if (info.back()->dtype == DType::F4 || !torch_dtype_of(info.back()->dtype)) {
+      bad.mismatched.push_back({t.name, ": its source " + q(leaf) + " is " +
+                                            dtype_name(info.back()->dtype) +
+                                            ", which an assembled target cannot take"});
+      return std::nullopt;
+    }
+    shapes.push_back(info.back()->shape);
+  }
+  auto r = assembled.result.find(which.first);
+  if (r == assembled.result.end()) {
+    std::vector<std::vector<int64_t>> target_shapes;
+    target_shapes.push_back(t.tensor.sizes().vec());
+    r = assembled.result.emplace(which.first, assemble(a, shapes, target_shapes)).first;
+  }
+  const std::string from = "the conversion of " + std::to_string(leaves.size()) +
+                           " checkpoint tensors (model type " + escape_text(a.model_type) + ", " +
+                           q(leaves[0]) + (leaves.size() > 1 ? ", ..." : "") + ")";
+  if (!r->second.problem.empty()) {
+    bad.mismatched.push_back({t.name, ": " + from + " does not fit: " + r->second.problem});
+    return std::nullopt;
+  }
+  const AssembledTarget& out = r->second.targets[which.second];
+  if (t.tensor.sizes().vec() != out.shape) {
+    bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                          " in the module but " + from + " gives " +
+                                          shape_str(out.shape)});
+    return std::nullopt;
+  }
+  SlotSpec spec;
+  spec.name = t.name;
+  spec.file = file[0];
+  spec.assembled_shape = out.shape;
+  std::optional<at::ScalarType> want;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const at::ScalarType stored = *torch_dtype_of(info[i]->dtype);
+    want = slot_dtype(t, stored, q(leaves[i]) + " (a source)", opt, bad);
+    if (!want) return std::nullopt;
+  }
+  spec.dtype = spec.stored_dtype = *want;
+  for (const AssembledCopy& c : out.copies) {
+    SlotPart part;
+    part.name = leaves[c.leaf];
+    part.file = file[c.leaf];
+    part.data_offset = ckpt.files[file[c.leaf]].data_start + info[c.leaf]->begin;
+    part.stored_dtype = *torch_dtype_of(info[c.leaf]->dtype);
+    part.copy = c;
+    spec.parts.push_back(std::move(part));
+  }
+  return spec;
+}
+
+// A computed target (LoadTarget::computed) takes its values, which must be known and fit.
+void plan_computed(const LoadTarget& t, size_t i, LoadPlan& plan, Mismatches& bad) {
+  if (!t.values.defined()) {
+    bad.missing.push_back(
+        {t.name, " " + shape_str(t.tensor.sizes().vec()) +
+                     " (a non-persistent buffer: checkpoints do not hold it, and its values are "
+                     "unknown; build the module under metaload.meta() or on a real device)"});
+  } else if (t.values.sizes() != t.tensor.sizes()) {
+    bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
+                                          " in the module but its values have " +
+                                          shape_str(t.values.sizes().vec())});
+  } else {
+    plan.computed.push_back(i);
+  }
+}
+
 // A target tied to one whose slot is planned already shares it; its shape must be the slot's.
 void check_tied_shape(const LoadTarget& t, const LoadTarget& owner, const SlotSpec& s,
                       Mismatches& bad) {
@@ -294,7 +429,8 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
                    const LoadOptions& opt) {
   const std::unordered_map<std::string, size_t> by_name = index_targets(targets, opt);
   Mismatches bad;
-  const Sources src = match_sources(targets, by_name, ckpt, opt, bad);
+  Assembled assembled = index_assemblies(by_name, opt);
+  const Sources src = match_sources(targets, by_name, ckpt, opt, assembled, bad);
   std::vector<int> group;
   const std::map<int, size_t> group_source = tie_groups(targets, by_name, src, opt, group);
 
@@ -310,19 +446,16 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
       continue;
     }
     if (t.computed) {
-      if (!t.values.defined()) {
-        bad.missing.push_back(
-            {t.name,
-             " " + shape_str(t.tensor.sizes().vec()) +
-                 " (a non-persistent buffer: checkpoints do not hold it, and its values are "
-                 "unknown; build the module under metaload.meta() or on a real device)"});
-      } else if (t.values.sizes() != t.tensor.sizes()) {
-        bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
-                                              " in the module but its values have " +
-                                              shape_str(t.values.sizes().vec())});
-      } else {
-        plan.computed.push_back(i);
-      }
+      plan_computed(t, i, plan, bad);
+      continue;
+    }
+    auto as = assembled.target.find(t.name);
+    if (as != assembled.target.end()) {
+      std::optional<SlotSpec> spec =
+          make_assembled_spec(t, src.name[i], as->second, assembled, ckpt, opt, bad);
+      if (!spec) continue;
+      plan.spec_of_target[i] = static_cast<int>(plan.specs.size());
+      plan.specs.push_back(std::move(*spec));
       continue;
     }
     size_t owner = i;
@@ -365,6 +498,11 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
   // plan sees the other targets and the checkpoint without those weights' parts.
   std::optional<DequantPlan> dq;
   std::vector<LoadTarget> rest;
+  if (opt.dequantize && !opt.names.assemblies.empty()) {
+    throw PlanError("dequantize: " + q(opt.names.assemblies[0].targets[0]) +
+                    " is assembled from several checkpoint tensors (fused experts), which "
+                    "dequantizing loads do not assemble yet");
+  }
   if (opt.dequantize) {
     dq = plan_dequant(targets, ckpt, opt);
     for (size_t i = 0; i < targets.size(); ++i)
@@ -445,7 +583,8 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<std::vector<std::string>> computed_names_opt,
                          const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt,
                          c10::optional<at::ScalarType> dequantize,
-                         c10::optional<std::vector<int64_t>> tp_dims) {
+                         c10::optional<std::vector<int64_t>> tp_dims,
+                         c10::optional<std::string> assemblies) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -493,6 +632,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   if (map_files) opt.map_files = *map_files;
   if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
   if (dequantize) opt.dequantize = *dequantize;
+  if (assemblies) opt.names.assemblies = parse_assemblies(*assemblies);
   if (tp_dims) {
     // A TP plan from Python (load_into's tp_plan): per target, the dim split evenly (-1: whole).
     if (tp_dims->size() != names.size()) {
@@ -574,7 +714,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
-      "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None) -> str",
+      "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None, "
+      "str? assemblies=None) -> str",
       &load_into_op);
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);

@@ -18,10 +18,11 @@
 
 #include "loader/engine/engine.h"
 #include "loader/engine/engine_device.h"
-#include "loader/tp/slice.h"
 #include "loader/errors.h"  // MismatchError
 #include "loader/format/checkpoint.h"
+#include "loader/load/assembly.h"
 #include "loader/load/slots_torch.h"
+#include "loader/tp/slice.h"
 
 namespace torch {
 namespace nn {
@@ -46,6 +47,9 @@ struct NameMapping {
   std::function<TpShard(const std::string& name, const std::vector<int64_t>& shape, int rank,
                         int size)>
       tp_shard;
+  // Targets assembled from several checkpoint tensors (fused experts: assembly.h); their
+  // checkpoint tensors are theirs alone (no target takes them by name).
+  std::vector<Assembly> assemblies;
 };
 
 struct LoadOptions {
@@ -66,10 +70,10 @@ struct LoadOptions {
   // off for plain files, which someone may overwrite while the model lives.
   std::optional<bool> map_files;
   // Quantized weights (GPTQ, AWQ, bitsandbytes NF4/FP4 and int8, FP8 with block scales,
-  // compressed-tensors pack-quantized and NVFP4; loader/format/quant_layout.h, load/dequant_load.h) load
-  // dequantized into their ordinary weight targets as this dtype (float32, float16 or bfloat16),
-  // in the same all-or-nothing load; LoadReport::dequantized names them. Unset: every tensor
-  // loads as stored, by name.
+  // compressed-tensors pack-quantized and NVFP4; loader/format/quant_layout.h, load/dequant_load.h)
+  // load dequantized into their ordinary weight targets as this dtype (float32, float16 or
+  // bfloat16), in the same all-or-nothing load; LoadReport::dequantized names them. Unset: every
+  // tensor loads as stored, by name.
   std::optional<at::ScalarType> dequantize;
   NameMapping names;
   EngineOptions engine;  // the rest of the engine's knobs (hooks, cancel, chunk and ring sizes)

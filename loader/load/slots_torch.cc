@@ -44,22 +44,49 @@ struct SpecPlan {
   bool padded = false;
 };
 
-SpecPlan plan_spec(const SlotSpec& s) {
-  const uint64_t elem = c10::elementSize(s.stored_dtype);
-  const uint64_t dst_elem = c10::elementSize(s.dtype);
+// A job reading `name` (stored as `stored`) into a slot of `dtype`, converting where they differ.
+CopyJob job_for(const std::string& name, size_t file, at::ScalarType stored, at::ScalarType dtype) {
   CopyJob base;
-  base.name = s.name;
-  base.file = s.file;
-  base.unit = static_cast<uint32_t>(elem);
-  if (s.dtype != s.stored_dtype) {
-    if (!float_format_of(s.stored_dtype, &base.from) || !float_format_of(s.dtype, &base.to)) {
-      throw PlanError("tensor " + quote_text(s.name, '\'') + ": cannot convert " +
-                      std::string(c10::toString(s.stored_dtype)) + " to " +
-                      std::string(c10::toString(s.dtype)) +
+  base.name = name;
+  base.file = file;
+  base.unit = static_cast<uint32_t>(c10::elementSize(stored));
+  if (dtype != stored) {
+    if (!float_format_of(stored, &base.from) || !float_format_of(dtype, &base.to)) {
+      throw PlanError("tensor " + quote_text(name, '\'') + ": cannot convert " +
+                      std::string(c10::toString(stored)) + " to " +
+                      std::string(c10::toString(dtype)) +
                       " (conversions exist among Float, Half and BFloat16)");
     }
     base.convert = true;
   }
+  return base;
+}
+
+// An assembled slot: one job per part's copy, each checkpoint tensor read where it lies.
+SpecPlan plan_assembled(const SlotSpec& s) {
+  const uint64_t dst_elem = c10::elementSize(s.dtype);
+  SpecPlan p;
+  p.shape = s.assembled_shape;
+  for (const SlotPart& part : s.parts) {
+    const uint64_t elem = c10::elementSize(part.stored_dtype);
+    CopyJob j = job_for(part.name, part.file, part.stored_dtype, s.dtype);
+    const AssembledCopy& c = part.copy;
+    j.offset = part.data_offset + c.src_offset * elem;
+    j.rows = c.rows;
+    j.row_bytes = c.row_elems * elem;
+    j.row_stride = c.rows > 1 ? c.src_stride * elem : 0;
+    j.dst = reinterpret_cast<void*>(static_cast<uintptr_t>(c.dst_offset * dst_elem));
+    if (j.rows > 1) j.dst_row_stride = c.dst_stride * dst_elem;
+    p.jobs.push_back(j);
+  }
+  return p;
+}
+
+SpecPlan plan_spec(const SlotSpec& s) {
+  if (!s.parts.empty()) return plan_assembled(s);
+  const uint64_t elem = c10::elementSize(s.stored_dtype);
+  const uint64_t dst_elem = c10::elementSize(s.dtype);
+  const CopyJob base = job_for(s.name, s.file, s.stored_dtype, s.dtype);
   const TpShard shard = s.shard ? *s.shard : even_shard(s.stored_shape, s.slice, s.name);
   SpecPlan p;
   p.shape = shard.dim < 0 ? s.stored_shape : shard.shape;

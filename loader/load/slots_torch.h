@@ -13,9 +13,20 @@
 #include "loader/engine/engine.h"
 #include "loader/engine/engine_device.h"
 #include "loader/engine/file_mapping.h"
+#include "loader/load/assembly.h"
 #include "loader/tp/slice.h"
 
 namespace metaload {
+
+// One checkpoint tensor's rows in an assembled slot (SlotSpec::parts): a fused expert tensor is
+// filled from many checkpoint tensors (assembly.h), each read once straight into its place.
+struct SlotPart {
+  std::string name;  // the checkpoint tensor
+  size_t file = 0;
+  uint64_t data_offset = 0;  // absolute file offset of its first byte
+  at::ScalarType stored_dtype = at::kFloat;
+  AssembledCopy copy;  // which of its rows land where in the slot (elements)
+};
 
 // One tensor to load: where it is stored, which slice of it this rank takes, the dtype it gets.
 struct SlotSpec {
@@ -31,6 +42,10 @@ struct SlotSpec {
   // when it is replicated -- a hole may be a split tensor of which this rank holds nothing (a
   // vocabulary block past the vocabulary). A split tensor's slice is always exact.
   bool exact = false;
+  // An assembled slot of `assembled_shape`: filled by these parts instead of the one stored tensor
+  // above (of which only `name`, the target's, and `dtype` then count).
+  std::vector<SlotPart> parts;
+  std::vector<int64_t> assembled_shape;
 };
 
 struct SlotLoad {

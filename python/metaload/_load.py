@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _dist_load, _lib, _progress
+from . import _conversions, _dist_load, _lib, _progress
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
 
 
@@ -40,32 +40,16 @@ def _all_found(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
     return all(id(t) in found or n in computed for n, t in state.items())
 
 
-def _transformers_renames(module) -> Dict[str, str]:
-    """The plain renames transformers applies to this model's checkpoint names on load (its
-    conversion mapping's WeightRenaming entries, by class name then model type, as
-    from_pretrained looks them up), as a key_mapping; {} for a module that is no transformers
-    model. Its WeightConverters (merging several tensors into one) are not renames: not here."""
-    if not _is_transformers_model(module):
-        return {}
-    try:
-        from transformers.conversion_mapping import extract_weight_conversions_for_model
-        from transformers.core_model_loading import WeightRenaming
-    except ImportError:  # a transformers without conversion mappings renames nothing on load
-        return {}
-    out: Dict[str, str] = {}
-    for t in extract_weight_conversions_for_model(module) or []:
-        if type(t) is WeightRenaming and len(t.source_patterns) == len(t.target_patterns) == 1:
-            out[t.source_patterns[0]] = t.target_patterns[0]
-    return out
-
-
-def _with_transformers_renames(module, in_checkpoint: List[str],
-                               key_mapping: Dict[str, str]) -> Dict[str, str]:
-    """_renames with transformers' own renames for `module` after the given key_mapping."""
-    merged = dict(key_mapping)
-    for pattern, replacement in _transformers_renames(module).items():
-        merged.setdefault(pattern, replacement)
-    return _renames(in_checkpoint, merged)
+def _transformers_mapping(module, in_checkpoint: List[str], key_mapping: Dict[str, str],
+                          state: Dict[str, torch.Tensor]):
+    """What transformers does to this model's checkpoint names on load (_conversions: its own
+    matching, renames chained as from_pretrained chains them): its merges (fused experts, which
+    the C++ plan assembles) and, for every other name, key_mapping's rename where one of its
+    patterns matches, else transformers' own. Returns (renamed, assemblies)."""
+    hf_renames, assembled = _conversions.names(module, in_checkpoint, state)
+    taken = set(_conversions.leaves(assembled))
+    rest = [n for n in in_checkpoint if n not in taken]
+    return _renames(rest, key_mapping, hf_renames), assembled
 
 
 def _compiled_mapping(key_mapping: Dict[str, str]) -> List[tuple]:
@@ -98,18 +82,27 @@ def _renamed_by(name: str, patterns: List[tuple]):
     return name, None
 
 
-def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str]) -> Dict[str, str]:
+_BY_TRANSFORMERS = object()  # a name renamed by transformers' own mapping, not key_mapping
+
+
+def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str],
+             otherwise: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
-    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them). Two
-    checkpoint tensors that end with one module name (both renamed, or one renamed onto a name
-    another keeps) are a PlanError naming both and the patterns that mapped them."""
+    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them), and
+    where none does, `otherwise`'s (transformers' own renames). Two checkpoint tensors that end
+    with one module name (both renamed, or one renamed onto a name another keeps) are a
+    PlanError naming both and the patterns that mapped them."""
     patterns = _compiled_mapping(key_mapping)
     out: Dict[str, str] = {}
     source: Dict[str, tuple] = {}  # module name -> (checkpoint name, pattern or None)
     for name in in_checkpoint:
         new, pattern = _renamed_by(name, patterns)
+        if pattern is None and otherwise and name in otherwise:
+            new, pattern = otherwise[name], _BY_TRANSFORMERS
         if new in source:
             def how(n, p):
+                if p is _BY_TRANSFORMERS:
+                    return f"{_lib.quote(n)} by transformers' conversion mapping"
                 return (f"{_lib.quote(n)} by pattern {_lib.quote(p)}" if p is not None
                         else f"{_lib.quote(n)} by no pattern (it keeps its name)")
             first = source[new][0]
@@ -173,10 +166,14 @@ def _computed(ops, module: torch.nn.Module, state: Dict[str, torch.Tensor],
 
 
 def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
-                renamed: Dict[str, str], computed: _Computed):
+                renamed: Dict[str, str], computed: _Computed, assembled=()):
     """For strict=False: (the state without the tensors the checkpoint lacks, missing_keys,
-    unexpected_keys); computed tensors with unknown values leave `computed` for missing_keys."""
-    present = {n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
+    unexpected_keys); computed tensors with unknown values leave `computed` for missing_keys.
+    Assembled targets (fused experts) are present, their checkpoint tensors expected."""
+    taken = set(_conversions.leaves(assembled))
+    in_checkpoint = [n for n in in_checkpoint if n not in taken]
+    present = ({n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
+               | set(_conversions.targets(assembled)))
     # A name absent from the checkpoint still loads when its tensor object is tied to one that is
     # there (the library fills the tie from it).
     tied_to_present = {id(t) for n, t in state.items() if n in present}
@@ -427,6 +424,7 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     with real():
         computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
     renamed: Dict[str, str] = {}
+    assembled: List[Dict[str, Any]] = []  # fused targets the C++ plan assembles (_conversions)
     in_checkpoint: List[str] = []
     key_mapping = dict(key_mapping or {})  # the given patterns first, then transformers' own
     hf = _is_transformers_model(module)
@@ -440,14 +438,15 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
     if hf and not try_plain and not _all_found(state, in_checkpoint, renamed, computed.names):
-        renamed = _with_transformers_renames(module, in_checkpoint, key_mapping)
+        renamed, assembled = _transformers_mapping(module, in_checkpoint, key_mapping, state)
     missing: List[str] = []
     unexpected: List[str] = []
     if not strict:
-        state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed)
+        state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed,
+                                                 assembled)
     tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
 
-    def call(renamed: Dict[str, str]) -> str:
+    def call(renamed: Dict[str, str], assembled: List[Dict[str, Any]]) -> str:
         own = _without_shadowed(state, renamed, str(ref))
         names = [renamed.get(n, n) for n in own.keys()]
         args = [list(own.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
@@ -456,10 +455,11 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
             return ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
                                  computed_names=computed.names,
                                  computed_values=computed.values, dequantize=dequantize,
-                                 tp_dims=tp_dims)
+                                 tp_dims=tp_dims,
+                                 assemblies=json.dumps(assembled) if assembled else None)
 
     try:
-        out = call(renamed)
+        out = call(renamed, assembled)
     except (_lib.Error, RuntimeError) as e:
         typed = e if isinstance(e, _lib.Error) else _lib.translate(e)
         if not try_plain or not isinstance(typed, _lib.MismatchError):
@@ -469,10 +469,10 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
         in_checkpoint = _names_in_checkpoint(ref, revision, False)
         if _all_found(state, in_checkpoint, renamed, computed.names):
             raise
-        renamed = _with_transformers_renames(module, in_checkpoint, key_mapping)
-        if not renamed:
+        renamed, assembled = _transformers_mapping(module, in_checkpoint, key_mapping, state)
+        if not renamed and not assembled:
             raise
-        out = call(renamed)
+        out = call(renamed, assembled)
     return _report(out, missing, unexpected, computed.names)
 
 

@@ -12,10 +12,9 @@ stays on meta. Then dtypes: a bfloat16 config builds and loads in bfloat16 as
 from_pretrained(dtype=torch.bfloat16) does, and a bfloat16 checkpoint converts into float32 slots.
 
 Checkpoint names transformers 5 changes on load: GPT-NeoX's embed_out (a rename, in
-transformers' own conversion mapping, which load_into applies too); Mixtral's and Qwen2-MoE's per-expert
-tensors, which transformers fuses into 3-D parameters (a merge load_into does not do: a
-MismatchError naming them, tested). The mixture-of-experts architecture that loads is GPT-OSS,
-whose checkpoints hold the fused 3-D expert tensors themselves.
+transformers' own conversion mapping, which load_into applies too). Mixtral's, Qwen2-MoE's and
+the other per-expert checkpoints, which transformers fuses into 3-D parameters on load, are
+test_moe_load.py's; here GPT-OSS, whose checkpoints hold the fused 3-D expert tensors themselves.
 
 transformers 5.x needs torch 2.x: on Debian's torch 1.13 this file is skipped (it says so).
 """
@@ -213,8 +212,8 @@ def test_conversion_table_is_consulted_only_when_a_name_is_not_found(checkpoints
     lm_head of Qwen2 and the computed rotary buffers count as found)."""
     import transformers.conversion_mapping as cm
     asked = []
-    original = cm.extract_weight_conversions_for_model
-    monkeypatch.setattr(cm, "extract_weight_conversions_for_model",
+    original = cm.get_model_conversion_mapping
+    monkeypatch.setattr(cm, "get_model_conversion_mapping",
                         lambda *a, **k: asked.append(a) or original(*a, **k))
     for model_type in ("llama", "qwen2"):
         model = meta_build(make_config(model_type))
@@ -224,27 +223,3 @@ def test_conversion_table_is_consulted_only_when_a_name_is_not_found(checkpoints
     model = meta_build(make_config("gpt_neox"))  # embed_out -> lm_head: the table is needed
     metaload.load_into(model, checkpoints["gpt_neox"]["one"], progress=False)
     assert len(asked) == 1 and not model.lm_head.weight.is_meta
-
-
-@pytest.mark.parametrize("model_type,kwargs,fused", [
-    ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2),
-     ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
-    ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32),
-     ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
-])
-def test_merged_experts_fail_typed(model_type, kwargs, fused, tmp_path):
-    """transformers 5 saves Mixtral and Qwen2-MoE experts one tensor per expert and fuses them into
-    3-D parameters on load; load_into does not merge tensors: a MismatchError naming both sides,
-    and the module unchanged."""
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model(model_type, **dict(SMALL, **kwargs))
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path))
-    model = meta_build(cfg)
-    with pytest.raises(metaload.MismatchError) as e:
-        metaload.load_into(model, str(tmp_path), progress=False)
-    for layer in range(SMALL["num_hidden_layers"]):
-        for name in fused:
-            assert f"model.layers.{layer}.{name}" in e.value.missing
-    assert any(".experts.0." in n for n in e.value.unexpected)
-    assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))

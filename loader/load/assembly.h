@@ -1,0 +1,88 @@
+// Targets assembled from several checkpoint tensors: the fused experts transformers 5 builds
+// (Mixtral's `experts.gate_up_proj` [E, 2I, H] from every expert's w1 and w3 [I, H]) out of the
+// per-expert tensors the Hub's checkpoints store. Torch-free geometry.
+//
+// An Assembly is one of transformers' WeightConverters applied to one layer: the checkpoint
+// tensors each source pattern matched (in expert order), the operations in order, and the module
+// tensors they produce. `assemble` runs the operations on shapes only and says, per target, which
+// rows of which checkpoint tensor land where: the loader then reads each checkpoint tensor once,
+// straight into its place in the fused slot, with no per-expert tensor in between.
+//
+// Operations (transformers.core_model_loading): MergeModulelist(dim) stacks each source's list
+// along a new dim; Concatenate(dim) joins the values in source order; Chunk(dim) splits the one
+// value evenly into the targets; Transpose(dim0, dim1) swaps two dims where the innermost stays
+// innermost (rows still copy as runs). Anything else is a PlanError naming the operation and the
+// model type: never a wrong tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace metaload {
+
+struct AssemblyOp {
+  std::string op;  // MergeModulelist, Concatenate, Chunk, Transpose
+  int dim = 0;
+  int dim1 = 1;             // Transpose's second dim
+  bool check_dims = false;  // Transpose: a tensor already of the target's shape stays as it is
+};
+
+struct AssemblySource {
+  std::string pattern;             // the converter's source pattern (for errors)
+  std::vector<std::string> names;  // checkpoint tensors it matched, in expert order
+  // The expert index (the pattern's `*`) of each name, -1 where the pattern has none: a
+  // MergeModulelist names the experts a checkpoint lacks from these.
+  std::vector<int64_t> indices;
+  std::string name_template;  // a name with its expert index as `*`: the name of a lacking expert
+};
+
+struct Assembly {
+  std::string model_type;  // for errors
+  std::vector<AssemblySource> sources;
+  std::vector<AssemblyOp> ops;
+  std::vector<std::string> targets;  // module tensor names, in the order the ops produce them
+};
+
+// `rows` runs of `row_elems` elements: from a checkpoint tensor (its `leaf`, counted over every
+// source's names in order) at src_offset, rows src_stride apart, to the target at dst_offset, rows
+// dst_stride apart. Offsets and strides in elements.
+struct AssembledCopy {
+  size_t leaf = 0;
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t rows = 1;
+  uint64_t row_elems = 0;
+  uint64_t src_stride = 0;
+  uint64_t dst_stride = 0;
+};
+
+struct AssembledTarget {
+  std::vector<int64_t> shape;
+  std::vector<AssembledCopy> copies;  // together they write every element exactly once
+};
+
+struct AssemblyResult {
+  std::vector<AssembledTarget> targets;  // one per Assembly::targets, when `problem` is empty
+  // Why the checkpoint's tensors do not fit the operations (a mismatch line, naming the tensor);
+  // empty when they do.
+  std::string problem;
+};
+
+// Every leaf's stored shape, in the order of AssembledCopy::leaf; the targets' shapes in the
+// module (for Transpose's check_dims; may be empty). Throws PlanError for an
+// operation this loader cannot stream (naming it and the model type), or an assembly that is
+// malformed (no source, names and indices of different lengths, targets the ops do not produce).
+AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t>>& leaf_shapes,
+                        const std::vector<std::vector<int64_t>>& target_shapes = {});
+
+// The leaves of `a` in AssembledCopy::leaf order.
+std::vector<std::string> assembly_leaves(const Assembly& a);
+
+// Parses load_into's `assemblies` argument: a JSON array of {"model_type", "targets": [...],
+// "sources": [{"pattern", "names": [...], "indices": [...], "template"}],
+// "ops": [{"op", "dim", "dim1", "check_dims"}]}.
+// Throws PlanError naming what is wrong.
+std::vector<Assembly> parse_assemblies(const std::string& json);
+
+}  // namespace metaload

@@ -1,0 +1,230 @@
+// The geometry of assembled targets (loader/load/assembly.h): the copies `assemble` plans are
+// executed here on plain arrays and compared with the operations done by hand (stack, cat,
+// chunk, transpose), so a wrong offset, stride or order shows as a wrong element.
+#include "loader/load/assembly.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "loader/errors.h"
+
+namespace metaload {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+int64_t numel(const Shape& s) {
+  return std::accumulate(s.begin(), s.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+// Leaf k holds the values k * 1000 + i (i its flat index), so every element says where it came
+// from.
+std::vector<std::vector<int>> leaves_data(const std::vector<Shape>& shapes) {
+  std::vector<std::vector<int>> out;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    std::vector<int> v(static_cast<size_t>(numel(shapes[k])));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int>(k * 1000 + i);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Runs the planned copies; -1 marks an element nothing wrote, and writing one twice fails.
+std::vector<int> run(const AssembledTarget& t, const std::vector<std::vector<int>>& leaves) {
+  std::vector<int> out(static_cast<size_t>(numel(t.shape)), -1);
+  for (const AssembledCopy& c : t.copies) {
+    for (uint64_t r = 0; r < c.rows; ++r) {
+      for (uint64_t e = 0; e < c.row_elems; ++e) {
+        int& dst = out.at(c.dst_offset + r * c.dst_stride + e);
+        EXPECT_EQ(dst, -1) << "element written twice";
+        dst = leaves[c.leaf].at(c.src_offset + r * c.src_stride + e);
+      }
+    }
+  }
+  return out;
+}
+
+Assembly experts(int n, const std::vector<AssemblyOp>& ops, std::vector<std::string> patterns) {
+  Assembly a;
+  a.model_type = "mixtral";
+  a.targets = {"layers.0.mlp.experts.gate_up_proj"};
+  a.ops = ops;
+  for (const std::string& p : patterns) {
+    AssemblySource s;
+    s.pattern = ".experts.*." + p + ".weight";
+    s.name_template = "layers.0.block_sparse_moe.experts.*." + p + ".weight";
+    for (int e = 0; e < n; ++e) {
+      s.names.push_back("layers.0.block_sparse_moe.experts." + std::to_string(e) + "." + p +
+                        ".weight");
+      s.indices.push_back(e);
+    }
+    a.sources.push_back(s);
+  }
+  return a;
+}
+
+TEST(Assembly, MergeThenConcatenateIsStackThenCat) {
+  // Mixtral: w1 and w3 [I=3, H=4] of E=2 experts -> gate_up_proj [2, 6, 4]:
+  // gate_up[e] = cat(w1[e], w3[e]) along dim 0 of the expert's slab.
+  const Assembly a = experts(2, {{"MergeModulelist", 0}, {"Concatenate", 1}}, {"w1", "w3"});
+  const std::vector<Shape> shapes(4, Shape{3, 4});
+  const AssemblyResult r = assemble(a, shapes);
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  ASSERT_EQ(r.targets.size(), 1u);
+  EXPECT_EQ(r.targets[0].shape, (Shape{2, 6, 4}));
+  const auto data = leaves_data(shapes);
+  const std::vector<int> got = run(r.targets[0], data);
+  // Leaves in order: w1 of experts 0, 1, then w3 of experts 0, 1.
+  for (int e = 0; e < 2; ++e)
+    for (int row = 0; row < 6; ++row)
+      for (int h = 0; h < 4; ++h) {
+        const int leaf = row < 3 ? e : 2 + e;
+        const int want = leaf * 1000 + (row % 3) * 4 + h;
+        EXPECT_EQ(got[static_cast<size_t>((e * 6 + row) * 4 + h)], want) << e << " " << row;
+      }
+  // Each expert's half is one contiguous run: one copy per leaf.
+  EXPECT_EQ(r.targets[0].copies.size(), 4u);
+}
+
+TEST(Assembly, ConcatenateAlongTheLastDimCopiesStridedRows) {
+  const Assembly a = experts(2, {{"MergeModulelist", 0}, {"Concatenate", 2}}, {"w1", "w3"});
+  const std::vector<Shape> shapes(4, Shape{3, 4});
+  const AssemblyResult r = assemble(a, shapes);
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  EXPECT_EQ(r.targets[0].shape, (Shape{2, 3, 8}));
+  const std::vector<int> got = run(r.targets[0], leaves_data(shapes));
+  for (int e = 0; e < 2; ++e)
+    for (int i = 0; i < 3; ++i)
+      for (int c = 0; c < 8; ++c) {
+        const int leaf = c < 4 ? e : 2 + e;
+        EXPECT_EQ(got[static_cast<size_t>((e * 3 + i) * 8 + c)], leaf * 1000 + i * 4 + c % 4);
+      }
+}
+
+TEST(Assembly, MergeAlongAnInnerDim) {
+  // stack(dim=1) of [3, 4] tensors -> [3, E, 4]: rows of 4 from each expert interleave.
+  const Assembly a = experts(3, {{"MergeModulelist", 1}}, {"w2"});
+  const std::vector<Shape> shapes(3, Shape{3, 4});
+  const AssemblyResult r = assemble(a, shapes);
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  EXPECT_EQ(r.targets[0].shape, (Shape{3, 3, 4}));
+  const std::vector<int> got = run(r.targets[0], leaves_data(shapes));
+  for (int i = 0; i < 3; ++i)
+    for (int e = 0; e < 3; ++e)
+      for (int h = 0; h < 4; ++h)
+        EXPECT_EQ(got[static_cast<size_t>((i * 3 + e) * 4 + h)], e * 1000 + i * 4 + h);
+}
+
+TEST(Assembly, ChunkSplitsOneTensorIntoTheTargets) {
+  // A fused qkv [6, 4] checkpoint tensor -> q, k, v [2, 4]; and along dim 1 -> [6, 2] each.
+  for (int dim : {0, 1}) {
+    Assembly a;
+    a.model_type = "t";
+    a.targets = {"q", "k"};
+    a.ops = {{"Chunk", dim}};
+    a.sources = {{"qkv", {"qkv.weight"}, {}, ""}};
+    const std::vector<Shape> shapes{{6, 4}};
+    const AssemblyResult r = assemble(a, shapes);
+    ASSERT_TRUE(r.problem.empty()) << r.problem;
+    ASSERT_EQ(r.targets.size(), 2u);
+    const auto data = leaves_data(shapes);
+    for (int c = 0; c < 2; ++c) {
+      const std::vector<int> got = run(r.targets[static_cast<size_t>(c)], data);
+      if (dim == 0) {
+        EXPECT_EQ(r.targets[static_cast<size_t>(c)].shape, (Shape{3, 4}));
+        for (int i = 0; i < 12; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], c * 12 + i);
+      } else {
+        EXPECT_EQ(r.targets[static_cast<size_t>(c)].shape, (Shape{6, 2}));
+        for (int i = 0; i < 6; ++i)
+          for (int j = 0; j < 2; ++j)
+            EXPECT_EQ(got[static_cast<size_t>(i * 2 + j)], i * 4 + c * 2 + j);
+      }
+    }
+  }
+}
+
+TEST(Assembly, TransposeOfOuterDimsStreamsAndOfTheLastDimIsRefused) {
+  Assembly a = experts(2, {{"MergeModulelist", 0}, {"Transpose", 0, 1}}, {"w2"});
+  const std::vector<Shape> shapes(2, Shape{3, 4});
+  const AssemblyResult r = assemble(a, shapes);
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  EXPECT_EQ(r.targets[0].shape, (Shape{3, 2, 4}));
+  const std::vector<int> got = run(r.targets[0], leaves_data(shapes));
+  for (int i = 0; i < 3; ++i)
+    for (int e = 0; e < 2; ++e)
+      for (int h = 0; h < 4; ++h)
+        EXPECT_EQ(got[static_cast<size_t>((i * 2 + e) * 4 + h)], e * 1000 + i * 4 + h);
+
+  // check_dims: already the module's shape, the transpose is skipped (as transformers does).
+  a.ops = {{"MergeModulelist", 0}, {"Transpose", 1, 2, /*check_dims=*/true}};
+  const AssemblyResult same = assemble(a, shapes, {{2, 3, 4}});
+  ASSERT_TRUE(same.problem.empty());
+  EXPECT_EQ(same.targets[0].shape, (Shape{2, 3, 4}));
+
+  // Swapping the last dim would copy element by element: refused, naming the model type.
+  a.ops = {{"MergeModulelist", 0}, {"Transpose", 1, 2}};
+  try {
+    assemble(a, shapes);
+    FAIL() << "no error";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("'mixtral'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("innermost"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Assembly, AnOperationItCannotDoIsAPlanErrorNamingItAndTheModelType) {
+  Assembly a = experts(2, {{"MergeModulelist", 0}, {"PermuteForRope", 0}}, {"w1"});
+  try {
+    assemble(a, std::vector<Shape>(2, Shape{3, 4}));
+    FAIL() << "no error";
+  } catch (const PlanError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("PermuteForRope"), std::string::npos) << m;
+    EXPECT_NE(m.find("'mixtral'"), std::string::npos) << m;
+    EXPECT_NE(m.find("gate_up_proj"), std::string::npos) << m;
+  }
+}
+
+TEST(Assembly, ALackingExpertIsNamed) {
+  Assembly a = experts(4, {{"MergeModulelist", 0}, {"Concatenate", 1}}, {"w1", "w3"});
+  // w3 lacks expert 2.
+  a.sources[1].names.erase(a.sources[1].names.begin() + 2);
+  a.sources[1].indices.erase(a.sources[1].indices.begin() + 2);
+  const AssemblyResult r = assemble(a, std::vector<Shape>(7, Shape{3, 4}));
+  EXPECT_TRUE(r.targets.empty());
+  EXPECT_NE(r.problem.find("'layers.0.block_sparse_moe.experts.2.w3.weight'"), std::string::npos)
+      << r.problem;
+  EXPECT_NE(r.problem.find("3 of 4 experts"), std::string::npos) << r.problem;
+}
+
+TEST(Assembly, AnExpertOfTheWrongShapeIsNamed) {
+  const Assembly a = experts(3, {{"MergeModulelist", 0}}, {"w2"});
+  const AssemblyResult r = assemble(a, {{3, 4}, {3, 4}, {3, 5}});
+  EXPECT_TRUE(r.targets.empty());
+  EXPECT_NE(r.problem.find("'layers.0.block_sparse_moe.experts.2.w2.weight' is [3, 5]"),
+            std::string::npos)
+      << r.problem;
+}
+
+TEST(Assembly, ParseRejectsMalformedInputNamingIt) {
+  EXPECT_THROW(parse_assemblies("{"), PlanError);
+  EXPECT_THROW(parse_assemblies("{}"), PlanError);
+  try {
+    parse_assemblies(R"([{"targets": "x", "sources": [], "ops": []}])");
+    FAIL() << "no error";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("'targets'"), std::string::npos) << e.what();
+  }
+  const std::vector<Assembly> ok = parse_assemblies(
+      R"([{"model_type": "m", "targets": ["t"], "sources": [{"pattern": "p", "names": ["a", "b"],
+          "indices": [0, 1], "template": "*"}], "ops": [{"op": "MergeModulelist", "dim": 0}]}])");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].sources[0].names.size(), 2u);
+  EXPECT_EQ(ok[0].ops[0].op, "MergeModulelist");
+}
+
+}  // namespace
+}  // namespace metaload
