@@ -4,7 +4,9 @@
   streams the weights into the skeleton it built (metaload.load_into) instead of building the
   model a second time with from_pretrained. A trace saving module outputs gives the same values
   with and without it (bitwise), the module objects nnsight wraps stay the same objects, the
-  dispatch reads each weight byte once (/proc/self/io) and never calls from_pretrained.
+  dispatch reads each weight byte once (/proc/self/io) and never calls from_pretrained. GPT-2,
+  Llama, and Mixtral, whose per-expert checkpoint tensors the dispatch assembles into
+  transformers' fused experts (copied; the rest mapped where mmap is on).
 - Model keys: for the same repo id and revision, nnsight's key function and metaload's write the
   same string, and each side builds from the other's key. nnsight canonicalises the repo id
   through the Hub (HfApi().model_info, network): the test fills nnsight's cache of that answer
@@ -40,6 +42,12 @@ def _write_models(top):
         "llama": tf.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                                 max_position_embeddings=64, bos_token_id=1, eos_token_id=1),
+        # A mixture of experts: per-expert checkpoint tensors the dispatch assembles into
+        # transformers' fused experts (issue 25).
+        "mixtral": tf.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=32,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    num_local_experts=4, num_experts_per_tok=2, vocab_size=300,
+                                    max_position_embeddings=64, bos_token_id=1, eos_token_id=1),
     }
     dirs = {}
     for i, (name, cfg) in enumerate(configs.items()):
@@ -222,7 +230,7 @@ def findings(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mmap", [False, True])
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mixtral"])
 def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch, mmap):
     row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"] == mmap)
     assert row["meta_before_dispatch"], "the meta build left real tensors"
@@ -233,7 +241,7 @@ def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch,
     assert row["from_pretrained_calls"] == [], "the dispatch built the model a second time"
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mixtral"])
 def test_the_copying_dispatch_reads_each_weight_byte_once(findings, arch):
     row = next(r for r in findings["dispatch"] if r["arch"] == arch and not r["mmap"])
     assert row["report_bytes"] == row["weight_bytes"] > 0 and row["mapped_bytes"] == 0
@@ -247,6 +255,11 @@ def test_the_default_dispatch_maps_the_weights_as_from_pretrained_does(findings,
     row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"])
     assert row["report_bytes"] == row["weight_bytes"] == row["mapped_bytes"] > 0
     assert row["rchar"] < 64 * 1024, row  # mapped, not read through read()
+
+
+def test_an_moe_dispatch_maps_what_lies_whole_and_copies_the_assembled_experts(findings):
+    row = next(r for r in findings["dispatch"] if r["arch"] == "mixtral" and r["mmap"])
+    assert row["report_bytes"] == row["weight_bytes"] > row["mapped_bytes"] > 0, row
 
 
 def test_nnsight_and_metaload_write_the_same_model_key(findings):
