@@ -1,6 +1,7 @@
 #include "identity/dtypes.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 
 #include "base/text.h"
@@ -8,66 +9,67 @@
 namespace metaload {
 namespace {
 
+// torch's other names for a dtype (torch.float is torch.float32) and the dtypes torch has that the
+// file format lacks; the dtypes both have, with their torch names, are the format layer's table.
+struct TorchAlias {
+  std::string_view name, canonical;
+};
+constexpr std::array<TorchAlias, 7> kAliases = {{
+    {"float", "float32"},
+    {"double", "float64"},
+    {"half", "float16"},
+    {"cfloat", "complex64"},
+    {"short", "int16"},
+    {"int", "int32"},
+    {"long", "int64"},
+}};
+struct TorchOnly {
+  std::string_view name;
+  double bytes;
+  std::string_view alias;
+};
+constexpr std::array<TorchOnly, 2> kTorchOnly = {
+    {{"complex32", 4, "chalf"}, {"complex128", 16, "cdouble"}}};
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 std::vector<DTypeEntry> build_table() {
   std::vector<DTypeEntry> t;
   for (const auto& q : QUANTIZATIONS)
     t.push_back({q.name, q.bytes_per_element, DTypeKind::kQuantization, "", std::nullopt});
-  auto torch = [&](std::string_view name, double bpe, std::string_view canonical,
-                   std::optional<DType> file) {
-    t.push_back({name, bpe, DTypeKind::kTorch, canonical, file});
-  };
-  // torch.<name> attributes that are dtypes, with torch's element sizes.
-  torch("float32", 4, "float32", DType::F32);
-  torch("float", 4, "float32", DType::F32);
-  torch("float64", 8, "float64", DType::F64);
-  torch("double", 8, "float64", DType::F64);
-  torch("float16", 2, "float16", DType::F16);
-  torch("half", 2, "float16", DType::F16);
-  torch("bfloat16", 2, "bfloat16", DType::BF16);
-  torch("complex32", 4, "complex32", std::nullopt);
-  torch("chalf", 4, "complex32", std::nullopt);
-  torch("complex64", 8, "complex64", DType::C64);
-  torch("cfloat", 8, "complex64", DType::C64);
-  torch("complex128", 16, "complex128", std::nullopt);
-  torch("cdouble", 16, "complex128", std::nullopt);
-  torch("uint8", 1, "uint8", DType::U8);
-  torch("int8", 1, "int8", DType::I8);  // shadowed by the quantization of the same name
-  torch("int16", 2, "int16", DType::I16);
-  torch("short", 2, "int16", DType::I16);
-  torch("int32", 4, "int32", DType::I32);
-  torch("int", 4, "int32", DType::I32);
-  torch("int64", 8, "int64", DType::I64);
-  torch("long", 8, "int64", DType::I64);
-  torch("uint16", 2, "uint16", DType::U16);
-  torch("uint32", 4, "uint32", DType::U32);
-  torch("uint64", 8, "uint64", DType::U64);
-  torch("bool", 1, "bool", DType::BOOL);
-  torch("float8_e4m3fn", 1, "float8_e4m3fn", DType::F8_E4M3);
-  torch("float8_e4m3fnuz", 1, "float8_e4m3fnuz", DType::F8_E4M3FNUZ);
-  torch("float8_e5m2", 1, "float8_e5m2", DType::F8_E5M2);
-  torch("float8_e5m2fnuz", 1, "float8_e5m2fnuz", DType::F8_E5M2FNUZ);
-  torch("float8_e8m0fnu", 1, "float8_e8m0fnu", DType::F8_E8M0);
+  // torch.<name> attributes that are dtypes, with torch's element sizes, each followed by its
+  // aliases. Packed ones (float4_e2m1fn_x2: two values an element) are not sized by name here
+  // (is_sub_byte_torch_int says why).
+  for (DType d : all_dtypes()) {
+    const char* attr = dtype_torch_attr(d);
+    if (attr == nullptr || dtype_torch_values(d) != 1) continue;
+    const std::string_view canonical = attr;
+    t.push_back({canonical, dtype_bits(d) / 8.0, DTypeKind::kTorch, canonical, d});
+    for (const auto& a : kAliases) {
+      if (a.canonical == canonical)
+        t.push_back({a.name, dtype_bits(d) / 8.0, DTypeKind::kTorch, canonical, d});
+    }
+  }
+  for (const auto& o : kTorchOnly) {
+    t.push_back({o.name, o.bytes, DTypeKind::kTorch, o.name, std::nullopt});
+    t.push_back({o.alias, o.bytes, DTypeKind::kTorch, o.name, std::nullopt});
+  }
   // The file format's own names, so a stored dtype printed by describe can be passed back.
   static const std::vector<std::string> lowered = [] {
     std::vector<std::string> v;
-    for (DType d : all_dtypes()) {
-      std::string s = dtype_name(d);
-      for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      v.push_back(s);
-    }
+    for (DType d : all_dtypes()) v.push_back(lower(dtype_name(d)));
     return v;
   }();
   const auto& all = all_dtypes();
   for (size_t i = 0; i < all.size(); ++i) {
     DType d = all[i];
     if (lowered[i] == "bool") continue;  // same spelling as torch's
-    std::string_view canonical;
-    for (const auto& e : t) {
-      if (e.kind == DTypeKind::kTorch && e.file_dtype == d) {
-        canonical = e.torch_name;
-        break;
-      }
-    }
+    const char* attr = dtype_torch_attr(d);
+    const std::string_view canonical =
+        attr != nullptr && dtype_torch_values(d) == 1 ? std::string_view(attr) : std::string_view();
     t.push_back({lowered[i], dtype_bits(d) / 8.0, DTypeKind::kFile, canonical, d});
   }
   return t;

@@ -12,6 +12,9 @@
 
 namespace metaload {
 
+// The float formats these kernels convert among: the kernels' own enum of what they do, not a
+// dtype table (the format's dtypes and their torch names are loader/format/safetensors.cc's
+// kDTypes, a layer this one may not use; loader/load/slots_torch.cc maps a tensor dtype onto it).
 enum class FloatFormat : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // "F32", "F16", "BF16": the safetensors spelling.

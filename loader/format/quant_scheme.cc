@@ -123,19 +123,16 @@ void parse_bnb(const nlohmann::json& qc, const std::string& file, QuantConfig& c
   }
   c.double_quant = bool_field(qc, "bnb_4bit_use_double_quant", false, file);
   const std::string storage = str_field(qc, "bnb_4bit_quant_storage", "uint8", file);
-  // transformers' BitsAndBytesConfig list.
-  static const std::pair<const char*, DType> kStorage[] = {
-      {"uint8", DType::U8},      {"int8", DType::I8},     {"float16", DType::F16},
-      {"bfloat16", DType::BF16}, {"float32", DType::F32}, {"float64", DType::F64},
-  };
-  auto it = std::find_if(std::begin(kStorage), std::end(kStorage),
-                         [&](const auto& p) { return storage == p.first; });
+  // transformers' BitsAndBytesConfig list, by torch name (the dtype is the format table's).
+  static const char* const kStorage[] = {"uint8",    "int8",    "float16",
+                                         "bfloat16", "float32", "float64"};
+  auto it = std::find(std::begin(kStorage), std::end(kStorage), storage);
   if (it == std::end(kStorage)) {
     bad_field(
         file, "bnb_4bit_quant_storage",
         "is " + quote_text(storage) + ", not uint8, int8, float16, bfloat16, float32 or float64");
   }
-  c.storage = it->second;
+  c.storage = *dtype_from_torch_attr(*it);
 }
 
 void parse_gptq(const nlohmann::json& qc, const std::string& file, QuantConfig& c) {

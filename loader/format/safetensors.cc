@@ -18,35 +18,47 @@ namespace {
 
 struct DTypeRow {
   DType dtype;
-  const char* name;
+  const char* name;  // the format's
   int bits;
+  const char* torch_attr;   // torch.<attr>; nullptr where no torch has the dtype
+  const char* scalar_name;  // c10::toString of its at::ScalarType; nullptr likewise
+  int torch_values;         // values one torch element holds (2: float4_e2m1fn_x2 packs two)
 };
 
-// Order must match the enum.
+// The one table of the format's dtypes and their torch names (tests/python/test_one_copy.py
+// fails on a second copy of a pair). Order must match the enum.
 constexpr std::array<DTypeRow, kNumDTypes> kDTypes = {{
-    {DType::BOOL, "BOOL", 8},
-    {DType::U8, "U8", 8},
-    {DType::I8, "I8", 8},
-    {DType::I16, "I16", 16},
-    {DType::U16, "U16", 16},
-    {DType::F16, "F16", 16},
-    {DType::BF16, "BF16", 16},
-    {DType::I32, "I32", 32},
-    {DType::U32, "U32", 32},
-    {DType::F32, "F32", 32},
-    {DType::F64, "F64", 64},
-    {DType::I64, "I64", 64},
-    {DType::U64, "U64", 64},
-    {DType::C64, "C64", 64},
-    {DType::F8_E4M3, "F8_E4M3", 8},
-    {DType::F8_E5M2, "F8_E5M2", 8},
-    {DType::F8_E8M0, "F8_E8M0", 8},
-    {DType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
-    {DType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
-    {DType::F4, "F4", 4},
-    {DType::F6_E2M3, "F6_E2M3", 6},
-    {DType::F6_E3M2, "F6_E3M2", 6},
+    {DType::BOOL, "BOOL", 8, "bool", "Bool", 1},
+    {DType::U8, "U8", 8, "uint8", "Byte", 1},
+    {DType::I8, "I8", 8, "int8", "Char", 1},
+    {DType::I16, "I16", 16, "int16", "Short", 1},
+    {DType::U16, "U16", 16, "uint16", "UInt16", 1},
+    {DType::F16, "F16", 16, "float16", "Half", 1},
+    {DType::BF16, "BF16", 16, "bfloat16", "BFloat16", 1},
+    {DType::I32, "I32", 32, "int32", "Int", 1},
+    {DType::U32, "U32", 32, "uint32", "UInt32", 1},
+    {DType::F32, "F32", 32, "float32", "Float", 1},
+    {DType::F64, "F64", 64, "float64", "Double", 1},
+    {DType::I64, "I64", 64, "int64", "Long", 1},
+    {DType::U64, "U64", 64, "uint64", "UInt64", 1},
+    {DType::C64, "C64", 64, "complex64", "ComplexFloat", 1},
+    {DType::F8_E4M3, "F8_E4M3", 8, "float8_e4m3fn", "Float8_e4m3fn", 1},
+    {DType::F8_E5M2, "F8_E5M2", 8, "float8_e5m2", "Float8_e5m2", 1},
+    {DType::F8_E8M0, "F8_E8M0", 8, "float8_e8m0fnu", "Float8_e8m0fnu", 1},
+    {DType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8, "float8_e4m3fnuz", "Float8_e4m3fnuz", 1},
+    {DType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8, "float8_e5m2fnuz", "Float8_e5m2fnuz", 1},
+    {DType::F4, "F4", 4, "float4_e2m1fn_x2", "Float4_e2m1fn_x2", 2},
+    {DType::F6_E2M3, "F6_E2M3", 6, nullptr, nullptr, 1},
+    {DType::F6_E3M2, "F6_E3M2", 6, nullptr, nullptr, 1},
 }};
+
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < kDTypes.size(); ++i) {
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
+  }
+  return true;
+}
+static_assert(rows_in_enum_order(), "kDTypes rows must be in DType's order");
 
 std::string accepted_dtype_list() {
   std::string s;
@@ -417,6 +429,42 @@ const char* dtype_name(DType d) {
 
 int dtype_bits(DType d) {
   return kDTypes[static_cast<size_t>(d)].bits;
+}
+
+const char* dtype_torch_attr(DType d) {
+  return kDTypes[static_cast<size_t>(d)].torch_attr;
+}
+
+const char* dtype_scalar_name(DType d) {
+  return kDTypes[static_cast<size_t>(d)].scalar_name;
+}
+
+int dtype_torch_values(DType d) {
+  return kDTypes[static_cast<size_t>(d)].torch_values;
+}
+
+std::optional<DType> dtype_from_scalar_name(const std::string& name) {
+  for (const auto& r : kDTypes) {
+    if (r.scalar_name != nullptr && name == r.scalar_name) return r.dtype;
+  }
+  return std::nullopt;
+}
+
+std::optional<DType> dtype_from_torch_attr(std::string_view attr) {
+  for (const auto& r : kDTypes) {
+    if (r.torch_attr != nullptr && attr == r.torch_attr) return r.dtype;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<int64_t>& shape) {
+  const int per = dtype_torch_values(d);
+  if (per == 1) return shape;
+  // A packed torch dtype holds `per` values an element, along the last dimension.
+  if (shape.empty() || shape.back() % per != 0) return std::nullopt;
+  std::vector<int64_t> packed = shape;
+  packed.back() /= per;
+  return packed;
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {

@@ -54,6 +54,25 @@ int dtype_bits(DType d);
 // Every dtype, in enum order (for listing accepted names).
 const std::vector<DType>& all_dtypes();
 
+// The dtype's torch names, as strings (this layer is torch-free): the torch.<attribute>
+// ("float8_e4m3fn", "float4_e2m1fn_x2") and c10's ScalarType name ("Float8_e4m3fn"); nullptr where
+// no torch has the dtype (F6_*). A given libtorch may lack a dtype all the same (1.13: float8,
+// float4, uint16-64): the callers look its ScalarType up by this name.
+const char* dtype_torch_attr(DType d);
+const char* dtype_scalar_name(DType d);
+// c10's ScalarType name -> dtype; nullopt where the format has none ("ComplexDouble", "QInt8").
+std::optional<DType> dtype_from_scalar_name(const std::string& name);
+// torch's attribute name ("bfloat16") -> dtype; nullopt where the format has none ("complex128").
+std::optional<DType> dtype_from_torch_attr(std::string_view attr);
+// Values one torch element of the dtype holds: 2 for F4 (float4_e2m1fn_x2 packs two values a
+// byte along the last dimension), 1 otherwise.
+int dtype_torch_values(DType d);
+// The shape of the torch tensor holding a stored tensor of dtype `d` and `shape`: the same, except
+// for a packed dtype (F4), whose last dimension is divided by dtype_torch_values; nullopt where
+// that dimension is missing or not a multiple of it. The one copy of the rule (Python's
+// safe_open asks for it through torch.ops.metaload.safetensors_dtypes).
+std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<int64_t>& shape);
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;

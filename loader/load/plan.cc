@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,44 +26,13 @@ namespace metaload {
 std::optional<at::ScalarType> torch_dtype_of(DType d) {
   // By name, so dtypes only newer libtorch releases have (float8, uint16, ...) need no version
   // checks: where this build lacks one, no ScalarType answers to its name.
-  static const std::map<DType, std::string> names = {
-      {DType::BOOL, "Bool"},
-      {DType::U8, "Byte"},
-      {DType::I8, "Char"},
-      {DType::I16, "Short"},
-      {DType::U16, "UInt16"},
-      {DType::I32, "Int"},
-      {DType::U32, "UInt32"},
-      {DType::I64, "Long"},
-      {DType::U64, "UInt64"},
-      {DType::F16, "Half"},
-      {DType::BF16, "BFloat16"},
-      {DType::F32, "Float"},
-      {DType::F64, "Double"},
-      {DType::C64, "ComplexFloat"},
-      {DType::F8_E4M3, "Float8_e4m3fn"},
-      {DType::F8_E5M2, "Float8_e5m2"},
-      {DType::F8_E4M3FNUZ, "Float8_e4m3fnuz"},
-      {DType::F8_E5M2FNUZ, "Float8_e5m2fnuz"},
-      {DType::F8_E8M0, "Float8_e8m0fnu"},
-      {DType::F4, "Float4_e2m1fn_x2"},
-  };
-  auto it = names.find(d);
-  if (it == names.end()) return std::nullopt;
+  const char* name = dtype_scalar_name(d);
+  if (name == nullptr) return std::nullopt;
   for (int i = 0; i < static_cast<int>(at::ScalarType::NumOptions); ++i) {
     const auto t = static_cast<at::ScalarType>(i);
-    if (it->second == c10::toString(t)) return t;
+    if (std::strcmp(name, c10::toString(t)) == 0) return t;
   }
   return std::nullopt;
-}
-
-std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<int64_t>& shape) {
-  if (d != DType::F4) return shape;
-  // torch.float4_e2m1fn_x2 holds two F4 values a byte, along the last dimension.
-  if (shape.empty() || shape.back() % 2 != 0) return std::nullopt;
-  std::vector<int64_t> packed = shape;
-  packed.back() /= 2;
-  return packed;
 }
 
 namespace {

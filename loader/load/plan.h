@@ -111,9 +111,6 @@ LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOpt
 
 // The torch dtype of a safetensors dtype; nullopt where this libtorch has none.
 std::optional<at::ScalarType> torch_dtype_of(DType d);
-// The shape of the torch tensor holding a stored tensor of dtype `d` and `shape`: the same, except
-// for F4, whose torch.float4_e2m1fn_x2 packs two values a byte (the last dimension halved);
-// nullopt for an F4 tensor whose last dimension is missing or odd.
-std::optional<std::vector<int64_t>> torch_shape_of(DType d, const std::vector<int64_t>& shape);
+// (torch_shape_of, the torch shape of a stored tensor, is the format layer's: safetensors.h.)
 
 }  // namespace metaload

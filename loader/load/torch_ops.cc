@@ -16,33 +16,9 @@
 namespace metaload {
 
 std::optional<DType> safetensors_dtype_of(c10::ScalarType t) {
-  // By name, so that dtypes that exist only in newer libtorch releases (float8, uint16, ...) need
-  // no version checks here.
-  static const std::map<std::string, DType> by_name = {
-      {"Bool", DType::BOOL},
-      {"Byte", DType::U8},
-      {"Char", DType::I8},
-      {"Short", DType::I16},
-      {"Int", DType::I32},
-      {"Long", DType::I64},
-      {"Half", DType::F16},
-      {"BFloat16", DType::BF16},
-      {"Float", DType::F32},
-      {"Double", DType::F64},
-      {"ComplexFloat", DType::C64},
-      {"UInt16", DType::U16},
-      {"UInt32", DType::U32},
-      {"UInt64", DType::U64},
-      {"Float8_e4m3fn", DType::F8_E4M3},
-      {"Float8_e5m2", DType::F8_E5M2},
-      {"Float8_e4m3fnuz", DType::F8_E4M3FNUZ},
-      {"Float8_e5m2fnuz", DType::F8_E5M2FNUZ},
-      {"Float8_e8m0fnu", DType::F8_E8M0},
-      {"Float4_e2m1fn_x2", DType::F4},
-  };
-  auto it = by_name.find(c10::toString(t));
-  if (it == by_name.end()) return std::nullopt;
-  return it->second;
+  // By name (the format layer's table), so dtypes only newer libtorch releases have (float8,
+  // uint16, ...) need no version checks here.
+  return dtype_from_scalar_name(c10::toString(t));
 }
 
 namespace {
@@ -71,13 +47,17 @@ Prepared prepare(const std::string& file, const std::string& name, const at::Ten
         std::string("dtype ") + c10::toString(t.scalar_type()) + " has no safetensors equivalent");
   }
   Prepared p{name, *d, t.sizes().vec(), {}};
-  if (*d == DType::F4) {  // the header counts F4 values; float4_e2m1fn_x2 holds two a byte
+  // The header counts values; a packed torch dtype (float4_e2m1fn_x2) holds several an element,
+  // along the last dimension (torch_shape_of's rule, backwards).
+  if (const int per = dtype_torch_values(*d); per != 1) {
     if (p.shape.empty()) {
       throw FormatError(file, name, "unsupported-dtype",
-                        "a 0-d float4_e2m1fn_x2 tensor has no last dimension to store its two F4 "
-                        "values along");
+                        std::string("a 0-d ") + dtype_torch_attr(*d) +
+                            " tensor has no last dimension to store its " +
+                            (per == 2 ? std::string("two") : std::to_string(per)) + " " +
+                            dtype_name(*d) + " values along");
     }
-    p.shape.back() *= 2;
+    p.shape.back() *= per;
   }
   // The CPU contiguous copy is made when the writer first asks for this tensor's bytes and dropped
   // after the last block, so only one tensor is ever copied at a time.
@@ -184,6 +164,20 @@ std::string op_open_checkpoint(std::string ref, c10::optional<std::string> revis
       .dump();
 }
 
+// The format layer's dtype table for Python (_safetensors.format_dtypes): each dtype's format
+// name, torch attribute (null where no torch has it), bits a value and values a torch element.
+std::string op_safetensors_dtypes() {
+  nlohmann::json rows = nlohmann::json::array();
+  for (DType d : all_dtypes()) {
+    const char* attr = dtype_torch_attr(d);
+    rows.push_back({{"name", dtype_name(d)},
+                    {"torch", attr ? nlohmann::json(attr) : nlohmann::json()},
+                    {"bits", dtype_bits(d)},
+                    {"values_per_element", dtype_torch_values(d)}});
+  }
+  return rows.dump();
+}
+
 int64_t op_io_bytes_read() {
   return static_cast<int64_t>(io_bytes_read());
 }
@@ -226,6 +220,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       &metaload::op_save_sharded);
   m.def("read_safetensors_header(str path) -> str", &metaload::op_read_header);
   m.def("open_checkpoint(str ref, str? revision=None) -> str", &metaload::op_open_checkpoint);
+  m.def("safetensors_dtypes() -> str", &metaload::op_safetensors_dtypes);
   m.def("io_bytes_read() -> int", &metaload::op_io_bytes_read);
   m.def("reset_io_bytes_read() -> ()", &metaload::op_reset_io_bytes_read);
 }

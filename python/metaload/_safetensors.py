@@ -27,11 +27,12 @@ those apart); only framework="pt"; load(data) goes through a temporary file (the
 reads files), and its tensors own their memory; a malformed file or bytes is a metaload.FormatError
 (safetensors: its SafetensorError); messages are metaload's own.
 """
+import functools
 import json
 import mmap
 import os
 import tempfile
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -40,20 +41,32 @@ from . import _lib
 PathLike = Union[str, "os.PathLike[str]"]
 Device = Union[str, int, torch.device]
 
-# Format dtype names -> torch dtypes this torch has (torch 1.13 lacks the unsigned 16-64 bit
-# integers, the float8 types and float4; no torch has F6_E2M3 or F6_E3M2). The C++ side keeps the
-# same pairs in loader/load/plan.cc (torch_dtype_of) and torch_ops.cc (safetensors_dtype_of).
-_DTYPES = {name: getattr(torch, attr) for name, attr in [
-    ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"), ("I16", "int16"), ("U16", "uint16"),
-    ("F16", "float16"), ("BF16", "bfloat16"), ("I32", "int32"), ("U32", "uint32"),
-    ("F32", "float32"), ("F64", "float64"), ("I64", "int64"), ("U64", "uint64"),
-    ("C64", "complex64"), ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
-    ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-    ("F8_E8M0", "float8_e8m0fnu"), ("F4", "float4_e2m1fn_x2")] if hasattr(torch, attr)}
-# Every dtype name the format (and safetensors 0.8) defines.
-FORMAT_DTYPES = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                 "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
-                 "C64", "F64", "I64", "U64")
+
+class FormatDType(NamedTuple):
+    """One row of the library's dtype table (loader/format/safetensors.cc's kDTypes, the one copy):
+    the format's name ("F8_E4M3"), torch's attribute ("float8_e4m3fn"; None where no torch has
+    the dtype: F6_E2M3, F6_E3M2), bits a value, and values one torch element holds (2 for F4:
+    torch.float4_e2m1fn_x2 packs two a byte along the last dimension)."""
+    name: str
+    torch: Optional[str]
+    bits: int
+    values_per_element: int
+
+
+@functools.lru_cache(maxsize=None)
+def format_dtypes() -> Tuple[FormatDType, ...]:
+    """Every dtype the format (and safetensors 0.8) defines, in the library's order, read from the
+    library once (torch.ops.metaload.safetensors_dtypes)."""
+    return tuple(FormatDType(r["name"], r["torch"], r["bits"], r["values_per_element"])
+                 for r in json.loads(_lib.load().safetensors_dtypes()))
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtypes() -> Dict[str, torch.dtype]:
+    """Format name -> the torch dtype of this torch; a dtype this torch lacks (1.13: the unsigned
+    16-64 bit integers, float8, float4; every torch: F6_*) is absent."""
+    return {d.name: getattr(torch, d.torch) for d in format_dtypes()
+            if d.torch is not None and isinstance(getattr(torch, d.torch, None), torch.dtype)}
 
 
 class FormatValueError(_lib.FormatError, ValueError):
@@ -84,22 +97,27 @@ def _lacking(path: str, dtype: str, tensor: str) -> "_lib.DTypeError":
 
 
 def _torch_dtype(name: str, path: str, tensor: str) -> torch.dtype:
-    dtype = _DTYPES.get(name)
+    dtype = _torch_dtypes().get(name)
     if dtype is None:
         raise _lacking(path, name, tensor)
     return dtype
 
 
 def _torch_shape(dtype: str, shape: List[int], path: str, tensor: str) -> List[int]:
-    """The torch shape of a stored tensor: F4's float4_e2m1fn_x2 holds two values a byte."""
-    if dtype != "F4":
+    """The torch shape of a stored tensor, by the library's rule (torch_shape_of in
+    loader/format/safetensors.h): a packed torch dtype (F4's float4_e2m1fn_x2) holds
+    values_per_element values an element along the last dimension."""
+    row = next(d for d in format_dtypes() if d.name == dtype)
+    per = row.values_per_element
+    if per == 1:
         return list(shape)
-    if not shape or shape[-1] % 2:
-        raise _lib.FormatError(f"{path}: tensor {_lib.quote(tensor)}: F4 {list(shape)}, which "
-                               "torch.float4_e2m1fn_x2 cannot hold (it packs two values a byte "
-                               "along the last dimension, which must be even) (rule "
-                               "unsupported-dtype)")
-    return list(shape[:-1]) + [shape[-1] // 2]
+    if not shape or shape[-1] % per:
+        count, whole = ("two", "even") if per == 2 else (str(per), f"a multiple of {per}")
+        raise _lib.FormatError(f"{path}: tensor {_lib.quote(tensor)}: {dtype} {list(shape)}, which "
+                               f"torch.{row.torch} cannot hold (it packs {count} values a byte "
+                               f"along the last dimension, which must be {whole}) "
+                               "(rule unsupported-dtype)")
+    return list(shape[:-1]) + [shape[-1] // per]
 
 
 def _storage_span(t: torch.Tensor):

@@ -37,6 +37,40 @@ TEST(DType, EveryFormatDTypeHasNameAndBits) {
   EXPECT_FALSE(dtype_from_name(""));
 }
 
+TEST(DType, TorchNamesRoundTripAndOnlyF4Packs) {
+  for (DType d : all_dtypes()) {
+    const std::string name = dtype_name(d);
+    const char* attr = dtype_torch_attr(d);
+    const char* scalar = dtype_scalar_name(d);
+    EXPECT_EQ(dtype_torch_values(d), d == DType::F4 ? 2 : 1) << name;
+    ASSERT_EQ(attr == nullptr, scalar == nullptr) << name;
+    if (attr == nullptr) {  // no torch has F6_E2M3 or F6_E3M2
+      EXPECT_EQ(name.rfind("F6_", 0), 0u) << name;
+      continue;
+    }
+    EXPECT_TRUE(dtype_from_scalar_name(scalar) == d) << name;
+    EXPECT_TRUE(dtype_from_torch_attr(attr) == d) << name;
+  }
+  EXPECT_STREQ(dtype_torch_attr(DType::F8_E4M3), "float8_e4m3fn");
+  EXPECT_STREQ(dtype_scalar_name(DType::U8), "Byte");
+  EXPECT_STREQ(dtype_torch_attr(DType::F4), "float4_e2m1fn_x2");
+  EXPECT_FALSE(dtype_from_scalar_name("ComplexDouble"));
+  EXPECT_FALSE(dtype_from_scalar_name("byte"));  // c10's spelling exactly
+  EXPECT_FALSE(dtype_from_torch_attr("complex128"));
+  EXPECT_FALSE(dtype_from_torch_attr("float"));  // an alias, not the attribute the table names
+}
+
+TEST(DType, TorchShapeHalvesF4sLastDimension) {
+  using Shape = std::vector<int64_t>;
+  EXPECT_EQ(torch_shape_of(DType::F4, {3, 8}), Shape({3, 4}));
+  EXPECT_EQ(torch_shape_of(DType::F4, {0}), Shape({0}));
+  EXPECT_FALSE(torch_shape_of(DType::F4, {3, 7}));  // odd
+  EXPECT_FALSE(torch_shape_of(DType::F4, {}));      // no last dimension
+  EXPECT_EQ(torch_shape_of(DType::U8, {3, 7}), Shape({3, 7}));
+  EXPECT_EQ(torch_shape_of(DType::F6_E2M3, {4}), Shape({4}));
+  EXPECT_EQ(torch_shape_of(DType::F32, {}), Shape());
+}
+
 TEST(Header, ParsesTensorsInOffsetOrderWithMetadata) {
   // Written out of order on purpose; trailing spaces are the format's padding.
   std::string json = R"({"b":{"dtype":"F16","shape":[2],"data_offsets":[24,28]},)"

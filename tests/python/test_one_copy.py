@@ -1,5 +1,7 @@
 """One copy of each small fact (issue 23): a helper every layer needs is defined once, in the header
-named here, and nowhere else in the library, tests and benchmarks included. Torch-free."""
+named here, and nowhere else in the library, tests and benchmarks included; the dtype table is
+spelled once, in loader/format/safetensors.cc. Torch-free."""
+import ast
 import os
 import re
 import subprocess
@@ -70,3 +72,88 @@ def test_every_descriptor_the_library_opens_is_held_by_a_unique_fd():
                 if "::close(" in code and f not in CLOSE_ALLOWED:
                     bad.append(f"{f}:{n}: {line.strip()}")
     assert bad == [], "descriptors opened or closed by hand (use UniqueFd):\n  " + "\n  ".join(bad)
+
+
+# The one table of the format's dtypes and their torch names (issue 23): each kDTypes row of this
+# file holds a format name, its torch attribute and its c10 ScalarType name. Python reads it through
+# torch.ops.metaload.safetensors_dtypes. Tests and benchmarks say what they expect on their own.
+DTYPE_HOME = "loader/format/safetensors.cc"
+DTYPE_ROW = re.compile(r'\{DType::(\w+), "(\w+)", \d+, "(\w+)", "(\w+)", \d+\}')
+
+
+def dtype_rows():
+    """(format name, torch attribute, ScalarType name) of each row of the table that has torch
+    names."""
+    with open(os.path.join(ROOT, DTYPE_HOME), encoding="utf-8") as fh:
+        return [(name, attr, scalar) for enum, name, attr, scalar in DTYPE_ROW.findall(fh.read())
+                if enum == name]
+
+
+def code_lines(path):
+    """(line number, code) of a C++ or Python file, comments cut off and Python docstrings left
+    out (they may name a pair as an example)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+        text = fh.read()
+    skip = set()
+    if path.endswith(".py"):
+        for node in ast.walk(ast.parse(text)):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                skip.update(range(body[0].lineno, body[0].end_lineno + 1))
+    mark = "#" if path.endswith(".py") else "//"
+    return [(n, line.split(mark, 1)[0]) for n, line in enumerate(text.split("\n"), 1)
+            if n not in skip]
+
+
+def dtype_pair_copies(rows, files):
+    """'file:line: code' of each line that spells a row's format name ("F8_E4M3", DType::F8_E4M3)
+    beside its torch name ("float8_e4m3fn", torch.float8_e4m3fn, "Float8_e4m3fn",
+    at::kFloat8_e4m3fn)."""
+    pairs = [(re.compile(r"([\"'])" + name + r"\1|DType::" + name + r"\b"),
+              re.compile(r"([\"'])(?:" + attr + "|" + scalar + r")\1|\btorch\." + attr + r"\b|"
+                         r"\b(?:at::k|c10::k|ScalarType::)" + scalar + r"\b"))
+             for name, attr, scalar in rows]
+    out = []
+    for f in files:
+        for n, code in code_lines(f):
+            if any(fmt.search(code) and tor.search(code) for fmt, tor in pairs):
+                out.append(f"{f}:{n}: {code.strip()}")
+    return out
+
+
+def library_files():
+    r = subprocess.run(["git", "ls-files", "*.h", "*.cc", "*.cu", "*.cuh", "*.py"], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    return [f for f in r.stdout.split() if os.path.exists(os.path.join(ROOT, f)) and f != DTYPE_HOME
+            and not f.startswith(("third_party/", "examples/", "tests/", "bench/"))]
+
+
+def test_the_dtype_table_is_spelled_once():
+    rows = dtype_rows()
+    assert len(rows) == 20 and ("F8_E4M3", "float8_e4m3fn", "Float8_e4m3fn") in rows, rows
+    bad = dtype_pair_copies(rows, library_files())
+    assert bad == [], (f"a second copy of {DTYPE_HOME}'s dtype table (use dtype_torch_attr, "
+                       "dtype_scalar_name, dtype_from_scalar_name or, in Python, "
+                       "_safetensors.format_dtypes()):\n  " + "\n  ".join(bad))
+
+
+def test_the_dtype_check_finds_a_planted_copy(tmp_path, monkeypatch):
+    import test_one_copy
+    (tmp_path / "a.cc").write_text(
+        "// F8_E4M3 is \"float8_e4m3fn\" (a comment)\n"
+        "static const std::map<DType, std::string> names = {\n"
+        "    {DType::F8_E4M3, \"Float8_e4m3fn\"},\n"
+        "    {DType::BF16, \"float16\"}};\n"  # not a row's pair
+        "  case DType::BF16: return at::kBFloat16;\n")
+    (tmp_path / "b.py").write_text(
+        '"""Names: ("F8_E4M3", "float8_e4m3fn") in a docstring."""\n'
+        '_DTYPES = {"BF16": torch.bfloat16,\n'
+        '           "F4": "float4_e2m1fn_x2"}  # and "U8": "uint8" in a comment\n'
+        'x = "F32"\n')
+    monkeypatch.setattr(test_one_copy, "ROOT", str(tmp_path))
+    rows = [("F8_E4M3", "float8_e4m3fn", "Float8_e4m3fn"), ("BF16", "bfloat16", "BFloat16"),
+            ("F4", "float4_e2m1fn_x2", "Float4_e2m1fn_x2"), ("U8", "uint8", "Byte"),
+            ("F32", "float32", "Float")]
+    assert [c.split(": ")[0] for c in dtype_pair_copies(rows, ["a.cc", "b.py"])] == [
+        "a.cc:3", "a.cc:5", "b.py:2", "b.py:3"]

@@ -415,26 +415,61 @@ def _one_tensor_file(path, dtype, shape, nbytes):
     return path
 
 
-# Every dtype safetensors 0.8 knows: (name, torch attribute or None where no torch has one, bits).
+# Every dtype safetensors 0.8 knows, by name, with its bits a value (the torch names are the
+# library's table's, checked against torch and safetensors' writer below).
 FORMAT_DTYPES = [
-    ("BOOL", "bool", 8), ("F4", "float4_e2m1fn_x2", 4), ("F6_E2M3", None, 6),
-    ("F6_E3M2", None, 6), ("U8", "uint8", 8), ("I8", "int8", 8), ("F8_E5M2", "float8_e5m2", 8),
-    ("F8_E4M3", "float8_e4m3fn", 8), ("F8_E8M0", "float8_e8m0fnu", 8),
-    ("F8_E4M3FNUZ", "float8_e4m3fnuz", 8), ("F8_E5M2FNUZ", "float8_e5m2fnuz", 8),
-    ("I16", "int16", 16), ("U16", "uint16", 16), ("F16", "float16", 16),
-    ("BF16", "bfloat16", 16), ("I32", "int32", 32), ("U32", "uint32", 32),
-    ("F32", "float32", 32), ("C64", "complex64", 64), ("F64", "float64", 64),
-    ("I64", "int64", 64), ("U64", "uint64", 64)]
+    ("BOOL", 8), ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6), ("U8", 8), ("I8", 8), ("F8_E5M2", 8),
+    ("F8_E4M3", 8), ("F8_E8M0", 8), ("F8_E4M3FNUZ", 8), ("F8_E5M2FNUZ", 8), ("I16", 16),
+    ("U16", 16), ("F16", 16), ("BF16", 16), ("I32", 32), ("U32", 32), ("F32", 32), ("C64", 64),
+    ("F64", 64), ("I64", 64), ("U64", 64)]
+
+
+def _row(name):
+    from metaload import _safetensors
+    return next(d for d in _safetensors.format_dtypes() if d.name == name)
 
 
 def test_format_dtypes_are_safetensors_0_8s():
     from metaload import _safetensors
-    assert [d for d, _, _ in FORMAT_DTYPES] == list(_safetensors.FORMAT_DTYPES)
+    rows = _safetensors.format_dtypes()
+    assert sorted((d.name, d.bits) for d in rows) == sorted(FORMAT_DTYPES)
+    assert rows is _safetensors.format_dtypes()  # read from the library once
+    for d in rows:  # only F4 packs (two values a torch element); F6 has no torch dtype
+        assert d.values_per_element == (2 if d.name == "F4" else 1), d
+        assert (d.torch is None) == d.name.startswith("F6_"), d
+
+
+@pytest.mark.parametrize("name", [n for n, _ in FORMAT_DTYPES])
+def test_format_dtypes_agree_with_torch(tmp_path, name):
+    """Each table row's torch attribute is a dtype of this torch (where it has it: 1.13 lacks the
+    unsigned 16-64 bit integers, float8 and float4) whose element holds values_per_element values
+    of the row's bits; a tensor of it round-trips save_file / load_file (dtype, shape, bytes), and
+    safetensors' own writer stores it under the row's name."""
+    row = _row(name)
+    dtype = getattr(torch, row.torch, None) if row.torch else None
+    if dtype is None:
+        pytest.skip(f"torch {torch.__version__} has no dtype for {name}")
+    assert isinstance(dtype, torch.dtype)
+    assert torch.empty(0, dtype=dtype).element_size() * 8 == row.bits * row.values_per_element
+    raw = torch.arange(48, dtype=torch.uint8).reshape(3, 16)  # rows of whole 1-8 byte elements
+    t = (raw % 2 if name == "BOOL" else raw).view(dtype)
+    metaload.save_file({"w": t}, tmp_path / "a.safetensors")
+    header = _header(tmp_path / "a.safetensors")
+    assert header["w"]["dtype"] == name
+    assert header["w"]["shape"] == list(t.shape[:-1]) + [t.shape[-1] * row.values_per_element]
+    got = metaload.load_file(tmp_path / "a.safetensors")["w"]
+    assert got.dtype == dtype and got.shape == t.shape
+    assert torch.equal(got.view(torch.uint8), t.view(torch.uint8))
+    if safetensors is not None:
+        import safetensors.torch as st
+        data = st.save({"w": t})
+        n = struct.unpack("<Q", data[:8])[0]
+        assert json.loads(data[8:8 + n])["w"]["dtype"] == name
 
 
 @pytest.mark.parametrize("mmap", [False, True])
-@pytest.mark.parametrize("name, attr, bits", FORMAT_DTYPES)
-def test_every_format_dtype_is_read(tmp_path, name, attr, bits, mmap):
+@pytest.mark.parametrize("name, bits", FORMAT_DTYPES)
+def test_every_format_dtype_is_read(tmp_path, name, bits, mmap):
     """The header of every 0.8 dtype parses (describe, safe_open); its tensor loads where torch
     has the dtype, else a DTypeError names the dtype, the tensor and the file."""
     shape = [2, 4]  # 8 values: a whole number of bytes for the 4- and 6-bit dtypes too
@@ -443,6 +478,7 @@ def test_every_format_dtype_is_read(tmp_path, name, attr, bits, mmap):
     assert info.n_tensors == 1 and info.stored_bytes == 8 * bits // 8
     with metaload.safe_open(path) as f:
         assert f.get_slice("w").get_dtype() == name and f.get_slice("w").get_shape() == shape
+    attr = _row(name).torch
     dtype = getattr(torch, attr, None) if attr else None
     if dtype is None:
         with pytest.raises(metaload.DTypeError) as e:
