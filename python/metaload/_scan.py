@@ -132,15 +132,18 @@ def _stand_in_for(args, kwargs, reason):
     return mark_data_dependent(torch.empty_like(inputs[0]), reason)
 
 
-def _guarded(forward, path, made, last):
-    """forward, but a forward that needs values fake tensors do not hold returns a data-dependent
-    stand-in: on a DataDependentError, or on any error raised after a stand-in was made inside it
-    (its caller got a stand-in where it expected, say, a tuple). made[0] counts the scan's
-    stand-ins, last[0] is the latest one's reason."""
-    @functools.wraps(forward)  # inspect.signature(module.forward) still sees the real one
+def _guarded(module, own, path, made, last):
+    """module's forward (`own`, an instance attribute, or its class's), but a forward that needs
+    values fake tensors do not hold returns a data-dependent stand-in: on a DataDependentError, or
+    on any error raised after a stand-in was made inside it (its caller got a stand-in where it
+    expected, say, a tuple). made[0] counts the scan's stand-ins, last[0] is the latest one's
+    reason. The class's forward is looked up at each call: fake() wraps some classes' forward
+    when it starts (bitsandbytes' layers: _interplay), after this wrapper is made."""
+    @functools.wraps(module.forward)  # inspect.signature(module.forward) still sees the real one
     def call(*args, **kwargs):
         before = made[0]
         try:
+            forward = own if own is not None else type(module).forward.__get__(module)
             return forward(*args, **kwargs)
         except Exception as e:
             if made[0] != before:
@@ -206,7 +209,7 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
         hooks.append(module.register_forward_hook(record(path)))
         own = module.__dict__.get("forward")
         try:
-            module.forward = _guarded(module.forward, path, made, last)
+            module.forward = _guarded(module, own, path, made, last)
         except (AttributeError, TypeError, RuntimeError):  # a ScriptModule's forward stays
             continue
         guarded.append((module, own))
