@@ -811,7 +811,14 @@ int64_t tp_unit(const QuantConfig& cfg, const QuantModule& m, int dim, std::stri
   return say("whole features", 1);
 }
 
+bool is_replicated_in_tp(const std::string& module) {
+  const size_t dot = module.find_last_of('.');
+  const std::string leaf = dot == std::string::npos ? module : module.substr(dot + 1);
+  return leaf == "q_a_proj" || leaf == "kv_a_proj_with_mqa";
+}
+
 bool tp_sliceable(const QuantConfig& cfg, const QuantModule& m, int64_t d, std::string* why) {
+  if (is_replicated_in_tp(m.name)) return true;
   const bool row = is_row_parallel(m.name);
   const int64_t dim = row ? m.in : m.out;
   const char* dim_name = row ? "input" : "output";

@@ -110,8 +110,13 @@ bool is_row_parallel(const std::string& module);
 // do not start on a block); *boundary then says why.
 int64_t tp_unit(const QuantConfig& config, const QuantModule& m, int dim, std::string* boundary);
 
-// Whether `m` can be split into `degree` slices that fall on its pack and group boundaries;
-// *why says which boundary does not when it cannot.
+// True for modules tensor parallelism keeps whole on every rank: the low-rank down projections of
+// multi-head latent attention (DeepSeek-V2/V3's q_a_proj and kv_a_proj_with_mqa, replicated by
+// vLLM and SGLang), whose output (1536, 576 rows) is no multiple of the heads.
+bool is_replicated_in_tp(const std::string& module);
+
+// Whether `m` can be split into `degree` slices that fall on its pack and group boundaries (a
+// replicated module always can); *why says which boundary does not when it cannot.
 bool tp_sliceable(const QuantConfig& config, const QuantModule& m, int64_t degree,
                   std::string* why);
 

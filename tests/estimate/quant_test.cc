@@ -6,11 +6,11 @@
 
 #include <gtest/gtest.h>
 
-#include "loader/format/writer.h"
+#include "estimate/estimate.h"
 #include "identity/checkpoint_shapes.h"
 #include "identity/describe.h"
-#include "estimate/estimate.h"
 #include "loader/format/quant_layout.h"
+#include "loader/format/writer.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {
@@ -432,6 +432,27 @@ TEST(QuantTp, SliceUnitsFallOnPacksGroupsAndBlocks) {
   m.in = 100;  // rows of 100 elements do not start on 64-element blocks
   EXPECT_EQ(tp_unit(nf4, m, 1, &b), 0);
   EXPECT_EQ(tp_unit(nf4, m, 0, &b), 16);  // 16 rows of 100 = 25 blocks
+}
+
+// DeepSeek-V3's FP8 blocks: MLA's kv_a_proj_with_mqa (576 rows, 4.5 blocks) and q_a_proj stay
+// whole on every rank (vLLM and SGLang replicate them), so they never limit the degree; q_b_proj,
+// split by its output rows, still does.
+TEST(QuantTp, MlaLowRankProjectionsAreReplicated) {
+  const QuantConfig fp8 = parse_quant_config(
+      {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}}, "c.json");
+  QuantModule m;
+  m.out = 576;
+  m.in = 7168;
+  std::string b;
+  for (const char* leaf : {"kv_a_proj_with_mqa", "q_a_proj"}) {
+    m.name = std::string("model.layers.0.self_attn.") + leaf;
+    EXPECT_TRUE(is_replicated_in_tp(m.name));
+    EXPECT_TRUE(tp_sliceable(fp8, m, 16, &b)) << leaf;
+  }
+  m.name = "model.layers.0.self_attn.q_b_proj";
+  EXPECT_FALSE(is_replicated_in_tp(m.name));
+  EXPECT_FALSE(tp_sliceable(fp8, m, 16, &b));
+  EXPECT_NE(b.find("q_b_proj"), std::string::npos) << b;
 }
 
 // One family: a load's DequantError and a scheme's QuantSchemeError are QuantLayoutErrors.
