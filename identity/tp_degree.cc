@@ -54,7 +54,9 @@ std::optional<int64_t> max_tp_size(const nlohmann::json& config, bool expert_par
       field(c, {"num_attention_heads", "n_head", "num_heads"}),
       field(c, {"num_key_value_heads", "num_kv_heads"}),
       field(c, {"intermediate_size", "n_inner", "ffn_dim"}),
-      expert_parallel ? field(c, {"num_local_experts", "num_experts", "n_routed_experts"}) : 0,
+      field(c, {"moe_intermediate_size"}),
+      field(c, {"shared_expert_intermediate_size"}),
+      expert_parallel ? moe_config(config).routed_experts : 0,
   };
   int64_t g = 0;
   for (int64_t v : values) g = std::gcd(g, v);  // gcd(0, v) = v: absent fields drop out
@@ -62,19 +64,37 @@ std::optional<int64_t> max_tp_size(const nlohmann::json& config, bool expert_par
   return g;
 }
 
-std::vector<int64_t> tp_degrees(const nlohmann::json& config, bool expert_parallel) {
-  std::vector<int64_t> out;
-  auto m = max_tp_size(config, expert_parallel);
-  if (!m) return out;
-  // Divisors in pairs up to sqrt(m): m <= kMaxField, so at most ~46k steps.
-  std::vector<int64_t> high;
-  for (int64_t d = 1; d * d <= *m; ++d) {
-    if (*m % d != 0) continue;
+MoeConfig moe_config(const nlohmann::json& config) {
+  const nlohmann::json& c = text_part(config);
+  MoeConfig m;
+  for (const char* name : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    if ((m.routed_experts = field(c, {name})) != 0) {
+      m.routed_field = name;
+      break;
+    }
+  }
+  m.experts_per_token = field(c, {"num_experts_per_tok", "experts_per_token"});
+  m.shared_experts = field(c, {"n_shared_experts"});
+  m.shared_expert_intermediate_size = field(c, {"shared_expert_intermediate_size"});
+  return m;
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out, high;
+  // Divisors in pairs up to sqrt(n): the config fields are <= kMaxField, so at most ~46k steps.
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
     out.push_back(d);
-    if (d * d != *m) high.push_back(*m / d);
+    if (d * d != n) high.push_back(n / d);
   }
   out.insert(out.end(), high.rbegin(), high.rend());
   return out;
+}
+
+std::vector<int64_t> tp_degrees(const nlohmann::json& config, bool expert_parallel) {
+  auto m = max_tp_size(config, expert_parallel);
+  if (!m) return {};
+  return divisors(*m);
 }
 
 int64_t tp_degree_for(const nlohmann::json& config, int64_t n, bool expert_parallel) {

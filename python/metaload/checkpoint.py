@@ -5,7 +5,7 @@ Thin wrappers over torch.ops.metaload.*; errors surface as metaload.<Kind> excep
 """
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
@@ -25,6 +25,24 @@ def _dtype_name(dtype):
 
 # ---------------------------------------------------------------------------------------------
 # describe
+
+
+@dataclass
+class MoeInfo:
+    """A mixture of experts, from the headers' expert tensors and config.json."""
+
+    n_experts: int = 0  # routed experts per MoE layer
+    n_shared_experts: int = 0
+    experts_per_token: Optional[int] = None
+    n_moe_layers: int = 0
+    layout: str = ""  # "per-expert", "fused", "mixed", or "" when no expert tensor is stored
+    expert_params: int = 0  # the routed experts' parameters (logical elements), all layers
+    expert_bytes: int = 0  # their stored bytes, scales and zero points included
+    shared_expert_params: int = 0
+    # n_params minus (1 - top_k / E) of each MoE layer's routed experts: what "A3B" counts.
+    active_params: Optional[int] = None
+    max_ep_size: int = 0  # the most ranks the routed experts split across whole (= n_experts)
+    ep_degrees: List[int] = field(default_factory=list)  # every such degree (divisors of E)
 
 
 @dataclass
@@ -48,6 +66,9 @@ class CheckpointInfo:
     # {module, shape, n_params, weight_bytes, aux_bytes}), weight/aux/unquantized bytes, and what
     # limits max_tp_size ("tp_limited_by"). None for an unquantized checkpoint.
     quantization: Optional[Dict[str, Any]] = None
+    # A mixture of experts (MoeInfo); None for a dense checkpoint. A checkpoint whose headers hold
+    # another number of experts than its config names is a metaload.FormatError naming both.
+    moe: Optional[MoeInfo] = None
 
 
 @typed_errors
@@ -62,6 +83,8 @@ def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = N
     _lib.check_utf8(_lib.ResolveError, "describe(ref_or_key=...)", [str(ref_or_key), revision])
     out = json.loads(_ops().describe_checkpoint(str(ref_or_key), _dtype_name(dtype), revision,
                                                 bool(allow_local_paths)))
+    if out.get("moe") is not None:
+        out["moe"] = MoeInfo(**out["moe"])
     return CheckpointInfo(**out)
 
 

@@ -9,14 +9,14 @@
 #include <gtest/gtest.h>
 
 #include "base/checked.h"
-#include "loader/format/json_util.h"
-#include "loader/format/writer.h"
 #include "identity/checkpoint_shapes.h"
 #include "identity/dtypes.h"
 #include "identity/errors.h"
 #include "identity/model_key.h"
 #include "identity/reference.h"
 #include "identity/registry.h"
+#include "loader/format/json_util.h"
+#include "loader/format/writer.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {
@@ -307,6 +307,173 @@ TEST(Describe, BuffersAreRecognisedByNameAndShape) {
   EXPECT_FALSE(is_non_parameter_buffer(t("h.0.attn.c_attn.bias", {2304})));
   EXPECT_FALSE(is_non_parameter_buffer(t("h.0.attn.bias", {768})));
   EXPECT_FALSE(is_non_parameter_buffer(t("x.bias", {1, 1, 3, 4})));
+}
+
+// ---- mixtures of experts (issue 25) -----------------------------------------------------------
+
+// A tiny Mixtral-shaped MoE: 2 layers of E experts (per-expert:
+// block_sparse_moe.experts.<e>.w1/w2/w3; fused: mlp.experts.gate_up_proj [E, 2I, H] and down_proj
+// [E, H, I]), a router, attention, norms and embeddings, as holes; `skip_expert` leaves one expert
+// of layer 1 out.
+struct TinyMoe {
+  int64_t e = 4, k = 2, h = 16, i = 8, vocab = 32;
+  bool fused = false;
+  int64_t skip_expert = -1;
+  uint64_t total = 0, routed = 0;
+
+  void add(SafetensorsWriter& w, const std::string& name, std::vector<int64_t> shape,
+           bool expert = false) {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    total += n;
+    if (expert) routed += n;
+    w.add(name, DType::BF16, shape, nullptr);
+  }
+
+  void write(const std::string& dir, const nlohmann::json& config) {
+    testing::write_file(dir + "/config.json", config.dump());
+    SafetensorsWriter w(dir + "/model.safetensors");
+    add(w, "model.embed_tokens.weight", {vocab, h});
+    add(w, "lm_head.weight", {vocab, h});
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      add(w, p + "self_attn.q_proj.weight", {h, h});
+      add(w, p + "input_layernorm.weight", {h});
+      if (fused) {
+        add(w, p + "mlp.gate.weight", {e, h});
+        add(w, p + "mlp.experts.gate_up_proj", {e, 2 * i, h}, true);
+        add(w, p + "mlp.experts.down_proj", {e, h, i}, true);
+        continue;
+      }
+      add(w, p + "block_sparse_moe.gate.weight", {e, h});
+      for (int64_t x = 0; x < e; ++x) {
+        if (layer == 1 && x == skip_expert) continue;
+        const std::string q = p + "block_sparse_moe.experts." + std::to_string(x) + ".";
+        add(w, q + "w1.weight", {i, h}, true);
+        add(w, q + "w3.weight", {i, h}, true);
+        add(w, q + "w2.weight", {h, i}, true);
+      }
+    }
+    w.write();
+  }
+
+  nlohmann::json config() const {
+    return {{"model_type", "mixtral"},  {"hidden_size", h},         {"intermediate_size", i},
+            {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_local_experts", e},
+            {"num_experts_per_tok", k}};
+  }
+};
+
+TEST(DescribeMoe, BothLayoutsGiveExpertsTopKAndActiveParameters) {
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per-expert");
+    TempDir dir;
+    TinyMoe m;
+    m.fused = fused;
+    m.write(dir.path(), m.config());
+    const CheckpointInfo info = describe_checkpoint(dir.path());
+    ASSERT_TRUE(info.moe);
+    EXPECT_EQ(info.n_params, m.total);
+    EXPECT_EQ(m.routed, 2u * 4 * 3 * 16 * 8);
+    EXPECT_EQ(info.moe->n_experts, 4);
+    EXPECT_EQ(info.moe->experts_per_token, 2);
+    EXPECT_EQ(info.moe->n_moe_layers, 2);
+    EXPECT_EQ(info.moe->layout, fused ? "fused" : "per-expert");
+    EXPECT_EQ(info.moe->expert_params, m.routed);
+    EXPECT_EQ(info.moe->expert_bytes, m.routed * 2);
+    // Every MoE layer's routed experts count k / E; router, attention and embeddings fully.
+    EXPECT_EQ(info.moe->active_params, m.total - m.routed + m.routed * 2 / 4);
+    EXPECT_EQ(info.moe->max_ep_size, 4);
+    EXPECT_EQ(info.moe->ep_degrees, (std::vector<int64_t>{1, 2, 4}));
+    EXPECT_EQ(info.moe->n_shared_experts, 0);
+    // gcd(4 heads, 2 kv heads, 8) = 2.
+    EXPECT_EQ(info.max_tp_size, 2);
+    const nlohmann::json j = to_json(info)["moe"];
+    EXPECT_EQ(j["active_params"], *info.moe->active_params);
+    EXPECT_EQ(j["layout"], info.moe->layout);
+  }
+}
+
+TEST(DescribeMoe, DenseCheckpointsHaveNoMoeSection) {
+  TempDir dir;
+  write_sparse(dir.path(), "llama-3.2-1b", DType::BF16, false, 0);
+  const CheckpointInfo info = describe_checkpoint(dir.path());
+  EXPECT_FALSE(info.moe);
+  EXPECT_TRUE(to_json(info)["moe"].is_null());
+}
+
+// Headers and config disagreeing is an error naming both counts: the active parameters depend on
+// E, so either count would make them wrong, and such a checkpoint does not load.
+TEST(DescribeMoe, HeadersDisagreeingWithTheConfigAreFormatErrors) {
+  {
+    TempDir dir;
+    TinyMoe m;
+    nlohmann::json c = m.config();
+    c["num_local_experts"] = 5;
+    m.write(dir.path(), c);
+    auto e = expect_error<FormatError>([&] { describe_checkpoint(dir.path()); });
+    EXPECT_EQ(e.rule(), "moe-expert-count");
+    EXPECT_NE(e.detail().find("num_local_experts is 5 routed experts"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.detail().find("hold 4"), std::string::npos) << e.what();
+  }
+  {
+    TempDir dir;
+    TinyMoe m;
+    m.skip_expert = 2;  // layer 1 lacks expert 2
+    m.write(dir.path(), m.config());
+    auto e = expect_error<FormatError>([&] { describe_checkpoint(dir.path()); });
+    EXPECT_EQ(e.rule(), "moe-expert-count");
+    EXPECT_EQ(e.tensor(), "model.layers.1.block_sparse_moe.experts");
+    EXPECT_NE(e.detail().find("no expert 2"), std::string::npos) << e.what();
+  }
+  {
+    TempDir dir;
+    TinyMoe m;
+    m.skip_expert = 3;  // layer 1 holds 3 experts, layer 0 four; no config count to follow
+    nlohmann::json c = m.config();
+    c.erase("num_local_experts");
+    m.write(dir.path(), c);
+    auto e = expect_error<FormatError>([&] { describe_checkpoint(dir.path()); });
+    EXPECT_NE(e.detail().find("hold 3 experts"), std::string::npos) << e.what();
+  }
+  {
+    TempDir dir;
+    TinyMoe m;
+    nlohmann::json c = m.config();
+    c["num_experts_per_tok"] = 6;
+    m.write(dir.path(), c);
+    EXPECT_EQ(expect_error<FormatError>([&] { describe_checkpoint(dir.path()); }).rule(),
+              "moe-experts-per-token");
+  }
+}
+
+// Shared experts and the router count fully, Switch-style "experts.expert_<e>" names and Granite's
+// fused input_linear / output_linear are routed experts.
+TEST(DescribeMoe, SharedExpertsSwitchAndGraniteNames) {
+  TempDir dir;
+  testing::write_file(
+      dir / "config.json",
+      R"({"n_routed_experts": 2, "n_shared_experts": 1, "num_experts_per_tok": 1})");
+  SafetensorsWriter w(dir / "model.safetensors");
+  w.add("model.layers.0.mlp.shared_experts.gate_proj.weight", DType::F32, {4, 2}, nullptr);
+  w.add("model.layers.0.mlp.gate.weight", DType::F32, {2, 2}, nullptr);
+  w.add("model.layers.0.mlp.experts.0.gate_proj.weight", DType::F32, {3, 2}, nullptr);
+  w.add("model.layers.0.mlp.experts.1.gate_proj.weight", DType::F32, {3, 2}, nullptr);
+  w.add("encoder.block.1.mlp.experts.expert_0.wi.weight", DType::F32, {5}, nullptr);
+  w.add("encoder.block.1.mlp.experts.expert_1.wi.weight", DType::F32, {5}, nullptr);
+  w.add("model.layers.2.block_sparse_moe.input_linear.weight", DType::F32, {2, 4, 2}, nullptr);
+  w.add("model.layers.2.block_sparse_moe.output_linear.weight", DType::F32, {2, 2, 2}, nullptr);
+  w.write();
+  const CheckpointInfo info = describe_checkpoint(dir.path());
+  ASSERT_TRUE(info.moe);
+  EXPECT_EQ(info.n_params, 8u + 4 + 12 + 10 + 24);
+  EXPECT_EQ(info.moe->n_moe_layers, 3);
+  EXPECT_EQ(info.moe->layout, "mixed");
+  EXPECT_EQ(info.moe->n_shared_experts, 1);
+  EXPECT_EQ(info.moe->shared_expert_params, 8u);
+  EXPECT_EQ(info.moe->expert_params, 12u + 10 + 24);
+  EXPECT_EQ(info.moe->active_params, 8u + 4 + 6 + 5 + 12);
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // bytes_per_element / the QUANTIZATIONS table, and the TP degree rules.
 #include <gtest/gtest.h>
 
-#include "loader/format/checkpoint.h"
 #include "identity/dtypes.h"
 #include "identity/tp_degree.h"
+#include "loader/format/checkpoint.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {
@@ -118,6 +118,36 @@ TEST(TP, FieldsSkippedTextConfigAndExperts) {
   EXPECT_NE(std::string(bad.what()).find("num_attention_heads"), std::string::npos);
   expect_error<TPError>([] { max_tp_size(nlohmann::json{{"num_attention_heads", -4}}); });
   expect_error<TPError>([] { max_tp_size(nlohmann::json::array()); });
+}
+
+// Each expert's rows must split too: Qwen3-30B-A3B (32 heads, 4 kv heads, dense 6144, 768 per
+// expert) splits 4 ways; an expert intermediate size that no larger degree divides limits the
+// degree, as Qwen2-MoE's shared expert does. moe_config reads the counts from text_config first.
+TEST(TP, ExpertIntermediateSizesAndMoeConfig) {
+  nlohmann::json qwen3 = cfg(32, 4, 6144);
+  qwen3["moe_intermediate_size"] = 768;
+  EXPECT_EQ(max_tp_size(qwen3), 4);
+  nlohmann::json c = cfg(8, 8, 64);
+  EXPECT_EQ(max_tp_size(c), 8);
+  c["moe_intermediate_size"] = 12;
+  EXPECT_EQ(max_tp_size(c), 4);
+  c["moe_intermediate_size"] = 16;
+  c["shared_expert_intermediate_size"] = 20;
+  EXPECT_EQ(max_tp_size(c), 4);
+  nlohmann::json mm = {
+      {"num_experts", 3},
+      {"text_config",
+       {{"n_routed_experts", 256}, {"n_shared_experts", 1}, {"num_experts_per_tok", 8}}}};
+  const MoeConfig m = moe_config(mm);
+  EXPECT_EQ(m.routed_experts, 256);
+  EXPECT_EQ(std::string(m.routed_field), "n_routed_experts");
+  EXPECT_EQ(m.experts_per_token, 8);
+  EXPECT_EQ(m.shared_experts, 1);
+  EXPECT_EQ(moe_config(nlohmann::json{{"experts_per_token", 4}}).experts_per_token, 4);
+  EXPECT_EQ(moe_config(nlohmann::json::object()).routed_experts, 0);
+  expect_error<TPError>([] { moe_config(nlohmann::json{{"num_experts", "8"}}); });
+  EXPECT_EQ(divisors(12), (std::vector<int64_t>{1, 2, 3, 4, 6, 12}));
+  EXPECT_EQ(divisors(1), (std::vector<int64_t>{1}));
 }
 
 // Found by the quant fuzzer: a float head count beyond int64 was cast (undefined behaviour). Every

@@ -57,6 +57,24 @@ void add_quantization_rows(const nlohmann::json& q,
   if (!limit.empty()) rows.emplace_back("  TP limited by", limit);
 }
 
+// A mixture of experts: the counts, the parameters a token uses and the expert-parallel degree.
+void add_moe_rows(const MoeInfo& m, std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string experts = std::to_string(m.n_experts) + " routed";
+  if (m.experts_per_token) experts += ", " + std::to_string(*m.experts_per_token) + " per token";
+  if (m.n_shared_experts) experts += ", " + std::to_string(m.n_shared_experts) + " shared";
+  rows.emplace_back("experts", experts);
+  rows.emplace_back("  MoE layers",
+                    std::to_string(m.n_moe_layers) +
+                        (m.layout.empty() ? " (no expert tensors stored)" : " (" + m.layout + ")"));
+  rows.emplace_back("  expert params",
+                    with_commas(m.expert_params) + " in " + gib_and_bytes(m.expert_bytes));
+  if (m.shared_expert_params)
+    rows.emplace_back("  shared experts", with_commas(m.shared_expert_params) + " parameters");
+  rows.emplace_back("active params",
+                    m.active_params ? with_commas(*m.active_params) + " per token" : "unknown");
+  rows.emplace_back("max EP degree", m.max_ep_size ? std::to_string(m.max_ep_size) : "-");
+}
+
 int run(const Options& o) {
   std::optional<std::string> dtype;
   if (*o.dtype_opt) dtype = o.dtype;
@@ -82,6 +100,7 @@ int run(const Options& o) {
   }
   rows.emplace_back("config", info.config ? config_summary(*info.config) : "none (no config.json)");
   rows.emplace_back("max TP degree", info.max_tp_size ? std::to_string(*info.max_tp_size) : "-");
+  if (info.moe) add_moe_rows(*info.moe, rows);
   if (info.quantization) add_quantization_rows(*info.quantization, rows);
   print_rows(rows);
   return 0;
