@@ -354,13 +354,10 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     model's own renames (its conversion mapping, e.g. GPT-NeoX's {r"^embed_out\\.": "lm_head."})
     apply after the given ones, as from_pretrained applies them. Errors name a renamed tensor by
     its checkpoint name (PlanError: a pattern that is no regex, two mapped onto one module name).
-    Merging conversions (transformers 5 fuses Mixtral's, Qwen's, DeepSeek's... per-expert
-    checkpoint weights into 3-D expert parameters) are read from the installed transformers too:
-    each fused target is assembled in the load, every checkpoint tensor read once into its
-    place (copied, converted by `dtype`; loader/load/assembly.h). A checkpoint lacking an
-    expert, or holding one of another shape, is a MismatchError naming it and the fused target;
-    an operation the loader cannot stream a PlanError naming it and the model type. Not yet with
-    tp_size > 1, tp_plan or dequantize (PlanError).
+    Its merges too (transformers 5 fuses per-expert checkpoint weights into 3-D experts): each
+    fused target is assembled in the load, every checkpoint tensor read once into its place
+    (loader/load/assembly.h); a lacking or misshapen expert is a MismatchError naming it. Not
+    yet with tp_size > 1, tp_plan or dequantize (PlanError).
     progress: True, a bar on stderr when it is a terminal; False, none; a callable
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
     called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
