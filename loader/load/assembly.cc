@@ -201,6 +201,41 @@ bool transpose(Run& r, const AssemblyOp& op, Lists& lists,
   return true;
 }
 
+// The part of `v` a window holds: its ranges along its dim, concatenated (each piece clipped to
+// each range, as Chunk clips). A window that does not fit the value is a PlanError naming it.
+Value windowed(const Assembly& a, const std::string& target, const Value& v, const TpShard& w) {
+  const int d = normal_dim(w.dim, v.shape.size());
+  auto bad = [&](const std::string& why) {
+    return PlanError("model type " + q(a.model_type) + ": the rank's part of " + q(target) + " " +
+                     shape_str(v.shape) + ": " + why);
+  };
+  if (d < 0) throw bad("dim " + std::to_string(w.dim) + " out of range");
+  Value out;
+  out.shape = v.shape;
+  out.shape[d] = 0;
+  for (const auto& [lo, hi] : w.ranges) {
+    if (lo < 0 || hi > v.shape[d] || lo >= hi) {
+      throw bad("range [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of dim " +
+                std::to_string(d));
+    }
+    for (const Piece& p : v.pieces) {
+      const int64_t b = std::max(p.start[d], lo), e = std::min(p.start[d] + p.extent[d], hi);
+      if (b >= e) continue;
+      Piece x = p;
+      if (x.src_dim[d] >= 0) x.src_start[x.src_dim[d]] += b - p.start[d];
+      x.start[d] = out.shape[d] + b - lo;
+      x.extent[d] = e - b;
+      out.pieces.push_back(std::move(x));
+    }
+    out.shape[d] += hi - lo;
+  }
+  if (!w.shape.empty() && w.shape != out.shape) {
+    throw bad("its ranges make " + shape_str(out.shape) + ", not " + shape_str(w.shape) +
+              " (padding is not assembled)");
+  }
+  return out;
+}
+
 std::vector<uint64_t> row_major(const std::vector<int64_t>& shape) {
   std::vector<uint64_t> s(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * static_cast<uint64_t>(shape[i]);
@@ -272,25 +307,8 @@ void copies_of(const Assembly& a, const Piece& p, const std::vector<int64_t>& le
   }
 }
 
-}  // namespace
-
-std::vector<std::string> assembly_leaves(const Assembly& a) {
-  std::vector<std::string> out;
-  for (const AssemblySource& s : a.sources) out.insert(out.end(), s.names.begin(), s.names.end());
-  return out;
-}
-
-AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t>>& leaf_shapes,
-                        const std::vector<std::vector<int64_t>>& target_shapes) {
-  const std::vector<std::string> leaves = assembly_leaves(a);
-  if (a.sources.empty() || a.targets.empty() || a.ops.empty()) {
-    throw PlanError("model type " + q(a.model_type) +
-                    ": a conversion needs sources, targets and operations");
-  }
-  if (leaf_shapes.size() != leaves.size()) {
-    throw PlanError("assembly of " + q(a.targets[0]) + ": " + std::to_string(leaves.size()) +
-                    " checkpoint tensors but " + std::to_string(leaf_shapes.size()) + " shapes");
-  }
+// Per source, each leaf as a value of its own (one piece: the whole leaf).
+Lists leaf_values(const Assembly& a, const std::vector<std::vector<int64_t>>& leaf_shapes) {
   Lists lists;
   size_t leaf = 0;
   for (const AssemblySource& s : a.sources) {
@@ -312,6 +330,30 @@ AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t
     }
     lists.push_back(std::move(list));
   }
+  return lists;
+}
+
+}  // namespace
+
+std::vector<std::string> assembly_leaves(const Assembly& a) {
+  std::vector<std::string> out;
+  for (const AssemblySource& s : a.sources) out.insert(out.end(), s.names.begin(), s.names.end());
+  return out;
+}
+
+AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t>>& leaf_shapes,
+                        const std::vector<std::vector<int64_t>>& target_shapes,
+                        const std::vector<std::optional<TpShard>>& windows) {
+  const std::vector<std::string> leaves = assembly_leaves(a);
+  if (a.sources.empty() || a.targets.empty() || a.ops.empty()) {
+    throw PlanError("model type " + q(a.model_type) +
+                    ": a conversion needs sources, targets and operations");
+  }
+  if (leaf_shapes.size() != leaves.size()) {
+    throw PlanError("assembly of " + q(a.targets[0]) + ": " + std::to_string(leaves.size()) +
+                    " checkpoint tensors but " + std::to_string(leaf_shapes.size()) + " shapes");
+  }
+  Lists lists = leaf_values(a, leaf_shapes);
   Run run{a, leaves, {}};
   for (const AssemblyOp& op : a.ops) {
     bool ok = true;
@@ -340,7 +382,10 @@ AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t
                     std::to_string(a.targets.size()) + " targets");
   }
   AssemblyResult out;
-  for (const Value& v : values) {
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (k < windows.size() && windows[k] && windows[k]->dim >= 0)
+      values[k] = windowed(a, a.targets[k], values[k], *windows[k]);
+    const Value& v = values[k];
     AssembledTarget t;
     t.shape = v.shape;
     uint64_t covered = 0, numel = 1;

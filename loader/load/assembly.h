@@ -16,8 +16,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "loader/tp/shard.h"  // TpShard: a rank's part of an assembled target
 
 namespace metaload {
 
@@ -70,11 +73,15 @@ struct AssemblyResult {
 };
 
 // Every leaf's stored shape, in the order of AssembledCopy::leaf; the targets' shapes in the
-// module (for Transpose's check_dims; may be empty). Throws PlanError for an
+// module (for Transpose's check_dims; may be empty); per target, the part of it this rank holds
+// (windows[k], a TpShard of the assembled shape: the concatenation of its ranges along its dim;
+// none: the whole), e.g. expert parallelism's experts [r E/n, (r+1) E/n) along dim 0. The
+// copies then read only the checkpoint rows inside the window. Throws PlanError for an
 // operation this loader cannot stream (naming it and the model type), or an assembly that is
 // malformed (no source, names and indices of different lengths, targets the ops do not produce).
 AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t>>& leaf_shapes,
-                        const std::vector<std::vector<int64_t>>& target_shapes = {});
+                        const std::vector<std::vector<int64_t>>& target_shapes = {},
+                        const std::vector<std::optional<TpShard>>& windows = {});
 
 // The leaves of `a` in AssembledCopy::leaf order.
 std::vector<std::string> assembly_leaves(const Assembly& a);

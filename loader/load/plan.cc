@@ -84,12 +84,6 @@ std::unordered_map<std::string, size_t> index_targets(const std::vector<LoadTarg
                     "checkpoint tensors load as), got ") +
         c10::toString(*opt.dtype));
   }
-  if (opt.tp_size > 1 && !opt.names.assemblies.empty()) {
-    throw PlanError("tp_size " + std::to_string(opt.tp_size) + ": " +
-                    q(opt.names.assemblies[0].targets[0]) +
-                    " is assembled from several checkpoint tensors (fused experts), which "
-                    "tensor-parallel loads do not split yet");
-  }
   if (opt.tp_size > 1 && !opt.names.tp_shard) {
     throw PlanError("tp_size " + std::to_string(opt.tp_size) +
                     " needs the model family's TP plan (LoadOptions::names.tp_shard)");
@@ -286,6 +280,60 @@ std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sourc
   return spec;
 }
 
+// The checkpoint tensors an assembly reads: their headers' entries, files and shapes.
+struct Leaves {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<const TensorInfo*> info;
+  std::vector<size_t> file;
+};
+
+// False (and a missing or mismatched item) when a leaf is absent or of a dtype no slot takes.
+bool find_leaves(const LoadTarget& t, const Assembly& a, const std::vector<std::string>& leaves,
+                 const Checkpoint& ckpt, Mismatches& bad, Leaves& out) {
+  for (const std::string& leaf : leaves) {
+    auto it = ckpt.lookup.find(leaf);
+    if (it == ckpt.lookup.end()) {
+      bad.missing.push_back({leaf, " (a source of " + escape_text(t.name) + ", model type " +
+                                       escape_text(a.model_type) + ")"});
+      return false;
+    }
+    const TensorInfo& info = ckpt.tensor(it->second);
+    if (info.dtype == DType::F4 || !torch_dtype_of(info.dtype)) {
+      bad.mismatched.push_back({t.name, ": its source " + q(leaf) + " is " +
+                                            dtype_name(info.dtype) +
+                                            ", which an assembled target cannot take"});
+      return false;
+    }
+    out.info.push_back(&info);
+    out.file.push_back(it->second.file);
+    out.shapes.push_back(info.shape);
+  }
+  return true;
+}
+
+// Under tensor parallelism, `out` becomes this rank's part of the assembled target (expert
+// parallelism: its experts), read alone; false (and a mismatch) when the plan has none for it.
+bool rank_part(const LoadTarget& t, const Assembly& a, size_t k,
+               const std::vector<std::vector<int64_t>>& shapes, const LoadOptions& opt,
+               Mismatches& bad, AssembledTarget& out) {
+  std::optional<TpShard> window;
+  try {
+    TpShard shard = opt.names.tp_shard(t.name, out.shape, opt.tp_rank, opt.tp_size);
+    if (shard.dim >= 0) window = shard;
+  } catch (const std::exception& e) {
+    bad.mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
+                                          " of " + std::to_string(opt.tp_size) + ": " +
+                                          escape_text(e.what())});
+    return false;
+  }
+  if (window) {
+    std::vector<std::optional<TpShard>> windows(a.targets.size());
+    windows[k] = window;
+    out = assemble(a, shapes, {t.tensor.sizes().vec()}, windows).targets[k];
+  }
+  return true;
+}
+
 // Step 4 for an assembled target: its slot filled from the assembly's checkpoint tensors, each
 // read once into its place; nullopt (and a mismatch) when a tensor is absent, of a dtype the
 // target cannot take, or the assembly's shape is not the target's.
@@ -303,26 +351,11 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
                                           escape_text(a.model_type) + ") make it"});
     return std::nullopt;
   }
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<const TensorInfo*> info;
-  std::vector<size_t> file;
-  for (const std::string& leaf : leaves) {
-    auto it = ckpt.lookup.find(leaf);
-    if (it == ckpt.lookup.end()) {
-      bad.missing.push_back({leaf, " (a source of " + escape_text(t.name) + ", model type " +
-                                       escape_text(a.model_type) + ")"});
-      return std::nullopt;
-    }
-    info.push_back(&ckpt.tensor(it->second));
-    file.push_back(it->second.file);
-    if (info.back()->dtype == DType::F4 || !torch_dtype_of(info.back()->dtype)) {
-      bad.mismatched.push_back({t.name, ": its source " + q(leaf) + " is " +
-                                            dtype_name(info.back()->dtype) +
-                                            ", which an assembled target cannot take"});
-      return std::nullopt;
-    }
-    shapes.push_back(info.back()->shape);
-  }
+  Leaves l;
+  if (!find_leaves(t, a, leaves, ckpt, bad, l)) return std::nullopt;
+  const std::vector<std::vector<int64_t>>& shapes = l.shapes;
+  const std::vector<const TensorInfo*>& info = l.info;
+  const std::vector<size_t>& file = l.file;
   auto r = assembled.result.find(which.first);
   if (r == assembled.result.end()) {
     std::vector<std::vector<int64_t>> target_shapes;
@@ -336,7 +369,8 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
     bad.mismatched.push_back({t.name, ": " + from + " does not fit: " + r->second.problem});
     return std::nullopt;
   }
-  const AssembledTarget& out = r->second.targets[which.second];
+  AssembledTarget out = r->second.targets[which.second];
+  if (opt.tp_size > 1 && !rank_part(t, a, which.second, shapes, opt, bad, out)) return std::nullopt;
   if (t.tensor.sizes().vec() != out.shape) {
     bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
                                           " in the module but " + from + " gives " +
@@ -347,6 +381,7 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
   spec.name = t.name;
   spec.file = file[0];
   spec.assembled_shape = out.shape;
+  spec.exact = opt.tp_size > 1;  // a rank reads its experts' bytes, nothing between
   std::optional<at::ScalarType> want;
   for (size_t i = 0; i < leaves.size(); ++i) {
     const at::ScalarType stored = *torch_dtype_of(info[i]->dtype);

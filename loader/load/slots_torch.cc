@@ -77,6 +77,7 @@ SpecPlan plan_assembled(const SlotSpec& s) {
     j.row_stride = c.rows > 1 ? c.src_stride * elem : 0;
     j.dst = reinterpret_cast<void*>(static_cast<uintptr_t>(c.dst_offset * dst_elem));
     if (j.rows > 1) j.dst_row_stride = c.dst_stride * dst_elem;
+    j.exact = s.exact;
     p.jobs.push_back(j);
   }
   return p;

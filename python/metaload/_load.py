@@ -196,7 +196,9 @@ def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
     return json.loads(_lib.load().quant_layout(str(ref), revision))
 
 
-_TP_STYLES = {"colwise": (0, 0), "rowwise": (1, -1)}  # (weight dim, bias dim)
+# (weight dim, bias dim); "experts": expert parallelism, every tensor of a fused experts module
+# ([E, ...]) split on its expert dim, whole experts per rank.
+_TP_STYLES = {"colwise": (0, 0), "rowwise": (1, -1), "experts": (0, 0)}
 
 
 def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
@@ -378,9 +380,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
     .distributed has each rank's bytes).
     dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
-    tp_plan: {module: "colwise" | "rowwise"}: this rank's slice only, by the given plan instead
-    of the family's (loader/load/README.md); with dequantize, slices fall on pack and group
-    boundaries.
+    tp_plan: {module: "colwise" | "rowwise" | "experts"}: this rank's slice only, by the given
+    plan (loader/load/README.md; "experts": E / tp_size whole experts of fused experts, reading
+    only theirs); with dequantize, slices fall on pack and group boundaries.
     """
     _check_arguments(dict(locals()))
     _lib.check_utf8(_lib.ResolveError, "load_into(ref=...)", [ref, revision])

@@ -175,6 +175,35 @@ TEST(Assembly, TransposeOfOuterDimsStreamsAndOfTheLastDimIsRefused) {
   }
 }
 
+TEST(Assembly, AWindowTakesARanksPartReadingOnlyItsRows) {
+  // gate_up_proj [3, 4, 2] from w1/w3 [2, 2] of 3 experts.
+  const Assembly a = experts(3, {{"MergeModulelist", 0}, {"Concatenate", 1}}, {"w1", "w3"});
+  const std::vector<Shape> shapes(6, Shape{2, 2});
+  const auto data = leaves_data(shapes);
+  const std::vector<int> full = run(assemble(a, shapes).targets[0], data);
+  // Expert parallelism: expert 1 alone; its copies read leaves 1 and 4 only.
+  TpShard ep{0, {{1, 2}}, {1, 4, 2}};
+  const AssemblyResult r = assemble(a, shapes, {}, {ep});
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  EXPECT_EQ(r.targets[0].shape, (Shape{1, 4, 2}));
+  for (const AssembledCopy& c : r.targets[0].copies) EXPECT_TRUE(c.leaf == 1 || c.leaf == 4);
+  const std::vector<int> got = run(r.targets[0], data);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_EQ(got[static_cast<size_t>(i)], full[static_cast<size_t>(8 + i)]);
+  // Packed column parallelism: row 0 of each half (gate's and up's first output) of every expert.
+  TpShard packed{1, {{0, 1}, {2, 3}}, {3, 2, 2}};
+  const AssemblyResult p = assemble(a, shapes, {}, {packed});
+  ASSERT_TRUE(p.problem.empty()) << p.problem;
+  const std::vector<int> pg = run(p.targets[0], data);
+  for (int e = 0; e < 3; ++e)
+    for (int k = 0; k < 2; ++k)
+      for (int h = 0; h < 2; ++h)
+        EXPECT_EQ(pg[static_cast<size_t>((e * 2 + k) * 2 + h)],
+                  full[static_cast<size_t>((e * 4 + k * 2) * 2 + h)]);
+  // A range outside the dim is refused, naming the target.
+  EXPECT_THROW(assemble(a, shapes, {}, {TpShard{0, {{2, 4}}, {}}}), PlanError);
+}
+
 TEST(Assembly, AnOperationItCannotDoIsAPlanErrorNamingItAndTheModelType) {
   Assembly a = experts(2, {{"MergeModulelist", 0}, {"PermuteForRope", 0}}, {"w1"});
   try {

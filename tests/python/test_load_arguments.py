@@ -52,7 +52,7 @@ def untouched(model):
     (dict(buffer_bytes=None), "buffer_bytes must be an integer (0: the default), got None"),
     (dict(tp_plan=["a"]), "tp_plan must be None or a dict, got ['a']"),
     (dict(tp_plan={"a": "diagonal"}), "tp_plan style 'diagonal' of 'a' is not one of "
-                                      "['colwise', 'rowwise']"),
+                                      "['colwise', 'experts', 'rowwise']"),
     (dict(key_mapping=[("a", "b")]), "key_mapping must be None or a dict, got [('a', 'b')]"),
     (dict(device="gpu0"), "device must be None, a torch.device or a device string ('cpu', "
                           "'cuda:0'), got 'gpu0'"),

@@ -340,3 +340,33 @@ def test_copying_load_peak_rss_is_the_model_plus_five_percent(tmp_path):
     print(f"\nmodel {r['bytes'] / 2**20:.1f} MiB, peak RSS growth {r['growth'] / 2**20:.1f} MiB")
     assert r["bytes"] > 190 * 2**20
     assert r["growth"] <= 1.05 * r["bytes"], r
+
+
+def test_expert_parallel_ranks_take_their_experts_and_read_only_theirs(tmp_path):
+    """tp_plan {"layers.*.mlp.experts": "experts"}: rank r of 2 holds experts [2r, 2r + 2) of 4
+    in every fused tensor (the router and the rest whole), assembled from those experts' checkpoint
+    tensors alone: the bytes it reads are the checkpoint's minus the other rank's experts."""
+    cfg, _, d = mixtral(tmp_path)
+    cls = model_class(cfg)
+    ref = cls.from_pretrained(d)
+    names = metaload.load_file(os.path.join(d, "model.safetensors"))
+    total = sum(t.numel() * t.element_size() for t in names.values())
+    for rank in range(2):
+        model = meta_build(cls, cfg)
+        for layer in model.model.layers:  # this rank's experts: half of the fused tensors
+            experts = layer.mlp.experts
+            for n in ("gate_up_proj", "down_proj"):
+                full = getattr(experts, n)
+                setattr(experts, n, torch.nn.Parameter(
+                    torch.empty(2, *full.shape[1:], device="meta")))
+        report = metaload.load_into(model, d, progress=False, tp_rank=rank, tp_size=2,
+                                    tp_plan={"layers.*.mlp.experts": "experts"})
+        others = sum(t.numel() * t.element_size() for n, t in names.items()
+                     if ".experts." in n and int(n.split(".experts.")[1].split(".")[0]) // 2
+                     != rank)
+        assert report.bytes == total - others, (report.bytes, total, others)
+        got, want = model.state_dict(), ref.state_dict()
+        for n, t in want.items():
+            if n.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                t = t[2 * rank:2 * rank + 2]
+            assert torch.equal(got[n], t), (rank, n)
