@@ -45,7 +45,8 @@ def write_case(path, scheme, layers, dim):
             config = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}
         elif scheme in ("nf4", "nf4-dq"):
             t, _ = q.bnb4_tensors(rng, p, dim, dim, nested=scheme == "nf4-dq")
-            config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+            config = {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                      "bnb_4bit_use_double_quant": scheme == "nf4-dq"}
         elif scheme == "int8":
             t, _ = q.bnb8_tensors(rng, p, dim, dim)
             config = {"quant_method": "bitsandbytes", "load_in_8bit": True}

@@ -61,7 +61,9 @@ void check_all(const QuantView& v, const std::vector<float>& expect) {
                        {0, out / 2, 0, in},
                        {out / 2, out - out / 2, 0, in},
                        {0, out, in / 2, in - in / 2},
-                       {1, out - 3, 3, in - 8}};
+                       {1, out - 3, 3, in - 8},
+                       // rows off AWQ's 8-row words, a word-aligned start and a partial last word
+                       {2, out - 5, 8, in - 13}};
   for (int fmt = 0; fmt < 3; ++fmt) {
     for (const W& w : windows) {
       const std::vector<float> got = run(v, fmt, w.r0, w.rows, w.c0, w.cols);
@@ -90,9 +92,9 @@ float f16(uint16_t h) {
   return bits::f32_from_bits(bits::f16_to_f32(h));
 }
 
-void gptq_case(int nbits, int64_t group, bool act_order, int zero_offset) {
+void gptq_case(int nbits, int64_t group, bool act_order, int zero_offset, int64_t in = 256) {
   std::mt19937 rng(nbits * 100 + group + act_order);
-  const int64_t out = 64, in = 256, pack = 32 / nbits;
+  const int64_t out = 64, pack = 32 / nbits;
   const int64_t groups = (in + group - 1) / group;
   const uint32_t mask = (1u << nbits) - 1;
   std::vector<uint32_t> q(in * out), z(groups * out);  // q[i][j], z[g][j]
@@ -145,6 +147,10 @@ TEST(DequantCpu, Gptq8BitV2Zeros) {
 }
 TEST(DequantCpu, Gptq2BitOneGroup) {
   gptq_case(2, 256, false, 1);
+}
+TEST(DequantCpu, Gptq4BitRowsLongerThanAChunk) {  // 1280 inputs: three column chunks of 512
+  gptq_case(4, 128, false, 1, 1280);
+  gptq_case(4, 128, true, 1, 1280);
 }
 
 TEST(DequantCpu, GptqRejectsGroupIndexOutOfRange) {
