@@ -541,14 +541,24 @@ void dequant_cpu(const QuantView& v, const DequantDst& d) {
   check_dequant(v, d);
   check_g_idx(v);
   if (d.rows == 0 || d.cols == 0) return;
-  const RowsFn fn = d.format == 0   ? pick_scales<0>(v)
-                    : d.format == 1 ? pick_scales<1>(v)
-                                    : pick_scales<2>(v);
+  // GPTQ checkpoints without act order still store g_idx, as i / group_size: the kernels then
+  // take the group from i (the same group, so the same bits) and GPTQ its word-at-a-time path.
+  QuantView w = v;
+  if (w.scheme == QuantScheme::kGptq && w.g_idx != nullptr && w.group_size >= 1) {
+    bool trivial = true;
+    for (int64_t i = 0; i < w.in && trivial; ++i) {
+      trivial = static_cast<int32_t>(dq::ld32(w.g_idx, i)) == i / w.group_size;
+    }
+    if (trivial) w.g_idx = nullptr;
+  }
+  const RowsFn fn = d.format == 0   ? pick_scales<0>(w)
+                    : d.format == 1 ? pick_scales<1>(w)
+                                    : pick_scales<2>(w);
   // Tiles of at least ~64k elements; GPTQ / AWQ rows share words 8 (4) at a time, so tiles
   // start on multiples of 8 rows.
   int64_t grain = std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(d.cols, 1));
   grain = (grain + 7) / 8 * 8;
-  at::parallel_for(0, d.rows, grain, [&](int64_t r0, int64_t r1) { fn(v, d, r0, r1); });
+  at::parallel_for(0, d.rows, grain, [&](int64_t r0, int64_t r1) { fn(w, d, r0, r1); });
 }
 
 bool dequant_cuda_compiled() {
