@@ -313,32 +313,35 @@ void awq_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   int shift[8];
   for (int k = 0; k < 8; ++k) shift[k] = 4 * dq::awq_nibble(k);
   float buf[8][kColChunk];
-  for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
-    const int64_t ie = std::min(c_end, ib + kColChunk);
-    for (int64_t r = a; r < b; r += 8) {
-      const int64_t j0 = d.row0 + r;
-      const int64_t wc = j0 / 8;
-      for (int64_t i = ib; i < ie;) {
-        const int64_t g = i / v.group_size;
-        const int64_t gend = std::min(ie, (g + 1) * v.group_size);
-        float sc[8];
-        int32_t z[8];
-        const uint32_t zw = dq::ld32(v.zeros, g * wcols + wc);
-        for (int k = 0; k < 8; ++k) {
-          sc[k] = dq::ldf_t<SF>(v.scales, g * v.out + j0 + k);
-          z[k] = static_cast<int32_t>((zw >> shift[k]) & 0xFu);
-        }
-        for (; i < gend; ++i) {
-          const uint32_t w = dq::ld32(v.q, i * wcols + wc);
+  // Tiles of 128 rows: the 16 qweight columns of one input row share a cache line.
+  for (int64_t rt = a; rt < b; rt += 128) {
+    for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
+      const int64_t ie = std::min(c_end, ib + kColChunk);
+      for (int64_t r = rt; r < std::min(b, rt + 128); r += 8) {
+        const int64_t j0 = d.row0 + r;
+        const int64_t wc = j0 / 8;
+        for (int64_t i = ib; i < ie;) {
+          const int64_t g = i / v.group_size;
+          const int64_t gend = std::min(ie, (g + 1) * v.group_size);
+          float sc[8];
+          int32_t z[8];
+          const uint32_t zw = dq::ld32(v.zeros, g * wcols + wc);
           for (int k = 0; k < 8; ++k) {
-            const int32_t q = static_cast<int32_t>((w >> shift[k]) & 0xFu);
-            buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+            sc[k] = dq::ldf_t<SF>(v.scales, g * v.out + j0 + k);
+            z[k] = static_cast<int32_t>((zw >> shift[k]) & 0xFu);
+          }
+          for (; i < gend; ++i) {
+            const uint32_t w = dq::ld32(v.q, i * wcols + wc);
+            for (int k = 0; k < 8; ++k) {
+              const int32_t q = static_cast<int32_t>((w >> shift[k]) & 0xFu);
+              buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+            }
           }
         }
-      }
-      for (int k = 0; k < 8; ++k) {
-        unsigned char* row = static_cast<unsigned char*>(d.data) + (r + k) * d.ld * elem_size(OF);
-        flush<OF>(row, ib - d.col0, buf[k], ie - ib);
+        for (int k = 0; k < 8; ++k) {
+          unsigned char* row = static_cast<unsigned char*>(d.data) + (r + k) * d.ld * elem_size(OF);
+          flush<OF>(row, ib - d.col0, buf[k], ie - ib);
+        }
       }
     }
   }
