@@ -176,6 +176,54 @@ inline void flush(unsigned char* row, int64_t c, const float* buf, int64_t n) {
   }
 }
 
+// GPTQ with groups of whole words (gptq_rows' fast case): each word of qweight gives kPack inputs
+// of row j in one group, read once and unpacked by a constant-trip loop (unrolled); scale and zero
+// read once per group. The floats go out through flush (vectorised). Same operations per element
+// as gptq_rows' general loop. Tiles of 64 rows (4 cache lines of one qweight row; 16 and 128
+// measured slower).
+template <int Bits, int SF, int OF>
+void gptq_rows_words(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  constexpr int kPack = 32 / Bits;
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  const int64_t zcols = v.out / kPack;
+  const int64_t c_end = d.col0 + d.cols;
+  float buf[kColChunk];
+  for (int64_t rt = r0; rt < r1; rt += 64) {
+    for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
+      const int64_t ie = std::min(c_end, ib + kColChunk);
+      for (int64_t r = rt; r < std::min(r1, rt + 64); ++r) {
+        const int64_t j = d.row0 + r;
+        unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
+        const int zshift = Bits * static_cast<int>(j % kPack);
+        for (int64_t i = ib; i < ie;) {
+          const int64_t g = i / v.group_size;
+          const int64_t gend = std::min(ie, (g + 1) * v.group_size);
+          const float sc = dq::ldf_t<SF>(v.scales, g * v.out + j);
+          const int32_t z =
+              static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / kPack) >> zshift) & kMask) +
+              v.zero_offset;
+          for (; i + kPack <= gend; i += kPack) {
+            const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
+            float* b = buf + (i - ib);
+            for (int k = 0; k < kPack; ++k) {
+              const int32_t q = static_cast<int32_t>((w >> (Bits * k)) & kMask);
+              b[k] = dq::mul(static_cast<float>(q - z), sc);
+            }
+          }
+          if (i < gend) {  // the window's last, partial word
+            const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
+            for (; i < gend; ++i) {
+              const int32_t q = static_cast<int32_t>((w >> (Bits * (i % kPack))) & kMask);
+              buf[i - ib] = dq::mul(static_cast<float>(q - z), sc);
+            }
+          }
+        }
+        flush<OF>(row, ib - d.col0, buf, ie - ib);
+      }
+    }
+  }
+}
+
 // GPTQ: for one output row j the input rows are one field of a column of qweight; chunks of
 // columns keep a tile's words in cache. The group changes every group_size rows (or as g_idx
 // says), and only then are its scale and zero read.
@@ -186,45 +234,7 @@ void gptq_rows(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) 
   const int64_t zcols = v.out / kPack;
   const int64_t c_end = d.col0 + d.cols;
   if (v.g_idx == nullptr && d.col0 % kPack == 0 && v.group_size % kPack == 0) {
-    // Groups of whole words: each word of qweight gives kPack inputs of row j in one group, read
-    // once and unpacked by a constant-trip loop (unrolled); scale and zero read once per group.
-    // The floats go out through flush (vectorised). Same operations per element as below.
-    // Tiles of 64 rows (4 cache lines of one qweight row; 16 and 128 measured slower).
-    float buf[kColChunk];
-    for (int64_t rt = r0; rt < r1; rt += 64) {
-      for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
-        const int64_t ie = std::min(c_end, ib + kColChunk);
-        for (int64_t r = rt; r < std::min(r1, rt + 64); ++r) {
-          const int64_t j = d.row0 + r;
-          unsigned char* row = static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(OF);
-          const int zshift = Bits * static_cast<int>(j % kPack);
-          for (int64_t i = ib; i < ie;) {
-            const int64_t g = i / v.group_size;
-            const int64_t gend = std::min(ie, (g + 1) * v.group_size);
-            const float sc = dq::ldf_t<SF>(v.scales, g * v.out + j);
-            const int32_t z =
-                static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / kPack) >> zshift) & kMask) +
-                v.zero_offset;
-            for (; i + kPack <= gend; i += kPack) {
-              const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
-              float* b = buf + (i - ib);
-              for (int k = 0; k < kPack; ++k) {
-                const int32_t q = static_cast<int32_t>((w >> (Bits * k)) & kMask);
-                b[k] = dq::mul(static_cast<float>(q - z), sc);
-              }
-            }
-            if (i < gend) {  // the window's last, partial word
-              const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
-              for (; i < gend; ++i) {
-                const int32_t q = static_cast<int32_t>((w >> (Bits * (i % kPack))) & kMask);
-                buf[i - ib] = dq::mul(static_cast<float>(q - z), sc);
-              }
-            }
-          }
-          flush<OF>(row, ib - d.col0, buf, ie - ib);
-        }
-      }
-    }
+    gptq_rows_words<Bits, SF, OF>(v, d, r0, r1);
     return;
   }
   for (int64_t ib = d.col0; ib < c_end; ib += kColChunk) {
