@@ -285,6 +285,7 @@ struct Leaves {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<const TensorInfo*> info;
   std::vector<size_t> file;
+  std::vector<at::ScalarType> dtype;  // as stored (torch_dtype_of, once per leaf)
 };
 
 // False (and a missing or mismatched item) when a leaf is absent or of a dtype no slot takes.
@@ -298,7 +299,8 @@ bool find_leaves(const LoadTarget& t, const Assembly& a, const std::vector<std::
       return false;
     }
     const TensorInfo& info = ckpt.tensor(it->second);
-    if (info.dtype == DType::F4 || !torch_dtype_of(info.dtype)) {
+    const std::optional<at::ScalarType> dtype = torch_dtype_of(info.dtype);
+    if (info.dtype == DType::F4 || !dtype) {
       bad.mismatched.push_back({t.name, ": its source " + q(leaf) + " is " +
                                             dtype_name(info.dtype) +
                                             ", which an assembled target cannot take"});
@@ -307,6 +309,7 @@ bool find_leaves(const LoadTarget& t, const Assembly& a, const std::vector<std::
     out.info.push_back(&info);
     out.file.push_back(it->second.file);
     out.shapes.push_back(info.shape);
+    out.dtype.push_back(*dtype);
   }
   return true;
 }
@@ -384,8 +387,7 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
   spec.exact = opt.tp_size > 1;  // a rank reads its experts' bytes, nothing between
   std::optional<at::ScalarType> want;
   for (size_t i = 0; i < leaves.size(); ++i) {
-    const at::ScalarType stored = *torch_dtype_of(info[i]->dtype);
-    want = slot_dtype(t, stored, q(leaves[i]) + " (a source)", opt, bad);
+    want = slot_dtype(t, l.dtype[i], q(leaves[i]) + " (a source)", opt, bad);
     if (!want) return std::nullopt;
   }
   spec.dtype = spec.stored_dtype = *want;
@@ -394,7 +396,7 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
     part.name = leaves[c.leaf];
     part.file = file[c.leaf];
     part.data_offset = ckpt.files[file[c.leaf]].data_start + info[c.leaf]->begin;
-    part.stored_dtype = *torch_dtype_of(info[c.leaf]->dtype);
+    part.stored_dtype = l.dtype[c.leaf];
     part.copy = c;
     spec.parts.push_back(std::move(part));
   }
