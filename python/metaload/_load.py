@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _conversions, _dist_load, _lib, _progress
+from . import _adapters, _conversions, _dist_load, _lib, _progress
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
 
 
@@ -285,6 +285,7 @@ def _check_arguments(a: Dict[str, Any]) -> None:
             isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0):
         _bad_argument("timeout", "None, a positive number of seconds or a timedelta", t)
     _check_mappings(a["key_mapping"], a["tp_plan"])
+    _adapters.check_arguments(a["adapters"], a)
     if (a["dequantize"] is not None or a["tp_plan"] is not None) and (
             a["process_group"] is not None or a["source_rank"] is not None or a["distributed"]):
         raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a load "
@@ -319,6 +320,7 @@ def _check_mappings(key_mapping, tp_plan) -> None:
 
 
 @_lib.typed_errors
+@_adapters.with_adapters(_check_arguments)
 def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device, None] = None,
               dtype: Optional[torch.dtype] = None, *, tp_rank: Optional[int] = None,
               tp_size: Optional[int] = None, threads: int = 0, staging_bytes: int = 0,
@@ -328,7 +330,7 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               source_rank: Optional[int] = None, buffer_bytes: int = 0,
               timeout: Optional[float] = None, distributed: Optional[bool] = None,
               dequantize: Optional[torch.dtype] = None,
-              tp_plan: Optional[Dict[str, str]] = None) -> LoadReport:
+              tp_plan: Optional[Dict[str, str]] = None, adapters=None) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory, a Hugging Face repo id
     in the local cache, or a model key: its repo in the hub cache only, never a path) into
     `module`'s parameters and persistent buffers, by state_dict names.

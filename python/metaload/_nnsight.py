@@ -16,9 +16,11 @@ skeleton's modules stay valid.
 
 The dispatch goes through metaload only where that gives the same model: a transformers model
 whose checkpoint metaload can resolve (a local directory or a repo id in the hub cache, at the
-model's revision) and whose load options mean nothing more than a device and a dtype. Quantization,
-adapters (`peft`), `device_map="auto"` / dicts, `max_memory` and other loading options fall back to
-nnsight's own dispatch, with a warning saying which option did it.
+model's revision) and whose load options mean nothing more than a device and a dtype. A PEFT
+adapter (`peft=`: a LoRA adapter directory, or its repo id in the hub cache), whose layers nnsight's
+meta build puts into the skeleton, is filled in the same load (load_into's adapters=). Quantization,
+`device_map="auto"` / dicts, `max_memory` and other loading options fall back to nnsight's own
+dispatch, with a warning saying which option did it.
 """
 import threading
 import warnings
@@ -75,8 +77,6 @@ def _device_of(kwargs):
 
 def _unsupported(model):
     """Why metaload cannot dispatch this nnsight model itself (None when it can)."""
-    if getattr(model, "peft", None) is not None:
-        return "an adapter (peft=...)"
     kwargs = dict(getattr(model, "kwargs", {}) or {})
     if kwargs.get("quantization_config") is not None:
         return "quantization_config"
@@ -103,8 +103,10 @@ def _streaming_dispatch(self):
         return _saved[("meta", "dispatch")](self)
     from ._load import load_into
     device = _device_of(self.kwargs or {})
+    peft = getattr(self, "peft", None)
     report = load_into(self._module, self.repo_id, device=device, revision=self.revision,
-                       progress=False, mmap=_options["mmap"] if device.type == "cpu" else None)
+                       progress=False, mmap=_options["mmap"] if device.type == "cpu" else None,
+                       adapters=[peft] if peft is not None else None)
     self._module.eval()  # as from_pretrained leaves a model (from_config leaves it training)
     pipeline = getattr(self, "pipeline", None)
     if pipeline is not None and hasattr(pipeline, "device"):

@@ -39,6 +39,9 @@ class LoadReport(NamedTuple):
     # load_into(dequantize=...): the weights filled by dequantizing a quantized checkpoint weight
     # (GPTQ, AWQ, bitsandbytes NF4/FP4/int8, FP8 blocks), by module name.
     dequantized_keys: List[str] = []
+    # load_into(adapters=...): the adapters' tensors loaded into the module's LoRA layers, by
+    # module name (their bytes and files are in bytes and files too).
+    adapter_keys: List[str] = []
 
     @property
     def gb_per_s(self) -> float:

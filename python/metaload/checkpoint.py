@@ -10,7 +10,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _lib
+from . import _adapters, _lib
 from ._lib import typed_errors
 
 
@@ -69,6 +69,9 @@ class CheckpointInfo:
     # A mixture of experts (MoeInfo); None for a dense checkpoint. A checkpoint whose headers hold
     # another number of experts than its config names is a metaload.FormatError naming both.
     moe: Optional[MoeInfo] = None
+    # A PEFT adapter directory (adapter_config.json beside adapter_model.safetensors): its rank,
+    # alpha, target modules and base model (metaload._adapters.AdapterInfo); None otherwise.
+    adapter: Optional[Any] = None
 
 
 @typed_errors
@@ -85,6 +88,8 @@ def describe_checkpoint(ref_or_key: str, dtype=None, revision: Optional[str] = N
                                                 bool(allow_local_paths)))
     if out.get("moe") is not None:
         out["moe"] = MoeInfo(**out["moe"])
+    if _adapters.is_adapter_dir(ref_or_key):
+        out["adapter"] = _adapters.describe_adapter(ref_or_key)
     return CheckpointInfo(**out)
 
 
