@@ -323,3 +323,20 @@ def test_nnsight_peft_through_metaload(files, tmp_path):
     assert ml["adapter_keys"] and own["adapter_keys"] is None
     for k in own_saved:
         assert torch.equal(own_saved[k], ml_saved[k]), k
+
+
+def test_adapter_by_repo_id_in_the_hub_cache(files, tmp_path, monkeypatch):
+    import shutil
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--lora"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(files["adapter"], snapshot)
+    os.makedirs(repo / "refs")
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = _meta_model(files["base"])
+    metaload.load_into(model, files["base"], adapters=["org/lora"])
+    assert torch.equal(_logits(model.eval()), _logits(_reference(files["base"],
+                                                                 files["adapter"])))
+    with pytest.raises(metaload.ResolveError, match="org/other"):
+        metaload.load_into(_meta_model(files["base"]), files["base"], adapters=["org/other"])
