@@ -388,8 +388,10 @@ class _Staged:
 
 
 def _stage(a: _Adapter, names: Dict[str, str], expected: Dict[str, torch.Tensor], device,
-           threads: int, mmap) -> _Staged:
-    """Reads the adapter file into fresh tensors of its module tensors' shapes and dtypes."""
+           dtype, threads: int, mmap) -> _Staged:
+    """Reads the adapter file into fresh tensors of its module tensors' shapes and dtypes; a base
+    layer's tensor (an embedding's weight) in load_into's `dtype` where one is given, as the base
+    checkpoint's tensors load."""
     try:
         from ._mode import real
     except ImportError:  # pragma: no cover
@@ -400,7 +402,9 @@ def _stage(a: _Adapter, names: Dict[str, str], expected: Dict[str, torch.Tensor]
     targets = [expected[n] for n in module_names]
     dev = torch.device(device) if device is not None else None
     with real():
-        fresh = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in targets]
+        fresh = [torch.empty(t.shape, device="meta", dtype=dtype if dtype is not None and
+                             ".base_layer." in n and t.is_floating_point() else t.dtype)
+                 for n, t in zip(module_names, targets)]
         out = _lib.load().load_into(fresh, files, a.weights_path, None, dev, None, 0, 1,
                                     int(threads or 0), 0, True, False, mmap)
     return _Staged(targets, fresh, module_names, json.loads(out))
@@ -466,8 +470,8 @@ def load(args: Dict[str, Any], load_into):
             expected = _adapter_params(module, a.name)
             names = _file_names(peft, module, a, expected)
             _check_fit(a, names, expected, module.state_dict(keep_vars=True))
-            staged.append(_stage(a, names, expected, args["device"], args["threads"],
-                                 args["mmap"]))
+            staged.append(_stage(a, names, expected, args["device"], args["dtype"],
+                                 args["threads"], args["mmap"]))
         layers = _tuner_layers(module)
         _detached(layers)
         try:

@@ -128,6 +128,18 @@ def test_lora_on_meta_equals_peft_from_pretrained(files, dtype, adapter):
     assert not any(p.requires_grad for p in model.parameters())
 
 
+def test_load_dtype_converts_the_base_and_keeps_adapters_float32(files):
+    """load_into(dtype=bf16) into a float32 build: the base (and the embedding weight the adapter
+    stores) in bf16, LoRA weights in float32, as peft holds them on a bf16 base."""
+    model = _meta_model(files["base"])
+    metaload.load_into(model, files["base"], dtype=torch.bfloat16, adapters=[files["adapter"]])
+    ref = _reference(files["base"], files["adapter"], torch.bfloat16)
+    mine, theirs = _state(model), _state(ref)
+    assert {k: v.dtype for k, v in mine.items()} == {k: v.dtype for k, v in theirs.items()}
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert torch.equal(_logits(model.eval()), _logits(ref))
+
+
 def test_two_adapters_both_active(files):
     model = _meta_model(files["base"])
     metaload.load_into(model, files["base"],
