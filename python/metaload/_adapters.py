@@ -78,6 +78,7 @@ class _Adapter:
         self.config_path = os.path.join(self.dir, ADAPTER_CONFIG)
         self.weights_path = os.path.join(self.dir, ADAPTER_WEIGHTS)
         self.config = _read_config(self.config_path)
+        self.peft_config = None  # peft's, read once (_peft_config)
         if not os.path.isfile(self.weights_path):
             other = [f for f in ("adapter_model.bin", "adapter_model.pt")
                      if os.path.exists(os.path.join(self.dir, f))]
@@ -282,17 +283,29 @@ def _has_adapter(module, adapter_name: str) -> bool:
                _tuner_layers(module))
 
 
-def _inject(peft, module, a: _Adapter) -> None:
-    """peft's LoRA layers for adapter `a` into `module`, on meta (as PeftModel puts them)."""
-    config = peft.PeftConfig.from_pretrained(a.dir)
-    if str(config.peft_type).split(".")[-1] != "LORA":
+def _peft_config(peft, a: _Adapter):
+    """peft's config of adapter `a`: a LoRA one without the features not loaded yet (PlanError);
+    one peft cannot read is a FormatError naming the file."""
+    if str(a.config.get("peft_type")) != "LORA":
         raise _lib.PlanError(f"adapter {_lib.quote(a.config_path)}: peft_type "
-                             f"{config.peft_type} is not a LoRA adapter (the one kind "
-                             "load_into(adapters=...) loads)")
+                             f"{a.config.get('peft_type')!r} is not a LoRA adapter (the one "
+                             "kind load_into(adapters=...) loads)")
     for key, what in _NOT_YET.items():
         if a.config.get(key):
             raise _lib.PlanError(f"adapter {_lib.quote(a.config_path)}: {what} is not loaded "
                                  "onto meta yet")
+    if a.peft_config is None:
+        try:
+            a.peft_config = peft.PeftConfig.from_pretrained(a.dir)
+        except (ValueError, TypeError, KeyError) as e:
+            raise _lib.FormatError(f"{_lib.quote(a.config_path)}: peft cannot read it: "
+                                   f"{e}") from None
+    return a.peft_config
+
+
+def _inject(peft, module, a: _Adapter) -> None:
+    """peft's LoRA layers for adapter `a` into `module`, on meta (as PeftModel puts them)."""
+    config = _peft_config(peft, a)
     config.inference_mode = True
     from peft.tuners.tuners_utils import cast_adapter_dtype
     try:
@@ -311,18 +324,23 @@ def _file_names(peft, module, a: _Adapter, expected: Dict[str, torch.Tensor]) ->
     the PeftModel prefix dropped); a rename that is not one-to-one (transformers' weight
     conversions of fused experts) is a PlanError."""
     from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
-    config = module.peft_config[a.name] if hasattr(module, "peft_config") and \
-        a.name in module.peft_config else peft.PeftConfig.from_pretrained(a.dir)
-    stand_in = {n: torch.empty(0, device="meta") for n in a.tensors}
+    config = _peft_config(peft, a)
+    stand_in = {n: torch.empty(info["shape"], device="meta") for n, info in a.tensors.items()}
     name_of = {id(t): n for n, t in stand_in.items()}
     state = dict(stand_in)
     try:
         from peft.utils.transformers_weight_conversion import \
             convert_peft_adapter_state_dict_for_transformers
-        state = convert_peft_adapter_state_dict_for_transformers(
-            model=module, peft_config=config, adapter_state_dict=state, adapter_name=a.name)
     except ImportError:
-        pass
+        convert_peft_adapter_state_dict_for_transformers = None
+    if convert_peft_adapter_state_dict_for_transformers is not None:
+        try:
+            state = convert_peft_adapter_state_dict_for_transformers(
+                model=module, peft_config=config, adapter_state_dict=state, adapter_name=a.name)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise _lib.PlanError(f"adapter {_lib.quote(a.weights_path)}: transformers' weight "
+                                 f"conversion of its tensors for this model, which load_into "
+                                 f"does not do yet, failed on meta: {e}") from None
     tuner = PEFT_TYPE_TO_TUNER_MAPPING[config.peft_type]
     state = tuner._remap_adapter_state_dict_for_load(model=module, config=config,
                                                       adapter_name=a.name, state_dict=state)
@@ -462,6 +480,8 @@ def load(args: Dict[str, Any], load_into):
     peft = _peft()
     read = [_Adapter(ref, name) for name, ref in adapters_of(args["adapters"])]
     snapshot = _snapshot(module)
+    for a in read:
+        _peft_config(peft, a)  # every adapter's kind and features, before anything changes
     try:
         staged = []
         for a in read:

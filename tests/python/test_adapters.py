@@ -228,6 +228,36 @@ def test_adapter_of_another_base_model(files, tmp_path):
     _assert_unchanged(model, before)
 
 
+@pytest.mark.parametrize("config,match", [({"peft_type": "IA3"}, "not a LoRA adapter"),
+                                          ({"use_dora": True}, "use_dora"),
+                                          ({"modules_to_save": ["lm_head"]}, "modules_to_save")])
+def test_what_is_not_loaded_yet_is_a_plan_error(files, tmp_path, config, match):
+    bad = _rewrite_adapter(files["adapter"], tmp_path / "bad", config=config)
+    model = _meta_model(files["base"])
+    before = _structure(model)
+    with pytest.raises(metaload.PlanError, match=match) as e:
+        metaload.load_into(model, files["base"], adapters=[files["adapter"], bad])
+    assert "adapter_config.json" in str(e.value)
+    _assert_unchanged(model, before)
+
+
+def test_gpt2_conv1d_targets(tmp_path):
+    """GPT-2's fused c_attn (a Conv1D, fan_in_fan_out) as peft adapts it."""
+    torch.manual_seed(5)
+    base = str(tmp_path / "gpt2")
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64)).save_pretrained(base)
+    torch.manual_seed(6)
+    pm = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(base),
+                             peft.LoraConfig(r=4, lora_alpha=16, target_modules=["c_attn", "c_fc"],
+                                             fan_in_fan_out=True, init_lora_weights=False))
+    pm.save_pretrained(tmp_path / "lora")
+    model = _meta_model(base)
+    metaload.load_into(model, base, adapters=[str(tmp_path / "lora")])
+    ref = _reference(base, str(tmp_path / "lora"))
+    assert torch.equal(_logits(model.eval()), _logits(ref))
+
+
 def test_bad_base_leaves_model_without_adapter(files, tmp_path):
     from safetensors.torch import load_file, save_file
     base = tmp_path / "base"
