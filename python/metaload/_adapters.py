@@ -447,7 +447,7 @@ def with_adapters(check_arguments):
 
         @functools.wraps(load_into)
         def wrapper(*args, **kwargs):
-            if kwargs.get("adapters") is None and len(args) <= _ADAPTERS_POSITION:
+            if kwargs.get("adapters") is None:  # keyword-only: never among args
                 return load_into(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -466,9 +466,6 @@ _ADAPTERS_DOC = """
     {name: directory}: peft's LoRA layers are put into the module (on meta) and filled in the
     same call, all or nothing; report.adapter_keys names their tensors (metaload._adapters).
     """
-
-
-_ADAPTERS_POSITION = 4  # load_into's positional parameters: module, ref, device, dtype
 
 
 def load(args: Dict[str, Any], load_into):
