@@ -382,3 +382,21 @@ def test_adapter_by_repo_id_in_the_hub_cache(files, tmp_path, monkeypatch):
                                                                  files["adapter"])))
     with pytest.raises(metaload.ResolveError, match="org/other"):
         metaload.load_into(_meta_model(files["base"]), files["base"], adapters=["org/other"])
+
+
+def test_a_real_model_and_a_second_load(files):
+    """A model with real (random) weights takes base and adapter as well, and a second load
+    into the model that has the adapter's layers fills them again."""
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(files["base"]))
+    ref = _reference(files["base"], files["adapter"])
+    metaload.load_into(model, files["base"], adapters=[files["adapter"]])
+    assert torch.equal(_logits(model.eval()), _logits(ref))
+    layer = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.zero_()
+        model.model.norm.weight.zero_()
+    metaload.load_into(model, files["base"], adapters=[files["adapter"]])
+    assert model.model.layers[0].self_attn.q_proj is layer  # not injected twice
+    assert torch.equal(_logits(model.eval()), _logits(ref))
