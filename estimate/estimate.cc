@@ -6,6 +6,7 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "identity/checkpoint_shapes.h"
+#include "identity/config_fields.h"
 #include "identity/describe.h"
 #include "identity/dtypes.h"
 #include "identity/tp_degree.h"
@@ -188,13 +189,6 @@ void size_module(const QuantConfig& cfg, DType source, const std::string& file,
   }
 }
 
-bool is_gpt2(const nlohmann::json& c) {
-  // A model_type that is not a string is not gpt2 (json::value would throw type_error for it).
-  if (!c.is_object()) return false;
-  const auto it = c.find("model_type");
-  return it != c.end() && it->is_string() && it->get_ref<const std::string&>() == "gpt2";
-}
-
 }  // namespace
 
 QuantEstimate estimate_tensors(const std::vector<TensorSpec>& tensors,
@@ -202,7 +196,7 @@ QuantEstimate estimate_tensors(const std::vector<TensorSpec>& tensors,
                                const std::string& file) {
   QuantEstimate e;
   e.layout.config = cfg;
-  const bool conv1d = is_gpt2(model_config);
+  const bool conv1d = config_model_type(model_config) == "gpt2";
   for (const auto& t : tensors) {
     const uint64_t numel = static_cast<uint64_t>(TensorInfo{t.name, t.dtype, t.shape}.numel());
     e.n_params = checked_add(e.n_params, numel, "parameters");
@@ -231,7 +225,7 @@ QuantEstimate estimate_tensors(const std::vector<TensorSpec>& tensors,
   if (model_config.is_object()) {
     try {
       e.max_tp_size_unquantized = max_tp_size(model_config);
-    } catch (const Error&) {
+    } catch (const ConfigError&) {
       // An odd config field leaves the TP degree unknown, as in describe.
     }
     e.max_tp_size = quant_max_tp_size(e.layout, e.max_tp_size_unquantized, &e.tp_limited_by);
@@ -256,19 +250,15 @@ QuantEstimate estimate_quantized(const std::string& ref, const std::string& sche
   if (config_file || config_dir) {
     file = config_file ? ref : ref + "/config.json";
     config = read_config_json(file);
-    std::string dt = "float32";
-    for (const char* k : {"torch_dtype", "dtype"}) {
-      if (config.is_object() && config.contains(k) && config[k].is_string()) {
-        dt = config[k].get<std::string>();
-        break;
-      }
-    }
+    // transformers >= 4.56 writes "dtype", older versions "torch_dtype".
+    const ConfigFields fields(config, file);
+    const std::string dt = fields.string_or("torch_dtype", fields.string_or("dtype", "float32"));
     const DTypeEntry& entry = resolve_dtype_name(dt);
     if (!entry.file_dtype) {
       throw QuantSchemeError(file, "", "invalid-field",
                              "torch_dtype " + quote_text(dt) + " is no dtype a checkpoint stores");
     }
-    tensors = checkpoint_tensor_specs(config, *entry.file_dtype);
+    tensors = checkpoint_tensor_specs(config, *entry.file_dtype, false, file);
     source = "config";
   } else {
     const Checkpoint c = open_checkpoint(resolve_reference(ref, revision, keys).checkpoint);

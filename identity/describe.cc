@@ -8,6 +8,7 @@
 #include "base/checked.h"
 #include "base/text.h"
 #include "identity/dtypes.h"
+#include "identity/errors.h"
 #include "identity/reference.h"
 #include "identity/tp_degree.h"
 #include "loader/errors.h"
@@ -108,8 +109,11 @@ class MoeScan {
     }
   }
 
+  // A config field moe_config cannot read leaves the counts to the headers, recorded in
+  // `problem` (when it holds none yet).
   std::optional<MoeInfo> finish(const std::optional<nlohmann::json>& config,
-                                const std::string& config_file, uint64_t n_params) const;
+                                const std::string& config_file, uint64_t n_params,
+                                std::optional<ConfigProblem>& problem) const;
 
  private:
   struct Layer {
@@ -146,13 +150,14 @@ int64_t MoeScan::experts_of(const std::string& name, const Layer& l, const std::
 }
 
 std::optional<MoeInfo> MoeScan::finish(const std::optional<nlohmann::json>& config,
-                                       const std::string& config_file, uint64_t n_params) const {
+                                       const std::string& config_file, uint64_t n_params,
+                                       std::optional<ConfigProblem>& problem) const {
   MoeConfig cfg;
-  if (config && config->is_object()) {
+  if (config) {
     try {
-      cfg = moe_config(*config);
-    } catch (const Error&) {
-      // An odd config field leaves the counts to the headers, as the TP degree's.
+      cfg = moe_config(*config, config_file);
+    } catch (const ConfigError& e) {
+      if (!problem) problem = ConfigProblem{e.rule(), e.field(), e.message()};
     }
   }
   if (layers_.empty() && cfg.routed_experts <= 1) return std::nullopt;
@@ -310,15 +315,17 @@ CheckpointInfo describe_checkpoint(const Checkpoint& c, const std::optional<std:
                  : stored ? dtype_name(*stored)
                           : "none";
   }
-  if (info.config && info.config->is_object()) {
+  const std::string config_file = c.config_path.value_or("config.json");
+  if (info.config) {
     try {
-      info.max_tp_size = max_tp_size(*info.config);
-    } catch (const Error&) {
-      // An odd config field leaves the TP degree unknown; describe still succeeds.
+      info.max_tp_size = max_tp_size(*info.config, false, config_file);
+    } catch (const ConfigError& e) {
+      // The TP degree stays unknown; describe still succeeds and says why.
+      info.config_error = ConfigProblem{e.rule(), e.field(), e.message()};
     }
   }
   if (q.layout) add_quantization(*q.layout, param_bytes, info);
-  info.moe = moe.finish(info.config, c.config_path.value_or("config.json"), n_params);
+  info.moe = moe.finish(info.config, config_file, n_params, info.config_error);
   return info;
 }
 
@@ -362,7 +369,12 @@ nlohmann::json to_json(const CheckpointInfo& i) {
           {"stored_bytes", i.stored_bytes},
           {"max_tp_size", opt(i.max_tp_size)},
           {"quantization", i.quantization ? *i.quantization : nlohmann::json()},
-          {"moe", i.moe ? to_json(*i.moe) : nlohmann::json()}};
+          {"moe", i.moe ? to_json(*i.moe) : nlohmann::json()},
+          {"config_error", i.config_error ? nlohmann::json{{"kind", "ConfigError"},
+                                                           {"rule", i.config_error->rule},
+                                                           {"field", i.config_error->field},
+                                                           {"message", i.config_error->message}}
+                                          : nlohmann::json()}};
 }
 
 }  // namespace metaload

@@ -38,6 +38,14 @@ struct MoeInfo {
   std::vector<int64_t> ep_degrees;
 };
 
+// A config.json field describe could not read (identity/config_fields.h's rules): the TP degree
+// (and the MoE counts) are then unknown, or come from the headers alone; describe still succeeds.
+struct ConfigProblem {
+  std::string rule;     // "config-not-integer", ...
+  std::string field;    // its dotted path ("text_config.num_attention_heads")
+  std::string message;  // the ConfigError's message, file and rule included
+};
+
 // An empty field means "unknown", never zero.
 struct CheckpointInfo {
   std::optional<uint64_t> size_bytes;    // ceil(n_params x bytes_per_element(dtype))
@@ -64,6 +72,9 @@ struct CheckpointInfo {
   // A checkpoint whose headers hold another number of experts than its config names (or lack an
   // expert index) is a FormatError (rule "moe-expert-count") naming both.
   std::optional<MoeInfo> moe;
+  // The first config.json field that could not be read, as the ConfigError any other reader of
+  // that field raises (same rule, same message).
+  std::optional<ConfigProblem> config_error;
 };
 
 // True for tensors that are buffers, not parameters, although some checkpoints store them:

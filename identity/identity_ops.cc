@@ -6,14 +6,15 @@
 
 #include "base/text.h"
 #include "base/torch_library.h"
-#include "loader/errors.h"
-#include "loader/format/json_util.h"
 #include "identity/describe.h"
 #include "identity/dtypes.h"
+#include "identity/errors.h"
 #include "identity/model_key.h"
 #include "identity/reference.h"
 #include "identity/registry.h"
 #include "identity/tp_degree.h"
+#include "loader/errors.h"
+#include "loader/format/json_util.h"
 
 namespace metaload {
 namespace {
@@ -26,7 +27,7 @@ nlohmann::json config_arg(const std::string& text) {
   try {
     return parse_json_strict(text, "<config>");
   } catch (const FormatError& e) {
-    throw TPError("config is not valid JSON: " + e.detail());
+    throw ConfigError("<config>", "", e.rule(), "is not valid JSON: " + e.detail());
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,11 +17,14 @@ namespace metaload {
 // and, for a mixture of experts, each expert's intermediate size where the config gives it apart
 // (moe_intermediate_size: Qwen2/3-MoE, DeepSeek-V2/V3, GLM-4-MoE; shared_expert_intermediate_size:
 // Qwen2-MoE), every expert's slice falling on whole rows; read from "text_config" when the config
-// has one, else from the top level. Missing, null or zero fields are skipped. With expert
-// parallelism the expert count (num_local_experts, num_experts or n_routed_experts) joins the gcd.
-// nullopt when no field is present or the gcd is 1. Throws TPError for a field that is not a
-// non-negative integer.
-std::optional<int64_t> max_tp_size(const nlohmann::json& config, bool expert_parallel = false);
+// has one, else from the top level. Missing or null fields are skipped, zero expert sizes too. With
+// expert parallelism the expert count (num_local_experts, num_experts or n_routed_experts) joins
+// the gcd. nullopt when no field is present or the gcd is 1. The fields are read by
+// config_fields.h's one reader: heads, kv heads and the dense intermediate size must be positive
+// integers when present, the expert fields non-negative (0: none); ConfigError by its rules
+// otherwise, naming `file`.
+std::optional<int64_t> max_tp_size(const nlohmann::json& config, bool expert_parallel = false,
+                                   const std::string& file = "config.json");
 
 // The mixture-of-experts fields of a config (text_config first, as max_tp_size); 0 where absent.
 struct MoeConfig {
@@ -30,8 +34,8 @@ struct MoeConfig {
   int64_t shared_experts = 0;     // n_shared_experts
   int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's one shared expert
 };
-// Throws TPError for a field that is not a non-negative integer.
-MoeConfig moe_config(const nlohmann::json& config);
+// ConfigError for a field that is not a non-negative integer.
+MoeConfig moe_config(const nlohmann::json& config, const std::string& file = "config.json");
 
 // The divisors of n >= 1, ascending.
 std::vector<int64_t> divisors(int64_t n);

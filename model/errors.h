@@ -21,9 +21,7 @@ METALOAD_DEFINE_ERROR(FixtureError, Error);
 
 // ---- families (families/config.h, families/family.h) -------------------------------------------
 
-// A config.json field is missing, has the wrong type or an unsupported value; the message names the
-// field and the file (or built-in config) it came from.
-METALOAD_DEFINE_ERROR(ConfigError, Error);
+// (A config.json the families cannot use is a ConfigError, identity/errors.h.)
 
 // A family cannot do what was asked at run time (bad input ids, too long a sequence, a TP size that
 // does not divide the heads, unknown parameter name, ...).

@@ -41,6 +41,7 @@ const std::string& builtin_config_json(const std::string& name) {
   std::string known;
   for (const auto& entry : table()) known += (known.empty() ? "" : ", ") + entry.first;
   throw ConfigError(
+      "", "", "config-not-found",
       fmt::format("unknown built-in config {} (known: {})", quote_text(name, '\''), known));
 }
 

@@ -11,13 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "identity/family_shape.h"
 #include "model/errors.h"
 
 namespace metaload {
-
-enum class Arch { kGPT2, kLlama };
-
-const char* arch_name(Arch arch);  // "gpt2" or "llama"
 
 struct RopeScaling {
   // "default" (none), "linear" or "llama3": the types whose inv_freq transformers computes without
@@ -29,22 +26,10 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;
 };
 
-struct FamilyConfig {
-  Arch arch = Arch::kLlama;
-  std::string model_type;    // "gpt2", "llama", "mistral", "qwen2"
-  std::string architecture;  // "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", ...
-  std::string source;        // the file or "builtin:NAME" it was read from (for messages)
-
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;              // gpt2: n_embd
-  int64_t num_layers = 0;               // gpt2: n_layer
-  int64_t num_heads = 0;                // gpt2: n_head
-  int64_t num_kv_heads = 0;             // gpt2: = num_heads
-  int64_t head_dim = 0;                 // config head_dim, else hidden_size / num_heads
-  int64_t intermediate_size = 0;        // gpt2: n_inner or 4 * n_embd
-  int64_t max_position_embeddings = 0;  // gpt2: n_positions
-  double norm_eps = 1e-5;               // gpt2: layer_norm_epsilon; llama: rms_norm_eps
-  bool tie_word_embeddings = true;
+// The shape (identity/family_shape.h: model type, sizes, ties, biases) and what the modules need
+// beyond it.
+struct FamilyConfig : FamilyShape {
+  double norm_eps = 1e-5;  // gpt2: layer_norm_epsilon; llama: rms_norm_eps
   std::string hidden_act;  // gpt2: activation_function; llama: hidden_act
   double initializer_range = 0.02;
 
@@ -55,9 +40,6 @@ struct FamilyConfig {
   // Llama family only.
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  bool qkv_bias = false;  // llama: attention_bias; qwen2: always true
-  bool o_bias = false;    // llama: attention_bias; qwen2, mistral: false
-  bool mlp_bias = false;
   // The attention window per layer (0 = full causal attention): Mistral's sliding_window applies to
   // every layer; Qwen2's only when use_sliding_window, from layer max_window_layers on (or as
   // layer_types says).
@@ -65,12 +47,10 @@ struct FamilyConfig {
 
   std::string torch_dtype;  // as published ("float16", "bfloat16", ...); empty when absent
   nlohmann::json raw;       // the whole config.json, for whoever needs more fields
-
-  // The number of query heads per key/value head.
-  int64_t kv_groups() const { return num_heads / num_kv_heads; }
 };
 
-// Parses a config.json document. `source` names it in error messages.
+// Parses a config.json document through identity's one reader (config_fields.h): ConfigError by
+// its rules. `source` names it in error messages.
 FamilyConfig parse_family_config(const nlohmann::json& config, const std::string& source);
 FamilyConfig parse_family_config_text(const std::string& text, const std::string& source);
 // Reads PATH, or PATH/config.json when PATH is a directory.

@@ -14,71 +14,6 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-// Widths derived from a config by multiplication: a config with huge sizes is a
-// SizeOverflowError naming the fields, not a wrapped (or undefined) shape.
-int64_t fused_qkv_width(const FamilyConfig& c) {
-  return checked_mul<int64_t>(3, c.hidden_size, "the fused q, k, v width 3 x n_embd");
-}
-int64_t q_width(const FamilyConfig& c) {
-  return checked_mul(c.num_heads, c.head_dim, "the q width num_attention_heads x head_dim");
-}
-int64_t kv_width(const FamilyConfig& c) {
-  return checked_mul(c.num_kv_heads, c.head_dim, "the k, v width num_key_value_heads x head_dim");
-}
-
-void gpt2_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
-  const int64_t n = c.hidden_size, inner = c.intermediate_size;
-  out.push_back({"transformer.wte.weight", {c.vocab_size, n}, ""});
-  out.push_back({"transformer.wpe.weight", {c.max_position_embeddings, n}, ""});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = fmt::format("transformer.h.{}.", i);
-    // Conv1D stores its weight [in, out].
-    out.push_back({p + "ln_1.weight", {n}, ""});
-    out.push_back({p + "ln_1.bias", {n}, ""});
-    out.push_back({p + "attn.c_attn.weight", {n, fused_qkv_width(c)}, ""});
-    out.push_back({p + "attn.c_attn.bias", {fused_qkv_width(c)}, ""});
-    out.push_back({p + "attn.c_proj.weight", {n, n}, ""});
-    out.push_back({p + "attn.c_proj.bias", {n}, ""});
-    out.push_back({p + "ln_2.weight", {n}, ""});
-    out.push_back({p + "ln_2.bias", {n}, ""});
-    out.push_back({p + "mlp.c_fc.weight", {n, inner}, ""});
-    out.push_back({p + "mlp.c_fc.bias", {inner}, ""});
-    out.push_back({p + "mlp.c_proj.weight", {inner, n}, ""});
-    out.push_back({p + "mlp.c_proj.bias", {n}, ""});
-  }
-  out.push_back({"transformer.ln_f.weight", {n}, ""});
-  out.push_back({"transformer.ln_f.bias", {n}, ""});
-  out.push_back(
-      {"lm_head.weight", {c.vocab_size, n}, c.tie_word_embeddings ? "transformer.wte.weight" : ""});
-}
-
-void llama_params(const FamilyConfig& c, std::vector<ParamSpec>& out) {
-  const int64_t h = c.hidden_size, q = q_width(c), kv = kv_width(c);
-  const int64_t inter = c.intermediate_size;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, ""});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    // Linear stores its weight [out, in].
-    auto linear = [&](const std::string& name, int64_t out_f, int64_t in_f, bool bias) {
-      out.push_back({p + name + ".weight", {out_f, in_f}, ""});
-      if (bias) out.push_back({p + name + ".bias", {out_f}, ""});
-    };
-    linear("self_attn.q_proj", q, h, c.qkv_bias);
-    linear("self_attn.k_proj", kv, h, c.qkv_bias);
-    linear("self_attn.v_proj", kv, h, c.qkv_bias);
-    linear("self_attn.o_proj", h, q, c.o_bias);
-    linear("mlp.gate_proj", inter, h, c.mlp_bias);
-    linear("mlp.up_proj", inter, h, c.mlp_bias);
-    linear("mlp.down_proj", h, inter, c.mlp_bias);
-    out.push_back({p + "input_layernorm.weight", {h}, ""});
-    out.push_back({p + "post_attention_layernorm.weight", {h}, ""});
-  }
-  out.push_back({"model.norm.weight", {h}, ""});
-  out.push_back({"lm_head.weight",
-                 {c.vocab_size, h},
-                 c.tie_word_embeddings ? "model.embed_tokens.weight" : ""});
-}
-
 // Elements of a parameter; its bytes (at most 8 per element) must fit torch's int64 sizes too.
 int64_t numel(const std::string& name, const Shape& shape) {
   checked_product<int64_t>(shape, 8, "bytes of parameter " + name);
@@ -184,12 +119,7 @@ std::vector<TPRule> llama_plan(const FamilyConfig& c) {
 }  // namespace
 
 std::vector<ParamSpec> parameter_specs(const FamilyConfig& config) {
-  std::vector<ParamSpec> out;
-  if (config.arch == Arch::kGPT2)
-    gpt2_params(config, out);
-  else
-    llama_params(config, out);
-  return out;
+  return family_parameters(config);
 }
 
 std::vector<BufferSpec> buffer_specs(const FamilyConfig& config) {
@@ -227,10 +157,6 @@ std::vector<std::vector<std::string>> tied_parameter_groups(const FamilyConfig& 
     if (!placed) groups.push_back({p.tied_to, p.name});
   }
   return groups;
-}
-
-const char* base_model_prefix(const FamilyConfig& config) {
-  return config.arch == Arch::kGPT2 ? "transformer" : "model";
 }
 
 std::optional<std::string> map_checkpoint_name(const FamilyConfig& config,

@@ -15,11 +15,10 @@
 
 namespace metaload {
 
-struct ParamSpec {
-  std::string name;            // e.g. "model.layers.3.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;  // as stored in the module and in HF checkpoints
-  std::string tied_to;         // "" or the parameter whose tensor this one shares
-};
+// A parameter: name ("model.layers.3.self_attn.q_proj.weight"), shape as stored in the module and
+// in HF checkpoints, tied_to ("" or the parameter whose tensor this one shares). The one list of
+// the families' tensors is identity's (identity/family_shape.h).
+using ParamSpec = FamilyParameter;
 
 struct BufferSpec {
   std::string name;  // e.g. "transformer.h.0.attn.bias", "model.rotary_emb.inv_freq"
@@ -30,7 +29,8 @@ struct BufferSpec {
   bool persistent = false;
 };
 
-// Every parameter in named_parameters() order, tied ones included (as in a state_dict).
+// Every parameter in named_parameters() order, tied ones included (as in a state_dict):
+// family_parameters (identity/family_shape.h).
 std::vector<ParamSpec> parameter_specs(const FamilyConfig& config);
 // Every buffer in named_buffers() order.
 std::vector<BufferSpec> buffer_specs(const FamilyConfig& config);
@@ -47,8 +47,7 @@ std::vector<std::vector<std::string>> tied_parameter_groups(const FamilyConfig& 
 // base_model_prefix ("transformer." / "model."): it is added, as transformers does. Names the
 // family does not know are returned unchanged (the loader reports them as unexpected).
 std::optional<std::string> map_checkpoint_name(const FamilyConfig& config, const std::string& name);
-// "transformer" or "model".
-const char* base_model_prefix(const FamilyConfig& config);
+// base_model_prefix: identity/family_shape.h ("transformer" or "model").
 
 // Tensor parallelism as vLLM / SGLang shard these models.
 enum class TPStyle {

@@ -1,7 +1,7 @@
 """Checkpoints and remote identity: describe, model keys, TP degrees, dtype sizes, safetensors I/O.
 
 Thin wrappers over torch.ops.metaload.*; errors surface as metaload.<Kind> exceptions
-(FormatError, ShardError, ResolveError, ModelKeyError, DTypeError, TPError).
+(FormatError, ShardError, ResolveError, ModelKeyError, DTypeError, TPError, ConfigError).
 """
 import json
 import re
@@ -69,6 +69,9 @@ class CheckpointInfo:
     # A mixture of experts (MoeInfo); None for a dense checkpoint. A checkpoint whose headers hold
     # another number of experts than its config names is a metaload.FormatError naming both.
     moe: Optional[MoeInfo] = None
+    # The first config.json field describe could not read (max_tp_size is then None): {"kind":
+    # "ConfigError", "rule", "field", "message"}, the error any other reader of the field raises.
+    config_error: Optional[Dict[str, str]] = None
     # A PEFT adapter directory (adapter_config.json beside adapter_model.safetensors): its rank,
     # alpha, target modules and base model (metaload._adapters.AdapterInfo); None otherwise.
     adapter: Optional[Any] = None

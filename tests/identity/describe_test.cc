@@ -106,14 +106,20 @@ TEST(Shapes, ReproducePublishedParameterCounts) {
     auto specs = checkpoint_tensor_specs(nlohmann::json::parse(config_text(name)), DType::BF16);
     EXPECT_EQ(numel_sum(specs), count) << name;
   }
-  expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "bert"}}, DType::F32); });
-  expect_error<FormatError>([] { checkpoint_tensor_specs({{"model_type", "llama"}}, DType::F32); });
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              checkpoint_tensor_specs({{"model_type", "bert"}}, DType::F32);
+            }).rule(),
+            "config-unsupported");
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              checkpoint_tensor_specs({{"model_type", "llama"}}, DType::F32);
+            }).rule(),
+            "config-missing-field");
 }
 
 // A hostile layer count (estimate from a config.json, make-checkpoint) listed 13 tensors per layer
 // until memory ran out (std::bad_alloc after 11 s for 10^12); past kMaxConfigLayers it is a
-// FormatError naming the field, the same limit the family configs keep.
-TEST(Shapes, LayerCountsPastTheLimitAreFormatErrors) {
+// ConfigError naming the field: the families' parser reads the same field by the same rule.
+TEST(Shapes, LayerCountsPastTheLimitAreConfigErrors) {
   nlohmann::json gpt2 = nlohmann::json::parse(config_text("gpt2"));
   nlohmann::json llama = nlohmann::json::parse(config_text("llama-3.2-1b"));
   for (int64_t n : {kMaxConfigLayers + 1, int64_t{1000000000000}}) {
@@ -121,11 +127,10 @@ TEST(Shapes, LayerCountsPastTheLimitAreFormatErrors) {
          {std::pair{&gpt2, "n_layer"}, std::pair{&llama, "num_hidden_layers"}}) {
       nlohmann::json c = *config;
       c[key] = n;
-      auto e = expect_error<FormatError>([&] { checkpoint_tensor_specs(c, DType::BF16); });
-      EXPECT_EQ(e.rule(), "unsupported-config");
+      auto e = expect_error<ConfigError>([&] { checkpoint_tensor_specs(c, DType::BF16); });
+      EXPECT_EQ(e.rule(), "config-too-large");
       const std::string what = e.what();
-      EXPECT_NE(what.find(std::string("\"") + key + "\" is " + std::to_string(n)),
-                std::string::npos)
+      EXPECT_NE(what.find(std::string("'") + key + "' is " + std::to_string(n)), std::string::npos)
           << what;
       EXPECT_NE(what.find("at most 65536"), std::string::npos) << what;
     }

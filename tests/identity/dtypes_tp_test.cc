@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "identity/dtypes.h"
+#include "identity/errors.h"
 #include "identity/tp_degree.h"
 #include "loader/format/checkpoint.h"
 #include "tests/loader/test_util.h"
@@ -99,11 +100,20 @@ TEST(TP, RealConfigs) {
   EXPECT_EQ(max_tp_size(real_config("gpt2")), 12);
 }
 
+// Absent and null fields drop out, zero expert sizes too; a zero head count is a ConfigError
+// (config-not-positive), as the families' parser says of it (config_fields.h: one set of limits).
 TEST(TP, FieldsSkippedTextConfigAndExperts) {
-  EXPECT_EQ(max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"num_key_value_heads", 0}}),
-            16);
+  const auto zero = expect_error<ConfigError>([] {
+    max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"num_key_value_heads", 0}}, false,
+                "c.json");
+  });
+  EXPECT_EQ(zero.rule(), "config-not-positive");
+  EXPECT_EQ(zero.field(), "num_key_value_heads");
+  EXPECT_EQ(zero.file(), "c.json");
   EXPECT_EQ(
       max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"intermediate_size", nullptr}}), 16);
+  EXPECT_EQ(max_tp_size(nlohmann::json{{"num_attention_heads", 16}, {"moe_intermediate_size", 0}}),
+            16);
   EXPECT_EQ(max_tp_size(nlohmann::json::object()), std::nullopt);
   nlohmann::json mm = {{"num_attention_heads", 3}, {"text_config", cfg(32, 8, 14336)}};
   EXPECT_EQ(max_tp_size(mm), 8);
@@ -112,12 +122,23 @@ TEST(TP, FieldsSkippedTextConfigAndExperts) {
   EXPECT_EQ(max_tp_size(moe), 8);
   EXPECT_EQ(max_tp_size(moe, /*expert_parallel=*/true), 2);
   EXPECT_EQ(tp_degrees(moe, true), (std::vector<int64_t>{1, 2}));
-  auto bad = expect_error<TPError>([] {
+  // A field that is no size is a ConfigError (a TPError is a degree the model cannot take).
+  auto bad = expect_error<ConfigError>([] {
     max_tp_size(nlohmann::json{{"num_attention_heads", "32"}});
   });
   EXPECT_NE(std::string(bad.what()).find("num_attention_heads"), std::string::npos);
-  expect_error<TPError>([] { max_tp_size(nlohmann::json{{"num_attention_heads", -4}}); });
-  expect_error<TPError>([] { max_tp_size(nlohmann::json::array()); });
+  EXPECT_EQ(bad.rule(), "config-not-integer");
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              max_tp_size(nlohmann::json{{"num_attention_heads", -4}});
+            }).rule(),
+            "config-not-positive");
+  EXPECT_EQ(expect_error<ConfigError>([] { max_tp_size(nlohmann::json::array()); }).rule(),
+            "config-not-object");
+  // text_config's fields are named by their path.
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              max_tp_size(nlohmann::json{{"text_config", {{"num_attention_heads", true}}}});
+            }).field(),
+            "text_config.num_attention_heads");
 }
 
 // Each expert's rows must split too: Qwen3-30B-A3B (32 heads, 4 kv heads, dense 6144, 768 per
@@ -145,22 +166,36 @@ TEST(TP, ExpertIntermediateSizesAndMoeConfig) {
   EXPECT_EQ(m.shared_experts, 1);
   EXPECT_EQ(moe_config(nlohmann::json{{"experts_per_token", 4}}).experts_per_token, 4);
   EXPECT_EQ(moe_config(nlohmann::json::object()).routed_experts, 0);
-  expect_error<TPError>([] { moe_config(nlohmann::json{{"num_experts", "8"}}); });
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              moe_config(nlohmann::json{{"num_experts", "8"}});
+            }).rule(),
+            "config-not-integer");
+  EXPECT_EQ(expect_error<ConfigError>([] {
+              moe_config(nlohmann::json{{"n_shared_experts", -1}});
+            }).rule(),
+            "config-not-positive");
   EXPECT_EQ(divisors(12), (std::vector<int64_t>{1, 2, 3, 4, 6, 12}));
   EXPECT_EQ(divisors(1), (std::vector<int64_t>{1}));
 }
 
 // Found by the quant fuzzer: a float head count beyond int64 was cast (undefined behaviour). Every
-// size past 2^31 - 1 is a TPError naming its field; integral floats inside the range still count.
-TEST(TP, OutOfRangeSizesAreTPErrors) {
-  for (nlohmann::json v : {nlohmann::json(4.44444e75), nlohmann::json(1e19), nlohmann::json(-1e19),
-                           nlohmann::json(uint64_t{1} << 63), nlohmann::json(int64_t{1} << 31),
-                           nlohmann::json(2147483648.0), nlohmann::json(16.5)}) {
-    auto e = expect_error<TPError>([&] { max_tp_size(nlohmann::json{{"n_head", v}}); });
-    EXPECT_NE(std::string(e.what()).find("\"n_head\""), std::string::npos) << e.what();
+// size past 2^31 - 1 is a ConfigError naming its field (config-too-large), and so is every float:
+// sizes are JSON integers for every reader (config_fields.h), 16.0 included, as the families'
+// parser has always said.
+TEST(TP, OutOfRangeAndFloatSizesAreConfigErrors) {
+  for (nlohmann::json v : {nlohmann::json(uint64_t{1} << 63), nlohmann::json(int64_t{1} << 31)}) {
+    auto e = expect_error<ConfigError>([&] { max_tp_size(nlohmann::json{{"n_head", v}}); });
+    EXPECT_EQ(e.rule(), "config-too-large") << e.what();
+    EXPECT_NE(std::string(e.what()).find("'n_head'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("2147483647"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(max_tp_size(nlohmann::json{{"n_head", 16.0}, {"intermediate_size", 24}}), 8);
+  for (nlohmann::json v :
+       {nlohmann::json(4.44444e75), nlohmann::json(1e19), nlohmann::json(-1e19),
+        nlohmann::json(2147483648.0), nlohmann::json(16.5), nlohmann::json(16.0)}) {
+    auto e = expect_error<ConfigError>([&] { max_tp_size(nlohmann::json{{"n_head", v}}); });
+    EXPECT_EQ(e.rule(), "config-not-integer") << e.what();
+    EXPECT_NE(std::string(e.what()).find("'n_head'"), std::string::npos) << e.what();
+  }
   // The largest size accepted: 2^31 - 1 is prime, so its degrees are 1 and itself, listed in
   // pairs up to its square root rather than by a walk of two billion steps.
   nlohmann::json prime = {{"num_attention_heads", 2147483647}};

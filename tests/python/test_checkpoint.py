@@ -326,6 +326,38 @@ def test_max_tp_size_cases():
         ck.tp_degree_for(cfg(24, 8, 8192), 16)
 
 
+def test_a_broken_config_field_is_one_config_error_for_every_reader(tmp_path):
+    # Issue 23: describe, the TP degree and the families' parser read config.json through one
+    # reader (identity/config_fields.h), so a field is refused by one rule in one message.
+    import metaload
+    with open(os.path.join(CONFIGS, "llama-tiny.json")) as f:
+        config = json.load(f)
+    config["num_attention_heads"] = 4.0  # sizes are JSON integers, for every reader
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    header = json.dumps({"model.norm.weight": {"dtype": "F32", "shape": [1],
+                                               "data_offsets": [0, 4]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header
+                                                 + b"\0" * 4)
+    said = ("field 'num_attention_heads' must be a positive integer, got 4.0 "
+            "(rule config-not-integer)")
+    info = ck.describe_checkpoint(str(tmp_path))  # describe still succeeds, and says why
+    assert info.max_tp_size is None
+    assert info.config_error["kind"] == "ConfigError"
+    assert (info.config_error["rule"], info.config_error["field"]) == (
+        "config-not-integer", "num_attention_heads")
+    assert info.config_error["message"].endswith(said), info.config_error
+    with pytest.raises(err("ConfigError")) as tp:
+        ck.max_tp_size(config)
+    with pytest.raises(err("ConfigError")) as family:
+        metaload.TransformersModel(str(tmp_path))
+    for e in (tp, family):
+        assert str(e.value).endswith(said), str(e.value)
+    config["num_attention_heads"] = 4
+    assert ck.max_tp_size(config) == 2
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert ck.describe_checkpoint(str(tmp_path)).config_error is None
+
+
 def test_bytes_per_element_and_quantizations():
     assert ck.bytes_per_element(torch.bfloat16) == 2
     assert ck.bytes_per_element("torch.float32") == 4

@@ -157,3 +157,59 @@ def test_the_dtype_check_finds_a_planted_copy(tmp_path, monkeypatch):
             ("F32", "float32", "Float")]
     assert [c.split(": ")[0] for c in dtype_pair_copies(rows, ["a.cc", "b.py"])] == [
         "a.cc:3", "a.cc:5", "b.py:2", "b.py:3"]
+
+
+# The one reader of config.json (issue 23): identity/config_fields.h's ConfigFields, with one set of
+# limits and one rule per refusal. Every library file reads a config's fields through it
+# (f.positive_int("n_embd"), ...); none looks one up in the JSON by hand. The fields below are the
+# ones the readers used to look up each on its own.
+CONFIG_READER = "identity/config_fields.cc"
+CONFIG_FIELDS = ("model_type", "architectures", "torch_dtype", "text_config",
+                 "vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer",
+                 "num_attention_heads", "n_head", "num_heads", "num_key_value_heads",
+                 "num_kv_heads", "head_dim", "intermediate_size", "n_inner", "ffn_dim",
+                 "n_positions", "max_position_embeddings", "tie_word_embeddings",
+                 "attention_bias", "mlp_bias", "moe_intermediate_size",
+                 "shared_expert_intermediate_size", "num_local_experts", "num_experts",
+                 "n_routed_experts", "num_experts_per_tok", "experts_per_token",
+                 "n_shared_experts")
+# (file, field): loader/format lies below identity; find_quant_config looks up the
+# quantization_config object (its own reader's, quant_scheme.h) in text_config, no field of it.
+CONFIG_BY_HAND_ALLOWED = {("loader/format/quant_scheme.cc", "text_config")}
+_FIELD_ALT = "|".join(CONFIG_FIELDS)
+CONFIG_LOOKUP = re.compile(r'(?:\.|->)(?:find|contains|at|value|count)\(\s*"(' + _FIELD_ALT
+                           + r')"|\[\s*"(' + _FIELD_ALT + r')"\s*\]')
+
+
+def config_lookups(files):
+    """'file:line: code' of each C++ line that looks a config.json field up by hand."""
+    out = []
+    for f in files:
+        if f == CONFIG_READER or not f.endswith((".h", ".cc")):
+            continue
+        for n, code in code_lines(f):
+            for m in CONFIG_LOOKUP.finditer(code):
+                if (f, m.group(1) or m.group(2)) not in CONFIG_BY_HAND_ALLOWED:
+                    out.append(f"{f}:{n}: {code.strip()}")
+                    break
+    return out
+
+
+def test_config_fields_are_read_by_the_one_reader():
+    bad = config_lookups(library_files() + [DTYPE_HOME])
+    assert bad == [], ("config.json fields read by hand (use identity/config_fields.h's "
+                       "ConfigFields):\n  " + "\n  ".join(bad))
+
+
+def test_the_config_check_finds_a_lookup_by_hand(tmp_path, monkeypatch):
+    import test_one_copy
+    (tmp_path / "a.cc").write_text(
+        "// c.find(\"n_embd\") in a comment\n"
+        "auto it = c.find(\"num_attention_heads\");\n"
+        "int64_t h = f.positive_int(\"hidden_size\");\n"  # through the reader
+        "if (c.contains(\"text_config\")) x = c[\"text_config\"];\n"
+        "auto q = config.find(\"quantization_config\");\n")  # no config field of the list
+    (tmp_path / "b.h").write_text("return j->value(\"model_type\", \"\");\n")
+    monkeypatch.setattr(test_one_copy, "ROOT", str(tmp_path))
+    assert [c.split(": ")[0] for c in config_lookups(["a.cc", "b.h"])] == [
+        "a.cc:2", "a.cc:4", "b.h:1"]

@@ -184,16 +184,20 @@ def test_max_tp_size_falls_on_group_boundaries(tmp_path, base):
     assert (e.max_tp_size_unquantized, e.max_tp_size, e.source) == (32, 2, "config")
 
 
-def test_estimate_of_a_config_with_a_hostile_layer_count_is_a_format_error(tmp_path):
-    # 10^12 layers were listed tensor by tensor until memory ran out (a bare MemoryError).
+def test_estimate_of_a_config_with_a_hostile_layer_count_is_a_config_error(tmp_path):
+    # 10^12 layers were listed tensor by tensor until memory ran out (a bare MemoryError). The
+    # field is refused by the one config reader's rule, as the families' parser refuses it
+    # (a ConfigError since issue 23; a FormatError "unsupported-config" before).
     with open(os.path.join(ROOT, "model", "families", "configs", "llama-2-7b.json")) as f:
         config = json.load(f)
     config["num_hidden_layers"] = 10**12
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(metaload.FormatError) as e:
+    with pytest.raises(metaload.ConfigError) as e:
         metaload.estimate(str(tmp_path / "config.json"), "gptq-int4")
-    assert e.value.rule == "unsupported-config"
-    assert '"num_hidden_layers" is 1000000000000' in str(e.value) and "at most 65536" in str(e.value)
+    assert str(e.value).endswith("(rule config-too-large)")
+    assert str(tmp_path / "config.json") in str(e.value)
+    assert "'num_hidden_layers' is 1000000000000" in str(e.value)
+    assert "at most 65536" in str(e.value)
 
 
 def test_contradicting_tensors_are_typed_errors_naming_file_tensor_and_rule(tmp_path):

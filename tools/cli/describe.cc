@@ -2,6 +2,7 @@
 #include <iostream>
 #include <memory>
 
+#include "identity/config_fields.h"
 #include "identity/describe.h"
 #include "tools/cli/command.h"
 
@@ -13,31 +14,6 @@ struct Options : ModelArgs {
   std::string dtype;
   CLI::Option* dtype_opt = nullptr;
 };
-
-std::string config_summary(const nlohmann::json& c) {
-  auto str = [&](const char* k) -> std::string {
-    auto it = c.find(k);
-    if (it == c.end()) return "";
-    if (it->is_string()) return it->get<std::string>();
-    if (it->is_array() && !it->empty() && it->front().is_string())
-      return it->front().get<std::string>();
-    if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
-    return "";
-  };
-  auto first = [&](std::initializer_list<const char*> keys) {
-    for (const char* k : keys) {
-      if (std::string v = str(k); !v.empty()) return v;
-    }
-    return std::string();
-  };
-  std::string s = first({"model_type"});
-  if (std::string a = first({"architectures"}); !a.empty())
-    s += (s.empty() ? "" : " ") + ("(" + a + ")");
-  if (std::string l = first({"num_hidden_layers", "n_layer"}); !l.empty())
-    s += ", " + l + " layers";
-  if (std::string h = first({"hidden_size", "n_embd"}); !h.empty()) s += ", hidden " + h;
-  return s.empty() ? "present" : s;
-}
 
 // A quantized checkpoint's scheme and breakdown (the per-module list is in --json).
 void add_quantization_rows(const nlohmann::json& q,
@@ -99,6 +75,7 @@ int run(const Options& o) {
                                      " elements of non-parameter buffers (not counted)");
   }
   rows.emplace_back("config", info.config ? config_summary(*info.config) : "none (no config.json)");
+  if (info.config_error) rows.emplace_back("  unreadable", info.config_error->message);
   rows.emplace_back("max TP degree", info.max_tp_size ? std::to_string(*info.max_tp_size) : "-");
   if (info.moe) add_moe_rows(*info.moe, rows);
   if (info.quantization) add_quantization_rows(*info.quantization, rows);

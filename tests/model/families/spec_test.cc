@@ -284,9 +284,10 @@ TEST(FamilyConfig, ErrorsNameTheFieldAndTheFile) {
   expect_config_error([&] { parse(j); }, {"'layer_types'", "2 layer types"});
 }
 
-// Sizes a config derives by multiplication (3 x n_embd, heads x head_dim, every parameter's
-// elements and bytes, their sum) are checked: a config with huge sizes is a SizeOverflowError
-// naming the quantity, not a wrapped shape (or undefined behaviour) handed to torch.
+// Every size field is at most kMaxConfigInt (2^31 - 1: config-too-large, as every reader of the
+// field says, identity/config_fields.h), so a width derived from two fields fits int64; a
+// parameter's bytes and the sums may still not: a SizeOverflowError naming the quantity, not a
+// wrapped shape (or undefined behaviour) handed to torch.
 TEST(FamilyConfig, SizesPastTorchsInt64AreNamedErrors) {
   auto expect_overflow = [](const json& j, const std::string& part) {
     try {
@@ -296,18 +297,17 @@ TEST(FamilyConfig, SizesPastTorchsInt64AreNamedErrors) {
       EXPECT_NE(e.message().find(part), std::string::npos) << e.message();
     }
   };
+  constexpr int64_t kMax = kMaxConfigInt;
   json j = builtin("gpt2");
-  j["n_embd"] = int64_t{1} << 62;  // 4 x n_embd, the default n_inner, wraps
+  j["n_embd"] = int64_t{1} << 62;  // 4 x n_embd, the default n_inner, would wrap
   j["n_head"] = 1;
-  expect_overflow(j, "test/config.json: default n_inner 4 x n_embd");
-  j["n_inner"] = 1;  // 3 x n_embd (the fused q, k, v width) still wraps
-  expect_overflow(j, "the fused q, k, v width 3 x n_embd");
-  j = builtin("gpt2");
-  j["vocab_size"] = int64_t{1} << 60;  // wte: 2^60 x 768 elements
-  expect_overflow(j, "parameter transformer.wte.weight");
+  expect_config_error([&] { parse(j); }, {"'n_embd'", "at most 2147483647", "config-too-large"});
+  j["n_embd"] = kMax;
+  j["vocab_size"] = kMax;  // wte: ~2^62 elements, ~2^65 bytes
+  expect_overflow(j, "test/config.json: bytes of parameter transformer.wte.weight");
   j = builtin("llama-3.2-1b");
   j["head_dim"] = int64_t{1} << 60;
-  expect_overflow(j, "num_attention_heads x head_dim");
+  expect_config_error([&] { parse(j); }, {"'head_dim'", "config-too-large"});
   j = builtin("llama-3.2-1b");
   j["num_hidden_layers"] = 1;
   j["hidden_size"] = int64_t{1} << 28;  // each weight fits; no sum is past 2^63 either
@@ -315,11 +315,11 @@ TEST(FamilyConfig, SizesPastTorchsInt64AreNamedErrors) {
   j["num_key_value_heads"] = 1;
   j["head_dim"] = 2;
   j["intermediate_size"] = 2;
-  j["vocab_size"] = int64_t{1} << 31;  // embed_tokens: 2^59 elements, 2^62 bytes at 8 each
+  j["vocab_size"] = kMax;  // embed_tokens: ~2^59 elements, ~2^62 bytes at 8 each
   // embed_tokens (tied head), q, k, v, o, gate, up, down [2, h] or [h, 2], three norms [h].
   EXPECT_EQ(parameter_count(parse(j)),
-            (int64_t{1} << 59) + 7 * (int64_t{1} << 29) + 3 * (int64_t{1} << 28));
-  j["vocab_size"] = int64_t{1} << 33;  // 2^61 elements: 2^64 bytes
+            kMax * (int64_t{1} << 28) + 7 * (int64_t{1} << 29) + 3 * (int64_t{1} << 28));
+  j["hidden_size"] = kMax;  // ~2^62 elements: ~2^65 bytes
   expect_overflow(j, "bytes of parameter model.embed_tokens.weight");
 }
 
