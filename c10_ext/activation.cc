@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "base/registration.h"
 #include "base/text.h"
 #include "base/torch_library.h"
@@ -114,6 +115,14 @@ std::vector<std::string> load_warnings() {
   return take_load_warnings();
 }
 
+// Python: the data of the error whose what() the text of a RuntimeError holds (base/error.h's
+// record), as JSON, or None (an error made elsewhere, or long gone).
+c10::optional<std::string> error_data(std::string text) {
+  std::optional<std::string> data = error_data_json(text);
+  if (!data) return c10::nullopt;
+  return *data;
+}
+
 }  // namespace
 
 int64_t push_scope(std::unique_ptr<Scope> scope) {
@@ -142,6 +151,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("mode_key_registered() -> bool", &metaload::key_registered);
   m.def("init() -> ()", &metaload::init);
   m.def("load_warnings() -> str[]", &metaload::load_warnings);
+  m.def("error_data(str text) -> str?", &metaload::error_data);
 }
 
 // With MetaMode or FakeMode on, their key is in the thread's key set, so even these operators
@@ -159,6 +169,7 @@ void control_kernels(torch::Library& m) {
   m.impl("mode_key_registered", &metaload::key_registered);
   m.impl("init", &metaload::init);
   m.impl("load_warnings", &metaload::load_warnings);
+  m.impl("error_data", &metaload::error_data);
 }
 }  // namespace
 

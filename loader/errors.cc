@@ -1,8 +1,6 @@
-// MismatchError's message and the process-wide record of its names (errors.h). Torch-free.
+// MismatchError's message and record (errors.h). Torch-free.
 #include "loader/errors.h"
 
-#include <deque>
-#include <mutex>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -30,18 +28,6 @@ std::vector<std::string> names_of(const std::vector<MismatchItem>& items) {
   return out;
 }
 
-// The names of the last few MismatchErrors, by message, for the Python package (which sees only
-// the message). Bounded: a long-lived server does not accumulate them.
-struct RecentMismatches {
-  static constexpr size_t kKept = 4;
-  std::mutex mu;
-  std::deque<std::pair<std::string, std::string>> entries;  // message -> names JSON
-  static RecentMismatches& instance() {
-    static RecentMismatches* r = new RecentMismatches();  // never destroyed: used at exit too
-    return *r;
-  }
-};
-
 }  // namespace
 
 MismatchError::MismatchError(const std::string& summary, std::vector<MismatchItem> missing,
@@ -53,24 +39,18 @@ MismatchError::MismatchError(const std::string& summary, std::vector<MismatchIte
       missing_(names_of(missing)),
       unexpected_(names_of(unexpected)),
       mismatched_(names_of(mismatched)) {
-  std::string json = nlohmann::json{
-      {"missing", missing_},
-      {"unexpected", unexpected_},
-      {"mismatched",
-       mismatched_}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  RecentMismatches& r = RecentMismatches::instance();
-  std::lock_guard<std::mutex> g(r.mu);
-  r.entries.emplace_back(message(), std::move(json));
-  if (r.entries.size() > RecentMismatches::kKept) r.entries.pop_front();
+  record_field("missing", missing_);
+  record_field("unexpected", unexpected_);
+  record_field("mismatched", mismatched_);
 }
 
 std::optional<std::string> mismatch_names_json(const std::string& message) {
-  RecentMismatches& r = RecentMismatches::instance();
-  std::lock_guard<std::mutex> g(r.mu);
-  for (auto it = r.entries.rbegin(); it != r.entries.rend(); ++it) {
-    if (it->first == message) return it->second;
-  }
-  return std::nullopt;
+  std::optional<std::string> data = error_data_json_exact("[metaload.MismatchError] " + message);
+  if (!data) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(*data);
+  return nlohmann::json{
+      {"missing", j["missing"]}, {"unexpected", j["unexpected"]}, {"mismatched", j["mismatched"]}}
+      .dump();
 }
 
 }  // namespace metaload

@@ -18,6 +18,8 @@
 
 namespace metaload {
 
+// A malformed safetensors file or index, or a header that contradicts itself or the file. file(),
+// tensor() (may be empty), rule() and detail() are in the error's record too (base/error.h).
 class FormatError : public Error {
  public:
   FormatError(const std::string& file, const std::string& tensor, const std::string& rule,
@@ -37,7 +39,12 @@ class FormatError : public Error {
         file_(file),
         tensor_(tensor),
         rule_(rule),
-        detail_(detail) {}
+        detail_(detail) {
+    record_field("file", file);
+    record_field("tensor", tensor);
+    record_field("rule", rule);
+    record_field("detail", detail);
+  }
 
  private:
   static std::string compose(const std::string& file, const std::string& tensor,
@@ -106,7 +113,8 @@ struct MismatchItem {
 // The checkpoint does not fit the targets (load/plan.h). The message is `summary`, then every
 // missing, unexpected and mismatched tensor one per line ("  missing: <name> [2, 3]"), names
 // escaped and at most kListMaxItems (base/text.h) of each kind, then "  ... and N more missing".
-// The accessors hold every name in full; so does Python's MismatchError (mismatch_names_json).
+// The accessors hold every name in full; so does the error's record, and through it Python's
+// MismatchError.
 class MismatchError : public LoadError {
  public:
   MismatchError(const std::string& summary, std::vector<MismatchItem> missing,
@@ -120,8 +128,7 @@ class MismatchError : public LoadError {
 };
 
 // {"missing": [...], "unexpected": [...], "mismatched": [...]} of a recent MismatchError whose
-// message() is `message` (the last few are kept, process-wide), or nullopt. The Python package
-// fills MismatchError's name lists from it, since only the capped message crosses torch.
+// message() is `message`, from its record (base/error.h: error_data_json), or nullopt.
 std::optional<std::string> mismatch_names_json(const std::string& message);
 
 // ---- quantized checkpoints (format/quant_layout.h, format/quant_scheme.h, load/dequant_load.h) ----

@@ -706,13 +706,6 @@ std::vector<int64_t> load_progress_op(int64_t progress_id, bool release) {
   return ProgressBoard::instance().read(progress_id, release);
 }
 
-// Python: the full name lists of a MismatchError just raised, by its message (JSON), or None.
-c10::optional<std::string> mismatch_names_op(std::string message) {
-  std::optional<std::string> j = mismatch_names_json(message);
-  if (!j) return c10::nullopt;
-  return *j;
-}
-
 }  // namespace
 
 METALOAD_LIBRARY_FRAGMENT(m) {
@@ -727,7 +720,6 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
-  m.def("mismatch_names(str message) -> str?", &mismatch_names_op);
 }
 
 }  // namespace metaload

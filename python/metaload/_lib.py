@@ -8,6 +8,8 @@ import warnings
 
 import torch
 
+from ._error_kinds import KINDS
+
 _loaded = None
 
 QUOTE_MAX_CHARS = 200  # as base/text.h's kQuoteMaxChars
@@ -132,9 +134,16 @@ _classes = {}
 
 
 class Error(RuntimeError):
-    """Base of every error metaload raises; the C++ kind is the class name."""
+    """Base of every error metaload raises; the C++ kind is the class name. An error the library
+    raised carries its C++ data: its kind, its message, and the fields its class records
+    (FormatError's `.file`, `.tensor`, `.rule`, `.detail`; RepoIdError's `.repo_id`, `.rule`;
+    MismatchError's full `.missing`, `.unexpected`, `.mismatched`), read from the library's record
+    of it (base/error.h), never from its text. One made in Python (or whose record is long gone)
+    has what its message says: `.rule` from its "(rule ...)" ending, MismatchError's names from its
+    lines, None for the rest. Pickling keeps the data."""
 
     kind = "Error"
+    _data = None  # {field: value} from the library's record, or None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -147,224 +156,95 @@ class Error(RuntimeError):
 Error.__module__ = "metaload"
 _classes["Error"] = Error
 
-
-# The C++ error kinds, each under the parent it has in C++ (METALOAD_DEFINE_ERROR(Kind, Parent) or a
-# class written out, in each layer's one error header: base/error.h, kernels/errors.h,
-# loader/errors.h, model/errors.h, ...):
-# `except metaload.LoadError` catches what `catch (const metaload::LoadError&)` catches.
-# tests/python/test_api.py checks this table against the headers.
-class ModeError(Error):
-    """A mode entered or left in the wrong order, or on the wrong thread (base/error.h)."""
-
-
-class DataDependentError(Error):
-    """A read of values that a meta or fake tensor does not have (base/error.h)."""
-
-
-class SizeOverflowError(Error):
-    """A size computed from inputs (a checkpoint, a config, a batch) that does not fit in 64 bits;
-    the message names the quantity (base/error.h)."""
-
-
-class ShapeError(Error):
-    """A shape kernel rejected its inputs (kernels/errors.h)."""
-
-
-class UnknownOpError(Error):
-    """An operator with no shape kernel reached a meta or fake tensor (kernels/errors.h)."""
-
-
-class ConversionError(Error):
-    """A dtype conversion metaload cannot do (kernels/errors.h)."""
-
-
-class ScanError(Error):
-    """A module tree that cannot be scanned (fake_mode/scan_module.h)."""
-
-
-class FormatError(Error):
-    """A malformed safetensors file or index; `.rule` is the stable rule identifier
-    ("size-mismatch", ...) listed in loader/README.md (loader/errors.h)."""
-
-    @property
-    def rule(self):
-        m = re.search(r"\(rule ([A-Za-z0-9_-]+)\)\s*$", str(self))
-        return m.group(1) if m else None
-
-
-class ShardError(FormatError):
-    """A sharded checkpoint's index disagrees with its shards (loader/errors.h)."""
-
-
-class QuantLayoutError(FormatError):
-    """A quantized checkpoint whose tensors contradict its quantization_config or each other (a
-    packed shape that does not match the logical shape, scales of the wrong shape, a malformed
-    quant_state blob, ...); names the file, the tensor and the rule (quant/errors.h). The base of
-    every quantization error: QuantSchemeError and DequantError derive from it."""
-
-
-class QuantSchemeError(QuantLayoutError):
-    """A quantization scheme metaload does not know or cannot size: an unknown quant_method, an
-    unknown preset name, a field of the wrong type (quant/errors.h)."""
-
-
-class DequantError(QuantLayoutError):
-    """Whatever a dequantizing load rejects: the layout and scheme errors of the checkpoint (same
-    rules as QuantLayoutError / QuantSchemeError), a layout without kernels (unsupported-scheme), a
-    GPTQ g_idx out of range (g_idx-range), a TP degree that splits a pack or group (tp-boundary);
-    `.rule` names the rule (quant/errors.h)."""
-
-
-class ResolveError(Error):
-    """A checkpoint reference that names nothing; the message lists where it looked."""
-
-
-class LoadError(Error):
-    """Base of the errors of loading weights (loader/errors.h)."""
-
-
-class ReadError(LoadError):
-    """A checkpoint file could not be read (loader/errors.h)."""
-
-
-class FileChangedError(ReadError):
-    """A file loaded zero-copy was truncated or written in place while tensors map it; the message
-    names it (loader/errors.h)."""
-
-
-class LoadCancelled(LoadError):
-    """The load was cancelled (loader/errors.h)."""
-
-
-class DeviceError(LoadError):
-    """The target device failed or does not exist (loader/errors.h)."""
-
-
-class VerifyError(LoadError):
-    """Loaded bytes failed their final check (loader/errors.h)."""
-
-
-class PlanError(LoadError):
-    """An impossible load request (loader/errors.h)."""
-
-
-class SliceError(LoadError):
-    """A tensor-parallel slice that does not exist (loader/errors.h)."""
-
-
-class SwapError(LoadError):
-    """The loaded tensors could not take the targets' place (loader/errors.h)."""
-
-
-class MismatchError(LoadError):
-    """The checkpoint does not fit the module (loader/errors.h). The message lists the problems one
-    per line (names escaped; at most 20 of each kind, then how many more); `.missing` (module names
-    the checkpoint lacks), `.unexpected` (checkpoint names the module lacks) and `.mismatched`
-    (module names whose shape, dtype or TP shard does not fit) are the full lists of names, as
-    given."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.missing, self.unexpected, self.mismatched = _mismatch_names(
-            str(args[0]) if args else "")
-
-
-class DTypeError(Error):
-    """A dtype or quantization name that is not known (model/errors.h)."""
-
-
-class ModelKeyError(Error):
-    """A malformed model key (model/errors.h)."""
-
-
-class RepoIdError(ModelKeyError):
-    """A model key whose repo_id the key policy refuses: not a Hugging Face Hub repo id, and local
-    paths were not allowed (model/errors.h). `.rule` is the rule broken ("repo-id-parent-dir",
-    ...)."""
-
-    @property
-    def rule(self):
-        m = re.search(r"\(rule ([A-Za-z0-9_-]+)\)\s*$", str(self))
-        return m.group(1) if m else None
-
-
-class TPError(Error):
-    """A tensor-parallel degree the model cannot be split into (model/errors.h)."""
-
-
-class ConfigError(Error):
-    """A config.json a model family cannot use (model/errors.h)."""
-
-
-class FamilyError(Error):
-    """A model family's rule that does not apply (model/errors.h)."""
-
-
-class FixtureError(Error):
-    """A fixture checkpoint that cannot be made as asked (model/errors.h)."""
-
-
-class ModelError(Error):
-    """A TransformersModel request that cannot be served (model/errors.h)."""
-
-
-class ModulePathError(ModelError):
-    """A module path a model does not have; the message lists the closest
-    (model/errors.h)."""
-
-
-class DistributedError(Error):
-    """A collective that failed or timed out (a rank died, hangs or never joined), or ranks of a
-    tensor-parallel group that disagree (tp_size, rank, model); the message names the operation,
-    the rank and the timeout, or every rank's values (dist/errors.h). A load across ranks
-    (metaload._dist_load) sets `.failures`: {group rank: what went wrong there}; every rank
-    raises it and keeps its previous weights."""
-
-    def __init__(self, message: str = "", failures=None):
-        super().__init__(message)
-        self.failures = dict(failures or {})
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.failures))
-
-
-class UsageError(Error):
-    """A command line the metaload tool does not accept (tools/cli/torch/torch_cli.h)."""
-
-
+_RULE = re.compile(r"\(rule ([A-Za-z0-9_-]+)\)\s*$")
 # The lines MismatchError's message lists its problems on (loader/errors.cc's list_block):
 #   "  missing: <module name> [<shape>]"
 #   "  unexpected: <checkpoint name>[ (as <module name>)] in <file>"
 #   "  mismatched: <module name>: <why>"
-# (model/transformers_model.cc writes its TP problems as mismatched lines too.)
+# (model/transformers_model.cc and _dist_load.py write their TP problems as mismatched lines too.)
 _MISMATCH_LINE = re.compile(r"^  (missing|unexpected|mismatched): (.*)$", re.MULTILINE)
 
 
-def _full_mismatch_names(message):
-    """The full name lists the library kept for the MismatchError with this message, or None (a
-    message made elsewhere, or a library without the operator)."""
-    try:
-        text = torch.ops.metaload.mismatch_names(message)
-    except (AttributeError, RuntimeError):
-        return None
-    if text is None:
-        return None
-    names = json.loads(text)
-    return names["missing"], names["unexpected"], names["mismatched"]
+def _rule_in(message):
+    m = _RULE.search(message)
+    return m.group(1) if m else None
 
 
-def _mismatch_names(message):
-    """The names on the message's lines: a message made by hand (or unpickled) has them all."""
-    found = {"missing": [], "unexpected": [], "mismatched": []}
-    for kind, entry in _MISMATCH_LINE.findall(message):
-        if kind == "missing":
-            name = re.sub(r" \[[-0-9, ]*\]$", "", entry)
-        elif kind == "unexpected":
-            name = entry.split(" (as ", 1)[0] if " (as " in entry else entry.rsplit(" in ", 1)[0]
-        else:
-            name = entry.split(": ", 1)[0]
-        found[kind].append(name)
-    return found["missing"], found["unexpected"], found["mismatched"]
+def _names_in(kind):
+    """The `kind` names on a MismatchError message's lines: a message made by hand (or in Python)
+    lists them all."""
+    def names(message):
+        found = []
+        for k, entry in _MISMATCH_LINE.findall(message):
+            if k != kind:
+                continue
+            if k == "missing":
+                found.append(re.sub(r" \[[-0-9, ]*\]$", "", entry))
+            elif k == "unexpected":
+                found.append(entry.split(" (as ", 1)[0] if " (as " in entry
+                             else entry.rsplit(" in ", 1)[0])
+            else:
+                found.append(entry.split(": ", 1)[0])
+        return found
+    return names
+
+
+# What an error made in Python reads from its message, per field; other fields are None then.
+_FROM_MESSAGE = {"rule": _rule_in, "missing": _names_in("missing"),
+                 "unexpected": _names_in("unexpected"), "mismatched": _names_in("mismatched")}
+
+
+def _field(name):
+    def get(self):
+        data = self._data
+        if data is not None and name in data:
+            return data[name]
+        from_message = _FROM_MESSAGE.get(name)
+        return from_message(str(self)) if from_message is not None else None
+
+    def set_(self, value):
+        self._data = dict(self._data or {}, **{name: value})
+
+    return property(get, set_, doc=f"The error's {name} (None if unknown).")
+
+
+class _DistributedError:
+    """A load across ranks (metaload._dist_load) sets `.failures`: {group rank: what went wrong
+    there}; every rank raises it and keeps its previous weights."""
+
+    def __init__(self, message: str = "", failures=None):
+        Error.__init__(self, message)
+        self.failures = dict(failures or {})
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.failures), self.__dict__)
+
+
+# What a kind has in Python besides its C++ fields: its members and a note for its docstring.
+_PYTHON_SIDE = {"DistributedError": _DistributedError}
+
+
+def _make_kinds():
+    """One class per C++ kind of _error_kinds.KINDS (tools/gen_error_kinds.py writes it from the
+    C++ headers), under its C++ parent: `except metaload.LoadError` catches what
+    `catch (const metaload::LoadError&)` catches."""
+    for kind, parent, header, doc, fields in KINDS:
+        members = {"__module__": __name__, "__qualname__": kind}
+        doc = f"{doc} ({header})"
+        if fields:
+            doc += " Fields: " + ", ".join(f"`.{f}`" for f in fields) + "."
+        extra = _PYTHON_SIDE.get(kind)
+        if extra is not None:
+            members.update({k: v for k, v in vars(extra).items()
+                            if k not in ("__module__", "__qualname__", "__doc__", "__dict__",
+                                         "__weakref__")})
+            doc += " " + " ".join(extra.__doc__.split())
+        members["__doc__"] = doc
+        members.update({f: _field(f) for f in fields})
+        globals()[kind] = type(kind, (_classes[parent],), members)
+
+
+_make_kinds()
 
 
 def error_kinds():
@@ -381,22 +261,40 @@ def error_class(kind):
     return cls
 
 
+def from_data(data):
+    """The metaload exception for the library's record of an error ({"kind": ..., "message": ...,
+    and its fields})."""
+    err = error_class(data["kind"])(data["message"])
+    err._data = {k: v for k, v in data.items() if k not in ("kind", "message")}
+    return err
+
+
+def _error_data(text):
+    """The library's record of the error whose what() `text` holds, or None (an error made
+    elsewhere, gone from the record, or a library without the operator)."""
+    try:
+        found = torch.ops.metaload.error_data(text)
+    except (AttributeError, RuntimeError, UnicodeError):  # a text made in Python may not encode
+        return None
+    return None if found is None else json.loads(found)
+
+
 _prefix = re.compile(r"\[metaload\.([A-Za-z]+)\] ")
 
 
 def translate(exc):
-    """The metaload exception for a RuntimeError raised by the extension, or None."""
-    m = _prefix.search(str(exc))
+    """The metaload exception for a RuntimeError raised by the extension, or None: from the
+    library's record of it; from its text only when there is none."""
+    text = str(exc)
+    if "[metaload." not in text:
+        return None
+    data = _error_data(text)
+    if data is not None:
+        return from_data(data)
+    m = _prefix.search(text)
     if m is None:
         return None
-    msg = str(exc)[m.end():].split("\nException raised from")[0]
-    err = error_class(m.group(1))(msg)
-    if isinstance(err, MismatchError):
-        # The message lists at most 20 names of each kind; the library kept them all.
-        full = _full_mismatch_names(msg)
-        if full is not None:
-            err.missing, err.unexpected, err.mismatched = (list(x) for x in full)
-    return err
+    return error_class(m.group(1))(text[m.end():].split("\nException raised from")[0])
 
 
 def typed_errors(fn):

@@ -207,8 +207,12 @@ def _write(fn: str, tensors, filename: str, metadata) -> None:
 
 
 def _as_bytes_error(e: "_lib.Error", path: str) -> "_lib.Error":
-    """`e` naming "<bytes>" instead of the temporary file `path`."""
-    return type(e)(str(e).replace(path, "<bytes>"))
+    """`e` naming "<bytes>" instead of the temporary file `path`, in its message and its data."""
+    out = type(e)(str(e).replace(path, "<bytes>"))
+    if e._data is not None:
+        out._data = {k: v.replace(path, "<bytes>") if isinstance(v, str) else v
+                     for k, v in e._data.items()}
+    return out
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike,

@@ -55,6 +55,57 @@ def test_every_cpp_error_kind_is_importable_under_its_cpp_parent():
     assert issubclass(metaload.Error, RuntimeError)
 
 
+def _generator():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_error_kinds", os.path.join(ROOT, "tools", "gen_error_kinds.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen
+
+
+def test_the_error_classes_are_generated_from_the_cpp_headers():
+    """One list (issue 23): python/metaload/_error_kinds.py is what tools/gen_error_kinds.py makes
+    of the headers, and _lib makes each class, its parent, its docstring and its fields of it."""
+    from metaload import _error_kinds
+    gen = _generator()
+    with open(os.path.join(ROOT, gen.OUT), encoding="utf-8") as f:
+        assert f.read() == gen.render(ROOT), "stale: run python3 tools/gen_error_kinds.py"
+    assert {k: p for k, p, *_ in _error_kinds.KINDS} == cpp_error_tree()
+    fields = {k: f for k, _, _, _, f in _error_kinds.KINDS}
+    assert fields["FormatError"] == ("file", "tensor", "rule", "detail")
+    assert fields["MismatchError"] == ("missing", "unexpected", "mismatched")  # from errors.cc
+    assert fields["RepoIdError"] == ("repo_id", "rule")
+    for kind, parent, header, doc, own in _error_kinds.KINDS:
+        cls = getattr(metaload, kind)
+        assert doc and doc in cls.__doc__ and header in cls.__doc__, kind
+        for name in own:
+            assert isinstance(vars(cls)[name], property), (kind, name)
+
+
+def test_the_generator_follows_the_headers(tmp_path):
+    """A kind declared, renamed or given a field in C++ changes the table (so the test above fails
+    until it is regenerated)."""
+    gen = _generator()
+    (tmp_path / "base").mkdir()
+    (tmp_path / "loader").mkdir()
+    (tmp_path / "base" / "error.h").write_text(
+        "// Base kinds.\n\n// A new kind,\n// on two lines.\nMETALOAD_DEFINE_ERROR(NewError, Error);\n")
+    (tmp_path / "loader" / "errors.h").write_text(
+        "// A child.\nclass ChildError : public NewError {\n public:\n  ChildError()"
+        " : NewError(\"ChildError\", \"m\") {\n    record_field(\"rule\", r);\n  }\n};\n"
+        "class Other : public std::exception {\n};\n")
+    (tmp_path / "loader" / "errors.cc").write_text(
+        "ChildError::ChildError(int) : NewError(\"ChildError\", \"m\") {\n"
+        "  record_field(\"names\", n);\n}\n")
+    assert gen.kinds(str(tmp_path)) == [
+        ("NewError", "Error", "base/error.h", "A new kind, on two lines.", ()),
+        ("ChildError", "NewError", "loader/errors.h", "A child.", ("rule", "names"))]
+    namespace = {}
+    exec(gen.render(str(tmp_path)), namespace)
+    assert [k[0] for k in namespace["KINDS"]] == ["NewError", "ChildError"]
+
+
 # Each layer's error kinds in one header (issue 13): a kind declared anywhere else in its layer
 # fails here. The two layers with many kinds; the others have a single header each already.
 # {layer: (its error header, the fewest kinds it holds)}.

@@ -182,7 +182,7 @@ def test_module_bazel_has_the_version_of_base_version_h():
 # tests/fuzz builds the torch-free format and identity code on its own (clang, sanitizers): its
 # source list must be exactly the sources of the CMake components it names, or a source added to
 # them breaks only tools/fuzz's link (as the reference resolver's split once did).
-FUZZ_COMPONENTS = {"loader_errors": "loader", "loader_format": "loader/format",
+FUZZ_COMPONENTS = {"base_error": "base", "loader_errors": "loader", "loader_format": "loader/format",
                    "loader_format_quant": "loader/format", "identity": "identity",
                    "estimate": "estimate"}
 
