@@ -25,7 +25,10 @@ class RepoIdError : public ModelKeyError {
   RepoIdError(const std::string& message, std::string repo_id, std::string rule)
       : ModelKeyError("RepoIdError", message),
         repo_id_(std::move(repo_id)),
-        rule_(std::move(rule)) {}
+        rule_(std::move(rule)) {
+    record_field("repo_id", repo_id_);
+    record_field("rule", rule_);
+  }
   const std::string& repo_id() const noexcept { return repo_id_; }
   const std::string& rule() const noexcept { return rule_; }
 
