@@ -130,6 +130,15 @@ std::string ConfigFields::string_or(const char* field, const std::string& fallba
   return v.get<std::string>();
 }
 
+std::string ConfigFields::first_name_of(const char* field) const {
+  if (!has(field)) return "";
+  const nlohmann::json& v = j_.at(field);
+  if (!v.is_array() || v.empty() || !v[0].is_string())
+    fail(field, "config-not-string",
+         fmt::format("must be a list of class names, got {}", config_excerpt(v)));
+  return v[0].get<std::string>();
+}
+
 std::string ConfigFields::one_of(const char* field, const std::string& fallback,
                                  const std::vector<std::string>& allowed) const {
   std::string value = string_or(field, fallback);

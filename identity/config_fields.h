@@ -66,6 +66,9 @@ class ConfigFields {
   double positive_number_or(const char* field, double fallback) const;
   bool bool_or(const char* field, bool fallback) const;
   std::string string_or(const char* field, const std::string& fallback) const;
+  // The first entry of a list of names ("architectures"), "" when absent; config-not-string
+  // unless a non-empty list starting with a string.
+  std::string first_name_of(const char* field) const;
   // string_or, refusing values outside `allowed` (config-unsupported, listing them).
   std::string one_of(const char* field, const std::string& fallback,
                      const std::vector<std::string>& allowed) const;

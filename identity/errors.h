@@ -49,7 +49,8 @@ METALOAD_DEFINE_ERROR(TPError, Error);
 // config (a path, "builtin:NAME" or "config.json" for a document without one), field() the
 // field's dotted path inside it ("rope_scaling.factor", "text_config.num_attention_heads"; empty
 // for the whole document), rule() a stable identifier of the rule broken (the config-* rules of
-// config_fields.h; a file or JSON rule of loader/errors.h when the text could not be read).
+// config_fields.h; a file or JSON rule of loader/errors.h when the text could not be read). All
+// three are in the error's record too (base/error.h): Python's .file, .field, .rule.
 class ConfigError : public Error {
  public:
   ConfigError(const std::string& file, const std::string& field, const std::string& rule,
@@ -57,7 +58,11 @@ class ConfigError : public Error {
       : Error("ConfigError", compose(file, field, rule, detail)),
         file_(file),
         field_(field),
-        rule_(rule) {}
+        rule_(rule) {
+    record_field("file", file);
+    record_field("field", field);
+    record_field("rule", rule);
+  }
   const std::string& file() const noexcept { return file_; }
   const std::string& field() const noexcept { return field_; }
   const std::string& rule() const noexcept { return rule_; }

@@ -25,14 +25,7 @@ std::string model_type_of_architecture(const std::string& arch) {
 
 // model_type, else the family of architectures[0]; the architecture, else the family's default.
 void parse_identity(const ConfigFields& f, FamilyShape& s) {
-  std::string architecture;
-  if (f.has("architectures")) {
-    const nlohmann::json& a = f.at("architectures");
-    if (!a.is_array() || a.empty() || !a[0].is_string())
-      f.fail("architectures", "config-not-string",
-             fmt::format("must be a list of class names, got {}", config_excerpt(a)));
-    architecture = a[0].get<std::string>();
-  }
+  const std::string architecture = f.first_name_of("architectures");
   s.model_type = f.string_or("model_type", model_type_of_architecture(architecture));
   if (s.model_type.empty())
     f.fail("model_type", "config-missing-field",

@@ -125,8 +125,9 @@ KINDS = (
      'field() the field\'s dotted path inside it ("rope_scaling.factor", '
      '"text_config.num_attention_heads"; empty for the whole document), rule() a stable identifier'
      ' of the rule broken (the config-* rules of config_fields.h; a file or JSON rule of '
-     'loader/errors.h when the text could not be read).',
-     ()),
+     "loader/errors.h when the text could not be read). All three are in the error's record too "
+     "(base/error.h): Python's .file, .field, .rule.",
+     ('file', 'field', 'rule')),
     ('FixtureError', 'Error', 'model/errors.h',
      'A fixture request that cannot be met (architecture and config disagree, unsupported dtype, '
      'bad repo id, shard count, ...); the message names the option.',

@@ -352,6 +352,15 @@ def test_a_broken_config_field_is_one_config_error_for_every_reader(tmp_path):
         metaload.TransformersModel(str(tmp_path))
     for e in (tp, family):
         assert str(e.value).endswith(said), str(e.value)
+        assert (e.value.rule, e.value.field) == ("config-not-integer", "num_attention_heads")
+    assert family.value.file == str(tmp_path / "config.json") and tp.value.file == "config.json"
+    # The CLI: `tp` fails naming the file, `describe` shows why the TP degree is unknown.
+    r = run_cli("tp", tmp_path / "config.json")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        f"[metaload.ConfigError] {tmp_path / 'config.json'}: {said}"), r.stderr
+    r = run_cli("describe", tmp_path)
+    assert r.returncode == 0 and f"unreadable   {tmp_path / 'config.json'}: {said}" in r.stdout, (
+        r.stdout, r.stderr)
     config["num_attention_heads"] = 4
     assert ck.max_tp_size(config) == 2
     (tmp_path / "config.json").write_text(json.dumps(config))

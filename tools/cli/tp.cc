@@ -4,10 +4,12 @@
 
 #include <iostream>
 #include <memory>
+#include <string>
+#include <utility>
 
-#include "loader/format/checkpoint.h"
 #include "identity/reference.h"
 #include "identity/tp_degree.h"
+#include "loader/format/checkpoint.h"
 #include "tools/cli/command.h"
 
 namespace metaload {
@@ -20,19 +22,20 @@ struct Options : ModelArgs {
   CLI::Option* want_opt = nullptr;
 };
 
-nlohmann::json load_config(const Options& o) {
+// The config and its path (named in a ConfigError).
+std::pair<nlohmann::json, std::string> load_config(const Options& o) {
   struct stat st;
   const bool exists = ::stat(o.ref.c_str(), &st) == 0;
   if (exists && S_ISREG(st.st_mode) && o.ref.size() >= 5 &&
       o.ref.substr(o.ref.size() - 5) == ".json" && o.ref.find(".index.json") == std::string::npos) {
-    return read_config_json(o.ref);
+    return {read_config_json(o.ref), o.ref};
   }
   // A key's repo id is looked up in the hub cache only, unless local paths are allowed.
   const Checkpoint c = open_checkpoint(
       resolve_reference(o.ref, o.requested_revision(), KeyOptions{o.allow_local_paths}).checkpoint);
   if (!c.config_path)
     throw ResolveError("checkpoint " + c.dir + " has no config.json: the TP degree depends on it");
-  return read_config_json(*c.config_path);
+  return {read_config_json(*c.config_path), *c.config_path};
 }
 
 std::string join(const std::vector<int64_t>& v) {
@@ -42,8 +45,9 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 int run(const Options& o) {
-  nlohmann::json config = load_config(o);
-  auto max = max_tp_size(config, o.expert_parallel);
+  const auto [config, file] = load_config(o);
+  // The first reader of the fields: a broken one is a ConfigError naming the file.
+  auto max = max_tp_size(config, o.expert_parallel, file);
   auto degrees = tp_degrees(config, o.expert_parallel);
   std::optional<int64_t> chosen;
   if (*o.want_opt) chosen = tp_degree_for(config, o.want, o.expert_parallel);
