@@ -26,6 +26,25 @@ NameMapping family_name_mapping(const FamilyConfig& config) {
   return names;
 }
 
+namespace {
+
+// load_into's name_mapping="family" (loader/load/plan.h): the family of the checkpoint's own
+// config.json.
+NameMapping checkpoint_family_mapping(const Checkpoint& c) {
+  if (!c.config_path) {
+    throw PlanError(escape_path(c.ref) +
+                    ": a tensor-parallel load needs the model family's TP plan (GPT-2, Llama, "
+                    "Mistral, Qwen2), read from the config.json beside the weights, and there is "
+                    "none (give tp_plan= for another module)");
+  }
+  return family_name_mapping(load_family_config(*c.config_path));
+}
+
+[[maybe_unused]] const bool family_mapping_registered =
+    (register_name_mapping_source("family", &checkpoint_family_mapping), true);
+
+}  // namespace
+
 ShardShapes::ShardShapes(CausalLM& module, int rank, int size, const std::string& reference) {
   if (size <= 1) return;
   const std::vector<TPRule> plan = tp_plan(module.config());

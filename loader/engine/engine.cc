@@ -387,8 +387,10 @@ bool same_file(const struct stat& a, const struct stat& b) {
 // did not.
 class OpenFiles {
  public:
-  explicit OpenFiles(const std::vector<std::string>& paths)
+  OpenFiles(const std::vector<std::string>& paths,
+            const std::function<int(const std::string&)>& open_descriptor)
       : paths_(paths),
+        open_descriptor_(open_descriptor),
         cap_(open_file_cap()),
         fds_(paths.size()),
         users_(paths.size(), 0),
@@ -447,7 +449,8 @@ class OpenFiles {
   // returns its fstat. first: its identity is not known yet.
   struct stat open_file(size_t i, bool first) {
     const std::string& p = paths_[i];
-    UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    UniqueFd fd(first ? duplicate(p) : -1);
+    if (!fd) fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     if (!fd && (errno == EMFILE || errno == ENFILE) && close_idle()) {
       fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     }
@@ -471,6 +474,12 @@ class OpenFiles {
     fds_[i] = std::move(fd);
     ++open_;
     return st;
+  }
+
+  // A duplicate of the descriptor the caller holds open on `p`, or -1.
+  int duplicate(const std::string& p) const {
+    const int held = open_descriptor_ ? open_descriptor_(p) : -1;
+    return held < 0 ? -1 : ::fcntl(held, F_DUPFD_CLOEXEC, 0);
   }
 
   ReadError changed(size_t i, const struct stat& now) const {
@@ -529,6 +538,7 @@ class OpenFiles {
   }
 
   std::vector<std::string> paths_;
+  std::function<int(const std::string&)> open_descriptor_;
   size_t cap_;
   std::mutex mu_;
   std::vector<UniqueFd> fds_;       // invalid while closed
@@ -751,13 +761,15 @@ std::string load_report_json(const LoadReport& r) {
                         {"threads", r.threads},
                         {"engine", r.engine},
                         {"files", std::move(files)},
-                        {"dequantized_keys", r.dequantized}}
+                        {"dequantized_keys", r.dequantized},
+                        {"missing_keys", r.missing},
+                        {"unexpected_keys", r.unexpected}}
       .dump();
 }
 
 LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vector<CopyJob>& jobs,
                           const EngineOptions& opt) {
-  OpenFiles files(paths);
+  OpenFiles files(paths, opt.open_descriptor);
   const int threads = resolve_threads(opt.threads);
   if (opt.chunk_bytes == 0) throw PlanError("chunk_bytes must be positive");
   check_staging(jobs, opt.staging_bytes, threads, "reader threads");
@@ -941,7 +953,7 @@ void deliver_on_device(DeviceOps& dev, Run& run, const Piece& p, RingBuffer& rb,
 LoadReport run_staged_engine(const std::vector<std::string>& paths,
                              const std::vector<CopyJob>& jobs, DeviceOps& dev,
                              const EngineOptions& opt) {
-  OpenFiles files(paths);
+  OpenFiles files(paths, opt.open_descriptor);
   const int threads = resolve_threads(opt.threads);
   if (opt.ring_buffers < 1) throw PlanError("ring_buffers must be at least 1");
   // Copies overlap only across streams, and each ring buffer's copies go to one stream: fewer

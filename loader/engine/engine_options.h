@@ -90,6 +90,11 @@ struct EngineOptions {
   // Set it (from any thread) to stop the load.
   const std::atomic<bool>* cancel = nullptr;
   EngineHooks hooks;
+  // A descriptor already open on `path` (the one its header was read through:
+  // SafetensorsHeader::fd), or -1. The engine and the file mappings read through a duplicate of
+  // it instead of opening the path again: one open per file per load, and the bytes come from
+  // the very file whose header was checked even if the path was replaced meanwhile.
+  std::function<int(const std::string& path)> open_descriptor;
 };
 
 }  // namespace metaload

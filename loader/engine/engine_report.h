@@ -28,6 +28,9 @@ struct LoadReport {
   // Dequantizing loads (load/plan.h LoadOptions::dequantize): the targets filled from a quantized
   // weight, by name. The engines leave it empty.
   std::vector<std::string> dequantized;
+  // Loads with strict=false (load/plan.h LoadPlan): the targets left as they were, and the
+  // checkpoint tensors not read. The engines leave them empty.
+  std::vector<std::string> missing, unexpected;
 };
 
 // The report as JSON (the Python package and the CLI read it): every field above, files as a list.

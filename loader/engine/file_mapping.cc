@@ -248,9 +248,11 @@ const char* mapping_guard_name(MappingGuard g) {
   return "?";
 }
 
-std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t expected_size) {
+std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t expected_size,
+                                               int held_fd) {
   install_sigbus_handler();
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(held_fd >= 0 ? ::fcntl(held_fd, F_DUPFD_CLOEXEC, 0) : -1);
+  if (held_fd < 0) fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw ReadError(path + ": cannot open for mapping: " + errno_text(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != expected_size) {

@@ -48,7 +48,10 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // when its size is no longer `expected_size` (it changed since its header was read). Takes a
   // read lease where it can (see above); the file stays open while mapped unless this process
   // already holds a quarter of its open-file limit in mapped files (then it is checked by path).
-  static std::shared_ptr<FileMapping> open(const std::string& path, uint64_t expected_size);
+  // held_fd: a descriptor already open on `path` (EngineOptions::open_descriptor), mapped through
+  // a duplicate of it instead of opening the path again; -1: open the path.
+  static std::shared_ptr<FileMapping> open(const std::string& path, uint64_t expected_size,
+                                           int held_fd = -1);
   ~FileMapping();
   FileMapping(const FileMapping&) = delete;
   FileMapping& operator=(const FileMapping&) = delete;

@@ -1,6 +1,7 @@
 #include "loader/format/checkpoint.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -58,10 +59,21 @@ void check_dir_file(const Checkpoint& c, const std::string& path) {
 }
 
 // Reads the header of a file found in the checkpoint directory.
+// Whether the next file's descriptor stays open (Checkpoint::keep_files): for the first
+// kKeptFilesMax files, and at most a quarter of the process's open-file limit (the engine may hold
+// as many duplicates again; the caller has descriptors of its own).
+bool keep_next(const Checkpoint& c) {
+  if (!c.keep_files) return false;
+  struct rlimit rl;
+  uint64_t soft = 1024;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) soft = rl.rlim_cur;
+  return c.files.size() < std::min<uint64_t>(kKeptFilesMax, soft / 4);
+}
+
 SafetensorsHeader read_dir_header(const Checkpoint& c, const std::string& path) {
   fileio::File probe(path);  // not a regular file: say what it is before anything else
   check_dir_file(c, path);
-  return read_safetensors_header(path);
+  return read_safetensors_header(std::move(probe), keep_next(c));
 }
 
 void add_file(Checkpoint& c, SafetensorsHeader h) {
@@ -112,7 +124,7 @@ void load_indexed(Checkpoint& c, const std::string& index_path, bool in_dir) {
                            (c.snapshot_of ? " and its hub blobs store" : ""));
     }
     file_index[shard] = static_cast<uint32_t>(c.files.size());
-    add_file(c, read_safetensors_header(path));
+    add_file(c, read_safetensors_header(path, keep_next(c)));
   }
   // The shards' headers must hold exactly the tensors the index assigns to them.
   for (const auto& [name, shard] : idx.weight_map) {
@@ -296,8 +308,9 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;
 }
 
-Checkpoint open_checkpoint(const CheckpointReference& r) {
+Checkpoint open_checkpoint(const CheckpointReference& r, bool keep_files) {
   Checkpoint c;
+  c.keep_files = keep_files;
   c.ref = r.ref;
   c.dir = r.dir;
   c.snapshot_of = r.snapshot_of;
@@ -319,15 +332,16 @@ Checkpoint open_checkpoint(const CheckpointReference& r) {
                              "supported (convert it)");
         }
       }
-      add_file(c, read_safetensors_header(r.path));
+      add_file(c, read_safetensors_header(r.path, keep_next(c)));
       break;
   }
   finish(c);
   return c;
 }
 
-Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::string>& revision) {
-  return open_checkpoint(resolve_checkpoint_reference(ref, revision));
+Checkpoint open_checkpoint(const std::string& ref, const std::optional<std::string>& revision,
+                           bool keep_files) {
+  return open_checkpoint(resolve_checkpoint_reference(ref, revision), keep_files);
 }
 
 }  // namespace metaload

@@ -52,6 +52,10 @@ struct Checkpoint {
   std::optional<std::string> revision;     // resolved commit hash (HF cache only)
   std::optional<std::string> repo_id;      // HF repo id when resolved from the cache
   std::optional<std::string> snapshot_of;  // HF repo dir when `dir` is a cache snapshot
+  // The files' descriptors stay open (SafetensorsHeader::fd), for the first kKeptFilesMax: a load
+  // then reads every byte through the descriptor its header was read through (one open per file,
+  // and the data comes from the very file that was checked, even if the path is replaced).
+  bool keep_files = false;
 
   const TensorInfo* find(std::string_view name) const;
   // The file holding `name`, or nullptr.
@@ -80,10 +84,16 @@ struct Checkpoint {
 // bad index, a missing shard ("missing-shard"), a shard outside the checkpoint directory
 // ("shard-outside-directory"), an index that disagrees with its shards ("index-mismatch",
 // "tensor-not-in-index") and a tensor in two shards ("duplicate-tensor").
+// keep_files: Checkpoint::keep_files.
 Checkpoint open_checkpoint(const std::string& ref,
-                           const std::optional<std::string>& revision = std::nullopt);
+                           const std::optional<std::string>& revision = std::nullopt,
+                           bool keep_files = false);
 // The same for a reference already resolved (reference.h: the resolution rules live there).
-Checkpoint open_checkpoint(const CheckpointReference& ref);
+Checkpoint open_checkpoint(const CheckpointReference& ref, bool keep_files = false);
+
+// The most descriptors one Checkpoint keeps open (and at most a quarter of the process's
+// open-file limit, the engine's own bound).
+inline constexpr size_t kKeptFilesMax = 256;
 
 // Reads and parses config.json strictly (duplicate keys rejected, kMaxJsonDepth). Throws
 // FormatError.

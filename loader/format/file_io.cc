@@ -79,7 +79,7 @@ File::File(const std::string& path) : path_(path) {
 
 uint64_t File::regular_file_size() const {
   struct stat st;
-  if (::fstat(fd_.get(), &st) != 0) {
+  if (::fstat(fd(), &st) != 0) {
     throw FormatError(path_, "", "unreadable",
                       std::string("fstat failed: ") + std::strerror(errno));
   }
@@ -91,7 +91,7 @@ void File::pread_full(void* buf, size_t n, uint64_t offset) const {
   char* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd_.get(), p + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = ::pread(fd(), p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw FormatError(path_, "", "read-failed",

@@ -22,8 +22,13 @@ class File {
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
-  int fd() const { return fd_.get(); }
+  // A File over a descriptor already open on `path` (not owned): reads through it.
+  File(int borrowed_fd, const std::string& path) : borrowed_(borrowed_fd), path_(path) {}
+
+  int fd() const { return borrowed_ >= 0 ? borrowed_ : fd_.get(); }
   const std::string& path() const { return path_; }
+  // The descriptor, owned by the caller from here (this File must not read any more).
+  UniqueFd take() { return std::move(fd_); }
   // Size from fstat.
   uint64_t regular_file_size() const;
   // Reads exactly n bytes at offset (retrying short reads and EINTR); throws FormatError
@@ -32,6 +37,7 @@ class File {
 
  private:
   UniqueFd fd_;
+  int borrowed_ = -1;
   std::string path_;
 };
 

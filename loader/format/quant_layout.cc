@@ -668,8 +668,13 @@ int64_t lcm64(int64_t a, int64_t b) {
 std::string read_tensor_bytes(const SafetensorsHeader& file, const TensorInfo& t) {
   std::string out(t.nbytes(), '\0');
   if (!out.empty()) {
-    fileio::File f(file.path);
-    f.pread_full(out.data(), out.size(), file.data_start + t.begin);
+    // Through the descriptor the header was read through, when the checkpoint keeps it.
+    const uint64_t at = file.data_start + t.begin;
+    if (file.fd) {
+      fileio::File(file.fd->get(), file.path).pread_full(out.data(), out.size(), at);
+    } else {
+      fileio::File(file.path).pread_full(out.data(), out.size(), at);
+    }
     fileio::count_bytes_read(out.size());
   }
   return out;

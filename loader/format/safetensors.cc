@@ -611,8 +611,13 @@ SafetensorsHeader parse_safetensors_bytes(std::string_view file_bytes, const std
   return parse_safetensors_header(file_bytes.substr(8, n), file_bytes.size(), path);
 }
 
-SafetensorsHeader read_safetensors_header(const std::string& path) {
+SafetensorsHeader read_safetensors_header(const std::string& path, bool keep_open) {
   fileio::File f(path);
+  return read_safetensors_header(std::move(f), keep_open);
+}
+
+SafetensorsHeader read_safetensors_header(fileio::File&& f, bool keep_open) {
+  const std::string& path = f.path();
   uint64_t size = f.regular_file_size();
   check_min_size(size, path);
   unsigned char len_bytes[8];
@@ -620,7 +625,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   uint64_t n = check_length_prefix(len_bytes, size, path);
   std::string json(n, '\0');
   f.pread_full(json.data(), n, 8);
-  return parse_safetensors_header(json, size, path);
+  SafetensorsHeader h = parse_safetensors_header(json, size, path);
+  if (keep_open) h.fd = std::make_shared<const UniqueFd>(f.take());
+  return h;
 }
 
 }  // namespace metaload

@@ -8,12 +8,15 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/unique_fd.h"
 #include "loader/errors.h"
+#include "loader/format/file_io.h"
 
 namespace metaload {
 
@@ -90,6 +93,10 @@ struct SafetensorsHeader {
   uint64_t file_size = 0;
   std::vector<TensorInfo> tensors;  // in offset order
   std::map<std::string, std::string> metadata;
+  // The read-only descriptor the header was read through, when kept (read_safetensors_header's
+  // keep_open; open_checkpoint's keep_files): the loader reads the tensor data through it, from
+  // the very file whose header was checked, and never opens the path a second time.
+  std::shared_ptr<const UniqueFd> fd;
 
   // Lookup by name (binary search over a name index built by the parser); nullptr if absent.
   const TensorInfo* find(std::string_view name) const;
@@ -108,7 +115,10 @@ inline constexpr uint64_t kMaxHeaderSize = 100'000'000;
 
 // Reads and validates the header of a safetensors file: exactly 8 + N bytes are read with pread,
 // the data is neither mapped nor read. Throws FormatError (file, tensor, rule) on any violation.
-SafetensorsHeader read_safetensors_header(const std::string& path);
+// keep_open: the header keeps the descriptor (SafetensorsHeader::fd).
+SafetensorsHeader read_safetensors_header(const std::string& path, bool keep_open = false);
+// The same through a file already open (fileio::File: opened once, checked for what it is).
+SafetensorsHeader read_safetensors_header(fileio::File&& file, bool keep_open = false);
 
 // Validates header JSON (the N bytes after the length prefix) for a file of `file_size` bytes.
 // For fuzzers and tests; read_safetensors_header ends here.

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 #include "base/torch_library.h"
 #include "loader/format/hf_cache.h"
 #include "loader/load/dequant_load.h"
+#include "loader/load/open_checkpoints.h"
 #include "loader/load/progress_board.h"
 #include "loader/load/swap.h"
 
@@ -59,6 +61,23 @@ struct Mismatches {
   std::vector<MismatchItem> missing, unexpected, mismatched;
   bool empty() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
 };
+
+// A target the checkpoint has no tensor for: missing under strict; otherwise left as it is and
+// listed (LoadPlan::missing), as load_state_dict(strict=False) does.
+void add_missing(const LoadOptions& opt, const std::string& name, const std::string& detail,
+                 Mismatches& bad, LoadPlan& plan) {
+  if (opt.strict) {
+    bad.missing.push_back({name, detail});
+  } else {
+    plan.missing.push_back(name);
+  }
+}
+
+// A meta target of the checkpoint tensor's whole shape takes its TP shard's shape in the swap
+// (it holds no data; a real target must have the shard's shape already, as for a reload).
+bool takes_shard_shape(const LoadTarget& t, const SlotSpec& spec) {
+  return spec.shard && t.tensor.is_meta() && t.tensor.sizes().vec() == spec.stored_shape;
+}
 
 // The checkpoint tensor each target takes, by the family's renames (null: none of its own).
 struct Sources {
@@ -133,7 +152,7 @@ Assembled index_assemblies(const std::unordered_map<std::string, size_t>& by_nam
 Sources match_sources(const std::vector<LoadTarget>& targets,
                       const std::unordered_map<std::string, size_t>& by_name,
                       const Checkpoint& ckpt, const LoadOptions& opt, const Assembled& assembled,
-                      Mismatches& bad) {
+                      Mismatches& bad, std::vector<std::string>& not_read) {
   const size_t n_targets = targets.size();
   Sources src{std::vector<const TensorInfo*>(n_targets, nullptr), std::vector<size_t>(n_targets, 0),
               std::vector<std::string>(n_targets)};
@@ -150,6 +169,8 @@ Sources match_sources(const std::vector<LoadTarget>& targets,
         bad.unexpected.push_back(
             {cname, (*mname != cname ? " (as " + escape_text(*mname) + ")" : "") + " in " +
                         escape_text(base_name(ckpt.files[ref.file].path))});
+      } else {
+        not_read.push_back(cname);
       }
       continue;
     }
@@ -268,7 +289,7 @@ std::optional<SlotSpec> make_spec(const LoadTarget& t, size_t owner, const Sourc
   spec.dtype = *want;
   const std::optional<std::vector<int64_t>> shape = slot_shape(t, spec, opt, bad);
   if (!shape) return std::nullopt;
-  if (t.tensor.sizes().vec() != *shape) {
+  if (t.tensor.sizes().vec() != *shape && !takes_shard_shape(t, spec)) {
     bad.mismatched.push_back(
         {t.name, ": shape " + shape_str(t.tensor.sizes().vec()) + " in the module but " + where +
                      " gives " + shape_str(*shape) +
@@ -404,12 +425,14 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
 }
 
 // A computed target (LoadTarget::computed) takes its values, which must be known and fit.
-void plan_computed(const LoadTarget& t, size_t i, LoadPlan& plan, Mismatches& bad) {
+void plan_computed(const LoadTarget& t, size_t i, const LoadOptions& opt, LoadPlan& plan,
+                   Mismatches& bad) {
   if (!t.values.defined()) {
-    bad.missing.push_back(
-        {t.name, " " + shape_str(t.tensor.sizes().vec()) +
-                     " (a non-persistent buffer: checkpoints do not hold it, and its values are "
-                     "unknown; build the module under metaload.meta() or on a real device)"});
+    add_missing(opt, t.name,
+                " " + shape_str(t.tensor.sizes().vec()) +
+                    " (a non-persistent buffer: checkpoints do not hold it, and its values are "
+                    "unknown; build the module under metaload.meta() or on a real device)",
+                bad, plan);
   } else if (t.values.sizes() != t.tensor.sizes()) {
     bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
                                           " in the module but its values have " +
@@ -423,7 +446,7 @@ void plan_computed(const LoadTarget& t, size_t i, LoadPlan& plan, Mismatches& ba
 void check_tied_shape(const LoadTarget& t, const LoadTarget& owner, const SlotSpec& s,
                       Mismatches& bad) {
   const std::vector<int64_t>& shape = s.shard ? s.shard->shape : s.stored_shape;
-  if (t.tensor.sizes().vec() != shape) {
+  if (t.tensor.sizes().vec() != shape && !takes_shard_shape(t, s)) {
     bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
                                           " but it is tied to " + q(owner.name) + " " +
                                           shape_str(shape)});
@@ -436,12 +459,12 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
                    const LoadOptions& opt) {
   const std::unordered_map<std::string, size_t> by_name = index_targets(targets, opt);
   Mismatches bad;
+  LoadPlan plan;
   Assembled assembled = index_assemblies(by_name, opt);
-  const Sources src = match_sources(targets, by_name, ckpt, opt, assembled, bad);
+  const Sources src = match_sources(targets, by_name, ckpt, opt, assembled, bad, plan.unexpected);
   std::vector<int> group;
   const std::map<int, size_t> group_source = tie_groups(targets, by_name, src, opt, group);
 
-  LoadPlan plan;
   for (const SafetensorsHeader& f : ckpt.files) plan.files.push_back(f.path);
   plan.spec_of_target.assign(targets.size(), -1);
   std::map<size_t, int> spec_of_source;  // owner target -> spec
@@ -453,7 +476,7 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
       continue;
     }
     if (t.computed) {
-      plan_computed(t, i, plan, bad);
+      plan_computed(t, i, opt, plan, bad);
       continue;
     }
     auto as = assembled.target.find(t.name);
@@ -469,7 +492,7 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
     if (src.info[i] == nullptr) {  // a target without its own tensor takes its group's
       auto g = group[i] >= 0 ? group_source.find(group[i]) : group_source.end();
       if (g == group_source.end()) {
-        bad.missing.push_back({t.name, " " + shape_str(t.tensor.sizes().vec())});
+        add_missing(opt, t.name, " " + shape_str(t.tensor.sizes().vec()), bad, plan);
         continue;
       }
       owner = g->second;
@@ -500,7 +523,47 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
 LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::string& ref,
                         const LoadOptions& opt) {
   checked_loader_threads(opt.threads);  // before any file is opened
-  const Checkpoint ckpt = open_checkpoint(ref, opt.revision);
+  return load_tensors(targets, open_checkpoint(ref, opt.revision, /*keep_files=*/true), opt);
+}
+
+namespace {
+
+// strict=false, dequantizing: a quantized weight no target takes is one unexpected name, its
+// weight's ("P.weight", as the package lists the checkpoint's names), not its parts'.
+std::vector<std::string> by_quantized_weight(const std::vector<std::string>& names,
+                                             const QuantLayout& layout) {
+  std::unordered_map<std::string, std::string> weight_of;
+  for (const QuantModule& m : layout.modules) {
+    for (const auto& [role, part] : m.parts) weight_of[part] = m.name + ".weight";
+  }
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const std::string& n : names) {
+    auto it = weight_of.find(n);
+    const std::string& name = it == weight_of.end() ? n : it->second;
+    if (seen.insert(name).second) out.push_back(name);
+  }
+  return out;
+}
+
+// The descriptors `ckpt` holds (Checkpoint::keep_files), by path, for EngineOptions.
+std::function<int(const std::string&)> held_descriptors(const Checkpoint& ckpt) {
+  auto fds = std::make_shared<std::unordered_map<std::string, std::shared_ptr<const UniqueFd>>>();
+  for (const SafetensorsHeader& f : ckpt.files) {
+    if (f.fd) (*fds)[f.path] = f.fd;
+  }
+  if (fds->empty()) return nullptr;
+  return [fds](const std::string& path) {
+    auto it = fds->find(path);
+    return it == fds->end() ? -1 : it->second->get();
+  };
+}
+
+}  // namespace
+
+LoadReport load_tensors(const std::vector<LoadTarget>& targets, const Checkpoint& ckpt,
+                        const LoadOptions& opt) {
+  checked_loader_threads(opt.threads);
   // Dequantizing: the quantized weights' targets are planned apart (dequant_load.h); the plain
   // plan sees the other targets and the checkpoint without those weights' parts.
   std::optional<DequantPlan> dq;
@@ -518,6 +581,7 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
   const std::vector<LoadTarget>& plain = dq ? rest : targets;
   const LoadPlan plan = plan_load(plain, dq ? dq->rest : ckpt, opt);
   EngineOptions eo = opt.engine;
+  if (!eo.open_descriptor) eo.open_descriptor = held_descriptors(ckpt);
   if (opt.threads > 0) eo.threads = opt.threads;
   if (opt.staging_bytes > 0) eo.staging_bytes = opt.staging_bytes;
   if (opt.progress) eo.progress = opt.progress;
@@ -560,8 +624,35 @@ LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::strin
       names.push_back(t.name);
     }
   }
-  swap_in(dst, src, names);
+  swap_in(dst, src, names, /*meta_takes_shape=*/opt.tp_size > 1);
+  slots.report.missing = plan.missing;
+  slots.report.unexpected = dq ? by_quantized_weight(plan.unexpected, dq->layout) : plan.unexpected;
   return slots.report;
+}
+
+namespace {
+
+std::map<std::string, NameMappingSource>& name_mapping_sources() {
+  static auto* sources = new std::map<std::string, NameMappingSource>;  // filled at load time
+  return *sources;
+}
+
+}  // namespace
+
+void register_name_mapping_source(const std::string& name, NameMappingSource source) {
+  name_mapping_sources()[name] = source;
+}
+
+NameMapping name_mapping_from(const std::string& name, const Checkpoint& checkpoint) {
+  const auto& sources = name_mapping_sources();
+  auto it = sources.find(name);
+  if (it == sources.end()) {
+    std::string known;
+    for (const auto& kv : sources) known += (known.empty() ? "" : ", ") + q(kv.first);
+    throw PlanError("name_mapping " + q(name) + " is not one of the registered mappings (" +
+                    (known.empty() ? std::string("none") : known) + ")");
+  }
+  return it->second(checkpoint);
 }
 
 LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOptions& opt) {
@@ -577,6 +668,32 @@ LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOpt
 
 namespace {
 
+// A TP plan from Python (load_into's tp_plan): per target, the dim split evenly (-1: whole).
+std::function<TpShard(const std::string&, const std::vector<int64_t>&, int, int)> even_tp_shards(
+    const std::vector<std::string>& names, const std::vector<int64_t>& tp_dims) {
+  if (tp_dims.size() != names.size()) {
+    throw PlanError(std::to_string(tp_dims.size()) + " TP dims but " +
+                    std::to_string(names.size()) + " names");
+  }
+  auto dims = std::make_shared<std::unordered_map<std::string, int>>();
+  for (size_t i = 0; i < names.size(); ++i) (*dims)[names[i]] = static_cast<int>(tp_dims[i]);
+  return [dims](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
+    TpShard s;
+    auto it = dims->find(name);
+    if (it == dims->end() || it->second < 0) return s;
+    s.dim = it->second;
+    if (s.dim >= static_cast<int>(shape.size()) || shape[s.dim] % size != 0) {
+      throw SliceError("cannot split dim " + std::to_string(s.dim) + " of " + shape_str(shape) +
+                       " into " + std::to_string(size) + " equal parts");
+    }
+    const int64_t chunk = shape[s.dim] / size;
+    s.ranges = {{rank * chunk, (rank + 1) * chunk}};
+    s.shape = shape;
+    s.shape[s.dim] = chunk;
+    return s;
+  };
+}
+
 // Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
 // package passes module.state_dict(keep_vars=True): the Parameters and persistent buffers
 // themselves, so they change in place; and as `computed` the non-persistent buffers to set from
@@ -591,7 +708,8 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt,
                          c10::optional<at::ScalarType> dequantize,
                          c10::optional<std::vector<int64_t>> tp_dims,
-                         c10::optional<std::string> assemblies) {
+                         c10::optional<std::string> assemblies, int64_t checkpoint,
+                         c10::optional<std::string> name_mapping) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -640,32 +758,20 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
   if (dequantize) opt.dequantize = *dequantize;
   if (assemblies) opt.names.assemblies = parse_assemblies(*assemblies);
-  if (tp_dims) {
-    // A TP plan from Python (load_into's tp_plan): per target, the dim split evenly (-1: whole).
-    if (tp_dims->size() != names.size()) {
-      throw PlanError(std::to_string(tp_dims->size()) + " TP dims but " +
-                      std::to_string(names.size()) + " names");
-    }
-    auto dims = std::make_shared<std::unordered_map<std::string, int>>();
-    for (size_t i = 0; i < names.size(); ++i) (*dims)[names[i]] = static_cast<int>((*tp_dims)[i]);
-    opt.names.tp_shard = [dims](const std::string& name, const std::vector<int64_t>& shape,
-                                int rank, int size) {
-      TpShard s;
-      auto it = dims->find(name);
-      if (it == dims->end() || it->second < 0) return s;
-      s.dim = it->second;
-      if (s.dim >= static_cast<int>(shape.size()) || shape[s.dim] % size != 0) {
-        throw SliceError("cannot split dim " + std::to_string(s.dim) + " of " + shape_str(shape) +
-                         " into " + std::to_string(size) + " equal parts");
-      }
-      const int64_t chunk = shape[s.dim] / size;
-      s.ranges = {{rank * chunk, (rank + 1) * chunk}};
-      s.shape = shape;
-      s.shape[s.dim] = chunk;
-      return s;
-    };
+  if (tp_dims) opt.names.tp_shard = even_tp_shards(names, *tp_dims);
+  // A checkpoint the package opened for this load (open_checkpoints.h), else `ref` opened now.
+  std::shared_ptr<const Checkpoint> ckpt = checkpoint != 0
+                                               ? held_checkpoint(checkpoint)
+                                               : std::make_shared<const Checkpoint>(open_checkpoint(
+                                                     ref, opt.revision, /*keep_files=*/true));
+  if (name_mapping) {
+    // A registered mapping (the family's names, ties and TP plan); the assemblies stay.
+    if (tp_dims) throw PlanError("name_mapping and tp_dims cannot both be given");
+    std::vector<Assembly> assembled = std::move(opt.names.assemblies);
+    opt.names = name_mapping_from(*name_mapping, *ckpt);
+    opt.names.assemblies = std::move(assembled);
   }
-  return load_report_json(load_tensors(t, ref, opt));
+  return load_report_json(load_tensors(t, *ckpt, opt));
 }
 
 // Python: metaload.load_file(path, device, mmap): every tensor of one safetensors file, in file
@@ -715,7 +821,7 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
       "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None, "
-      "str? assemblies=None) -> str",
+      "str? assemblies=None, int checkpoint=0, str? name_mapping=None) -> str",
       &load_into_op);
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);

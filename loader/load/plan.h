@@ -52,6 +52,16 @@ struct NameMapping {
   std::vector<Assembly> assemblies;
 };
 
+// Name mappings a caller names instead of building them (load_into's `name_mapping`): a higher
+// layer registers one under a name at load time ("family": the model layer's, from the
+// checkpoint's config.json: model/family_load.h) so that the load operator, which cannot see
+// that layer, applies it. Registering a name again replaces it.
+using NameMappingSource = NameMapping (*)(const Checkpoint& checkpoint);
+void register_name_mapping_source(const std::string& name, NameMappingSource source);
+// The mapping `name` gives for `checkpoint`; PlanError listing the registered names when none is
+// registered under it.
+NameMapping name_mapping_from(const std::string& name, const Checkpoint& checkpoint);
+
 struct LoadOptions {
   at::Device device = at::kCPU;
   // Floating-point tensors load as this dtype (the targets take it); default: each target's own
@@ -96,14 +106,22 @@ struct LoadPlan {
   std::vector<int> spec_of_target;  // -1: skipped (not loaded)
   std::vector<size_t> computed;     // the computed targets, which take their values
   std::vector<std::string> files;
+  // strict=false: the targets the checkpoint has no tensor for (left as they are: module names),
+  // and the checkpoint tensors no target takes (not read: checkpoint names). Under strict both
+  // are part of the MismatchError instead.
+  std::vector<std::string> missing, unexpected;
 };
 
 // Matches every target to a checkpoint tensor. Throws MismatchError listing every problem.
 LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& checkpoint,
                    const LoadOptions& options);
 
-// Loads `ref` into the targets (same tensors afterwards, new data).
+// Loads `ref` into the targets (same tensors afterwards, new data). Each file is opened once:
+// its header and its data are read through one descriptor (Checkpoint::keep_files).
 LoadReport load_tensors(const std::vector<LoadTarget>& targets, const std::string& ref,
+                        const LoadOptions& options = {});
+// The same from a checkpoint already open (opened with keep_files, its files are not opened again).
+LoadReport load_tensors(const std::vector<LoadTarget>& targets, const Checkpoint& checkpoint,
                         const LoadOptions& options = {});
 
 // Every parameter and buffer of `module` by its dotted name.

@@ -1,5 +1,7 @@
 #include "loader/load/slots_torch.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -139,10 +141,15 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
     const uint64_t elem = c10::elementSize(specs[i].dtype);
     if (j.convert || (j.rows > 1 && j.stride() != j.row_bytes) || j.offset % elem != 0) continue;
     if (!maps[j.file]) {
+      // Through the descriptor its header was read through, when the caller holds one (then the
+      // size is that file's: the path may name another by now).
+      const int held = options.open_descriptor ? options.open_descriptor(files[j.file]) : -1;
+      struct stat st {};
       std::error_code ec;
-      const uint64_t size = std::filesystem::file_size(files[j.file], ec);
+      const uint64_t size = held >= 0 ? (::fstat(held, &st) == 0 ? st.st_size : 0)
+                                      : std::filesystem::file_size(files[j.file], ec);
       if (ec) throw ReadError(files[j.file] + ": " + ec.message());
-      maps[j.file] = FileMapping::open(files[j.file], size);
+      maps[j.file] = FileMapping::open(files[j.file], size, held);
     }
     const uint64_t bytes = j.rows * j.row_bytes;
     if (j.offset + bytes > maps[j.file]->size()) {

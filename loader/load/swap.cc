@@ -20,7 +20,8 @@ std::string label(const std::vector<std::string>& names, size_t i) {
                                                : "#" + std::to_string(i);
 }
 
-void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who) {
+void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who,
+                bool meta_takes_shape) {
   if (!t.defined()) throw SwapError("target " + who + " is an undefined tensor");
   if (!s.defined()) throw SwapError("no loaded data for " + who + " (undefined source)");
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -32,7 +33,7 @@ void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who
   if (s.layout() != at::kStrided || t.layout() != at::kStrided) {
     throw SwapError(who + ": only strided (dense) tensors can be swapped");
   }
-  if (t.sizes() != s.sizes()) {
+  if (t.sizes() != s.sizes() && !(meta_takes_shape && t.is_meta())) {
     throw SwapError(who + ": shape " + shape_str(t.sizes()) + " in the module but " +
                     shape_str(s.sizes()) + " loaded");
   }
@@ -88,7 +89,7 @@ bool writes_in_place(const at::Tensor& t, const at::Tensor& s) {
 }  // namespace
 
 void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,
-             const std::vector<std::string>& names) {
+             const std::vector<std::string>& names, bool meta_takes_shape) {
   if (targets.size() != sources.size()) {
     throw SwapError(std::to_string(targets.size()) + " targets but " +
                     std::to_string(sources.size()) + " sources");
@@ -97,7 +98,7 @@ void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tenso
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
   std::vector<at::Tensor> swapped, swapped_from, copied, copied_from;
   for (size_t i = 0; i < targets.size(); ++i) {
-    check_pair(targets[i], sources[i], "tensor " + label(names, i));
+    check_pair(targets[i], sources[i], "tensor " + label(names, i), meta_takes_shape);
     auto [it, fresh] = seen.emplace(targets[i].unsafeGetTensorImpl(), i);
     if (!fresh && sources[it->second].unsafeGetTensorImpl() != sources[i].unsafeGetTensorImpl()) {
       throw SwapError("tensor " + label(names, i) + " is the same tensor as " +

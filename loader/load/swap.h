@@ -6,7 +6,8 @@
 // Parameter, C++ or Python, sees the new data), its AutogradMeta (requires_grad, hooks, .grad) and
 // its version counter; it takes the source's storage, sizes, strides, dtype, device and dispatch
 // keys. As set_data does, a cached gradient accumulator is dropped when the device or dtype
-// changes.
+// changes. A meta target takes the source's shape too where the caller says so (a
+// tensor-parallel shard of a tensor built whole on meta).
 //
 // Every pair is checked before the first swap; if a swap still throws, the ones already done are
 // undone from snapshots, so the targets end exactly as they were.
@@ -42,9 +43,11 @@ class TensorSnapshot {
   std::vector<c10::intrusive_ptr<c10::TensorImpl>> before_;
 };
 
-// names[i] (optional, same length) is used in error messages.
+// names[i] (optional, same length) is used in error messages. meta_takes_shape: a meta target
+// takes its source's shape (a TP shard the planner checked: load_tensors); otherwise the shapes
+// must be equal.
 void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,
-             const std::vector<std::string>& names = {});
+             const std::vector<std::string>& names = {}, bool meta_takes_shape = false);
 
 // A CPU tensor over arena bytes [offset, offset + numel * itemsize); it keeps the arena alive.
 at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset,

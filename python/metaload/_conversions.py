@@ -143,8 +143,3 @@ def names(module: torch.nn.Module, in_checkpoint: List[str],
 def leaves(assembled: List[Dict[str, Any]]) -> List[str]:
     """Every checkpoint tensor the assemblies read."""
     return [n for a in assembled for s in a["sources"] for n in s["names"]]
-
-
-def targets(assembled: List[Dict[str, Any]]) -> List[str]:
-    """Every module tensor the assemblies make."""
-    return [t for a in assembled for t in a["targets"]]

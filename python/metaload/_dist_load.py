@@ -244,8 +244,9 @@ def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, 
                                 computed_names=[c[0] for c in comp],
                                 computed_values=[c[2] for c in comp])
         rep = _report(out)
-        staged = dict(zip(names, shadows))
-        staged.update((n, t) for n, t, _ in comp)
+        left = set(rep.missing_keys)  # strict=False: what the checkpoint lacks stays as it is
+        staged = {n: t for n, t in zip(names, shadows) if n not in left}
+        staged.update((n, t) for n, t, _ in comp if n not in left)
         return _Staged(staged, rep.bytes, rep)
     # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
     want = dtype if dtype is not None else _main_dtype(targets)
@@ -453,16 +454,6 @@ def _timeout_s(timeout) -> float:
     return float(timeout)
 
 
-def _local_tp_load(module, ref, *, device, dtype, tp_rank, tp_size, threads, strict, revision,
-                   mmap):
-    """One process's TP slice, by the family's plan (no process group): stage, then swap."""
-    targets = _targets(module)
-    staged = _stage_from_files(targets, ref, device, dtype, tp_rank, tp_size, threads, revision,
-                               strict, mmap)
-    _swap(_match(targets, staged.tensors, strict, dtype, f"rank {tp_rank} of {tp_size}"))
-    return staged.report
-
-
 def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_rank,
           distributed, **kw):
     """load_into's tensor-parallel and distributed cases (its report), or None: a plain load."""
@@ -475,18 +466,10 @@ def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_r
     if key_mapping:
         raise _lib.PlanError("key_mapping is not supported with tensor parallelism or a process "
                              "group")
-    if distributed:
-        return load_distributed(module, ref, tp_rank=tp_rank, tp_size=tp_size,
-                                process_group=process_group, source_rank=source_rank, **kw)
-    tp_rank = tp_rank or 0
-    if tp_size > 2 ** 31 - 1:
-        raise _lib.PlanError(f"tp_size must be from 1 to 2^31-1, got {tp_size}")
-    if not 0 <= tp_rank < tp_size:
-        raise _lib.PlanError(f"tp_rank must be from 0 to tp_size - 1 ({tp_size - 1}), got "
-                             f"{tp_rank}")
-    kw.pop("buffer_bytes", None)
-    kw.pop("timeout", None)
-    return _local_tp_load(module, ref, tp_rank=tp_rank, tp_size=tp_size, **kw)
+    if not distributed:
+        return None  # one process's TP slice: the plain load with the family's plan
+    return load_distributed(module, ref, tp_rank=tp_rank, tp_size=tp_size,
+                            process_group=process_group, source_rank=source_rank, **kw)
 
 
 def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=None,

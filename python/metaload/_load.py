@@ -115,12 +115,14 @@ def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str],
     return out
 
 
-def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str],
-                      ref: str) -> Dict[str, torch.Tensor]:
+def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str], ref: str,
+                      strict: bool = True,
+                      missing: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
     """`state` without the module names whose checkpoint tensor of the same name key_mapping
     renames onto another module name (that tensor is the other's: asking for it by this name too
     would load it twice). One tied to a tensor that loads is filled through the tie; any other
-    is missing: a MismatchError naming it and the rename (strict=False drops them before)."""
+    is missing: a MismatchError naming it and the rename (strict=False: put in `missing`, left
+    as it is)."""
     as_module = {c: m for m, c in renamed.items()}
     shadowed = [n for n in state if n not in renamed and n in as_module]
     if not shadowed:
@@ -129,6 +131,10 @@ def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str],
     own = {n: t for n, t in state.items() if n not in gone}
     loaded = {id(t) for t in own.values()}
     lost = [n for n in shadowed if id(state[n]) not in loaded]
+    if lost and not strict:  # left as they are, as any tensor the checkpoint lacks
+        if missing is not None:
+            missing[:] = lost
+        return own
     if lost:
         why = "; ".join(f"key_mapping renames the checkpoint's {_lib.quote(n)} to "
                         f"{_lib.quote(as_module[n])}" for n in lost[:3])
@@ -163,29 +169,6 @@ def _computed(ops, module: torch.nn.Module, state: Dict[str, torch.Tensor],
         out.tensors.append(b)
         out.names.append(n)
     return out
-
-
-def _not_strict(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
-                renamed: Dict[str, str], computed: _Computed, assembled=()):
-    """For strict=False: (the state without the tensors the checkpoint lacks, missing_keys,
-    unexpected_keys); computed tensors with unknown values leave `computed` for missing_keys.
-    Assembled targets (fused experts) are present, their checkpoint tensors expected."""
-    taken = set(_conversions.leaves(assembled))
-    in_checkpoint = [n for n in in_checkpoint if n not in taken]
-    present = ({n for n in in_checkpoint if n not in renamed.values()} | set(renamed)
-               | set(_conversions.targets(assembled)))
-    # A name absent from the checkpoint still loads when its tensor object is tied to one that is
-    # there (the library fills the tie from it).
-    tied_to_present = {id(t) for n, t in state.items() if n in present}
-    missing = [n for n, t in state.items() if n not in present and id(t) not in tied_to_present]
-    as_module = {c: m for m, c in renamed.items()}
-    unexpected = [n for n in in_checkpoint if as_module.get(n, n) not in state]
-    gone = set(missing)
-    unknown = [i for i, v in enumerate(computed.values) if v is None]
-    missing += [computed.names[i] for i in unknown]
-    for i in reversed(unknown):
-        del computed.tensors[i], computed.names[i], computed.values[i]
-    return {n: t for n, t in state.items() if n not in gone}, missing, unexpected
 
 
 def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
@@ -225,25 +208,22 @@ def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
     return out
 
 
-def _names_in_checkpoint(ref: str, revision: Optional[str], dequantize: bool) -> List[str]:
-    """The checkpoint's tensor names; dequantizing, a quantized weight's name ("P.weight")
-    stands for its parts."""
-    names = checkpoint_tensor_names(ref, revision)
-    if not dequantize:
-        return names
-    weights = quant_layout(ref, revision)["weights"]
-    parts = {p for w in weights for p in w["parts"].values()}
-    return [n for n in names if n not in parts] + [w["weight"] for w in weights]
+@contextlib.contextmanager
+def _open_checkpoint(ref: str, revision: Optional[str]):
+    """The checkpoint opened once for one load (loader/load/open_checkpoints.h): its names and
+    its load come from the headers read here, through the descriptors opened here."""
+    ops = _lib.load()
+    handle = ops.checkpoint_open(str(ref), revision)
+    try:
+        yield handle
+    finally:
+        ops.checkpoint_close(handle)
 
 
 def checkpoint_tensor_names(ref: str, revision: Optional[str] = None) -> List[str]:
     """Every tensor name of checkpoint `ref`, from its headers (no tensor data is read)."""
-    ops = _lib.load()
-    files = json.loads(ops.open_checkpoint(str(ref), revision))["files"]
-    names: List[str] = []
-    for f in files:
-        names.extend(t["name"] for t in json.loads(ops.read_safetensors_header(f))["tensors"])
-    return names
+    with _open_checkpoint(ref, revision) as handle:
+        return list(_lib.load().checkpoint_names(handle))
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -291,6 +271,8 @@ def _check_arguments(a: Dict[str, Any]) -> None:
         raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a load "
                              "across a process group (process_group=, source_rank=, "
                              "distributed=True) takes neither yet")
+    _lib.check_utf8(_lib.ResolveError, "load_into(ref=...)", [a["ref"], a["revision"]])
+    _lib.check_utf8(_lib.PlanError, "load_into(key_mapping=...)", a["key_mapping"] or {})
 
 
 def _check_ranks(tp_rank, tp_size, source_rank) -> None:
@@ -387,8 +369,6 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     only theirs); with dequantize, slices fall on pack and group boundaries.
     """
     _check_arguments(dict(locals()))
-    _lib.check_utf8(_lib.ResolveError, "load_into(ref=...)", [ref, revision])
-    _lib.check_utf8(_lib.PlanError, "load_into(key_mapping=...)", key_mapping or {})
     ref, revision = _key_checkpoint(ref, revision)
     if dequantize is None and tp_plan is None:
         routed = _dist_load.route(
@@ -398,9 +378,11 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
             timeout=timeout, distributed=distributed)
         if routed is not None:
             return routed
+    # One process, a TP slice without the caller's plan: the family's (model/family_load.h).
+    family = "family" if (tp_size or 1) > 1 and tp_plan is None and dequantize is None else None
     return _load_plain(module, ref, device, dtype, tp_rank or 0, tp_size or 1, threads,
                        staging_bytes, strict, revision, progress, mmap, key_mapping, dequantize,
-                       tp_plan)
+                       tp_plan, family)
 
 
 def _key_checkpoint(ref, revision):
@@ -415,9 +397,21 @@ def _key_checkpoint(ref, revision):
 
 
 def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
-                revision, progress, mmap, key_mapping, dequantize=None,
-                tp_plan=None) -> LoadReport:
-    """load_into in one process: without a TP plan, or with the one given (tp_plan)."""
+                revision, progress, mmap, key_mapping, dequantize=None, tp_plan=None,
+                name_mapping=None) -> LoadReport:
+    """load_into in one process: without a TP plan, with the one given (tp_plan), or with the
+    family's (name_mapping="family")."""
+    with _open_checkpoint(ref, revision) as handle:
+        return _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads,
+                            staging_bytes, strict, revision, progress, mmap, key_mapping,
+                            dequantize, tp_plan, name_mapping)
+
+
+def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, staging_bytes,
+                 strict, revision, progress, mmap, key_mapping, dequantize, tp_plan,
+                 name_mapping) -> LoadReport:
+    """_load_plain on the checkpoint opened once (`handle`): every name asked of it, the load
+    and a retry with transformers' renames read no header again."""
     ops = _lib.load()
     try:  # the meta mode (metaload.meta()) would turn the call's device into meta
         from ._mode import real
@@ -433,28 +427,30 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
     assembled: List[Dict[str, Any]] = []  # fused targets the C++ plan assembles (_conversions)
     in_checkpoint: List[str] = []
     key_mapping = dict(key_mapping or {})  # the given patterns first, then transformers' own
-    hf = _is_transformers_model(module)
+    # The family's mapping renames on its own (base-model prefixes), as TransformersModel does.
+    hf = _is_transformers_model(module) and name_mapping is None
     # A transformers model's own renames matter only where a name is unfound. A strict load
     # without renames of its own tries first without them (no header read twice, no table of
     # conversions: 150 ms on a process's first load, more than a warm zero-copy load itself);
     # a MismatchError then asks the checkpoint's names.
     try_plain = hf and strict and not key_mapping and dequantize is None
-    if not strict or key_mapping or (hf and not try_plain):
-        in_checkpoint = _names_in_checkpoint(ref, revision, dequantize is not None)
+    if key_mapping or (hf and not try_plain):
+        in_checkpoint = list(ops.checkpoint_names(handle, dequantize is not None))
     if key_mapping:
         renamed = _renames(in_checkpoint, key_mapping)
     if hf and not try_plain and not _all_found(state, in_checkpoint, renamed, computed.names):
         renamed, assembled = _transformers_mapping(module, in_checkpoint, key_mapping, state)
-    missing: List[str] = []
-    unexpected: List[str] = []
-    if not strict:
-        state, missing, unexpected = _not_strict(state, in_checkpoint, renamed, computed,
-                                                 assembled)
     tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
+    # strict=False: the C++ plan leaves what the checkpoint lacks and lists it (under the names
+    # it was given: a renamed tensor's checkpoint name, named back here).
+    missing: List[str] = []
+    as_module: Dict[str, str] = {}
 
     def call(renamed: Dict[str, str], assembled: List[Dict[str, Any]]) -> str:
-        own = _without_shadowed(state, renamed, str(ref))
+        own = _without_shadowed(state, renamed, str(ref), strict, missing)
         names = [renamed.get(n, n) for n in own.keys()]
+        as_module.clear()
+        as_module.update(zip(names, own.keys()))
         args = [list(own.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
                 threads, staging_bytes, strict, bar, mmap]
         with real(), _progress.Watch(callback) as watch:
@@ -462,7 +458,8 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
                                  computed_names=computed.names,
                                  computed_values=computed.values, dequantize=dequantize,
                                  tp_dims=tp_dims,
-                                 assemblies=json.dumps(assembled) if assembled else None)
+                                 assemblies=json.dumps(assembled) if assembled else None,
+                                 checkpoint=handle, name_mapping=name_mapping)
 
     try:
         out = call(renamed, assembled)
@@ -472,14 +469,18 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
             raise
         # Nothing changed (a load applies all or nothing): with transformers' renames, if
         # they find what was missing.
-        in_checkpoint = _names_in_checkpoint(ref, revision, False)
+        in_checkpoint = list(ops.checkpoint_names(handle, False))
         if _all_found(state, in_checkpoint, renamed, computed.names):
             raise
         renamed, assembled = _transformers_mapping(module, in_checkpoint, key_mapping, state)
         if not renamed and not assembled:
             raise
         out = call(renamed, assembled)
-    return _report(out, missing, unexpected, computed.names)
+    report = _report(out)
+    left = [as_module.get(n, n) for n in report.missing_keys] + missing
+    gone = set(left)
+    return report._replace(missing_keys=left,
+                           computed_keys=[n for n in computed.names if n not in gone])
 
 
 def _tensors_of(obj) -> List[torch.Tensor]:
