@@ -18,6 +18,7 @@
 #include "base/torch_library.h"
 #include "c10_ext/meta_mode.h"
 #include "c10_ext/mode_key.h"
+#include "c10_ext/random_draws.h"
 #include "c10_ext/scopes.h"
 
 namespace metaload {
@@ -103,6 +104,22 @@ void reset_stats() {
   reset_forcing_stats();
 }
 
+bool draws_in_step() {
+  return cpu_draws_in_step();
+}
+
+void skipped_draw() {
+  note_skipped_draw();
+}
+
+void reseeded() {
+  note_reseeded();
+}
+
+std::string draws_hint() {
+  return random_draws_hint();
+}
+
 bool key_registered() {
   return mode_key_registered();
 }
@@ -148,6 +165,10 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("is_forcing() -> bool", &metaload::forcing);
   m.def("forcing_stats() -> int[]", &metaload::stats);
   m.def("reset_forcing_stats() -> ()", &metaload::reset_stats);
+  m.def("random_draws_in_step() -> bool", &metaload::draws_in_step);
+  m.def("note_skipped_draw() -> ()", &metaload::skipped_draw);
+  m.def("note_reseeded() -> ()", &metaload::reseeded);
+  m.def("random_draws_hint() -> str", &metaload::draws_hint);
   m.def("mode_key_registered() -> bool", &metaload::key_registered);
   m.def("init() -> ()", &metaload::init);
   m.def("load_warnings() -> str[]", &metaload::load_warnings);
@@ -166,6 +187,10 @@ void control_kernels(torch::Library& m) {
   m.impl("is_forcing", &metaload::forcing);
   m.impl("forcing_stats", &metaload::stats);
   m.impl("reset_forcing_stats", &metaload::reset_stats);
+  m.impl("random_draws_in_step", &metaload::draws_in_step);
+  m.impl("note_skipped_draw", &metaload::skipped_draw);
+  m.impl("note_reseeded", &metaload::reseeded);
+  m.impl("random_draws_hint", &metaload::draws_hint);
   m.impl("mode_key_registered", &metaload::key_registered);
   m.impl("init", &metaload::init);
   m.impl("load_warnings", &metaload::load_warnings);

@@ -15,6 +15,7 @@
 #include "base/torch_library.h"
 #include "c10_ext/data_dependent.h"
 #include "c10_ext/mode_key.h"
+#include "c10_ext/random_draws.h"
 
 namespace metaload {
 namespace {
@@ -47,7 +48,7 @@ const char* what_it_reads(const std::string& op) {
       schema.name() + " " + what_it_reads(schema.name()) + ", but its input has none: it is a " +
       "meta or fake tensor, which holds shapes only (" + describe_tensor_args(schema, *stack) +
       "). Create the tensors whose values you need under metaload::RealGuard (Python: `with " +
-      "metaload.real():`) and outside FakeMode.");
+      "metaload.real():`) and outside FakeMode." + random_draws_hint());
 }
 
 bool same_view(const at::Tensor& a, const at::Tensor& b) {

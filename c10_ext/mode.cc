@@ -9,8 +9,6 @@
 #include <ATen/ops/full_ops.h>
 #include <ATen/ops/normal_ops.h>
 #include <ATen/ops/ones_ops.h>
-#include <ATen/ops/rand_ops.h>
-#include <ATen/ops/randn_ops.h>
 #include <ATen/ops/uniform_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <ATen/ops/zeros_ops.h>
@@ -23,6 +21,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/torch_compat.h"
 #include "c10_ext/data_dependent.h"
@@ -30,6 +29,7 @@
 #include "c10_ext/mode_fallback.h"
 #include "c10_ext/mode_key.h"
 #include "c10_ext/op_args.h"
+#include "c10_ext/random_draws.h"
 #include "c10_ext/values.h"
 
 namespace metaload {
@@ -78,11 +78,22 @@ struct OpInfo {
   int8_t device = -1;      // index of the `device` argument
   int8_t pin_memory = -1;  // index of the `pin_memory` argument
   int8_t self = -1;        // index of the first Tensor argument
+  int8_t generator = -1;   // index of the `generator` argument
   bool direct_empty = false;
   bool is_to = false;          // to / _to_copy: an already-meta source is not a saving
   bool value_factory = false;  // arange, linspace, ...: its (small) results get values (values.h)
+  bool draws = false;          // draws random numbers (random_draws.h)
   uint64_t writes = 0;         // bit i: argument i is written (in place / out=)
 };
+
+// Random ops whose overload at hand may take no generator (randn(size) beside
+// randn.generator(size, generator)): they draw from the default one.
+bool draws_without_generator_arg(const std::string& name) {
+  static const std::unordered_set<std::string> kNames = {
+      "aten::rand",      "aten::randn",      "aten::randint",      "aten::randperm",
+      "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::native_dropout"};
+  return kNames.count(name) != 0;
+}
 
 OpInfo classify(const c10::FunctionSchema& schema) {
   OpInfo info;
@@ -94,10 +105,12 @@ OpInfo classify(const c10::FunctionSchema& schema) {
     if (i < 64 && a.alias_info() && a.alias_info()->isWrite()) info.writes |= uint64_t{1} << i;
     if (a.name() == "device" && is_device_type(*a.type())) info.device = static_cast<int8_t>(i);
     if (a.name() == "pin_memory") info.pin_memory = static_cast<int8_t>(i);
+    if (a.name() == "generator") info.generator = static_cast<int8_t>(i);
     if (info.self < 0 && a.type()->kind() == c10::TypeKind::TensorType) {
       info.self = static_cast<int8_t>(i);
     }
   }
+  info.draws = info.generator >= 0 || draws_without_generator_arg(name);
   if (is_own_op(schema)) {
     info.kind = OpKind::kPassthrough;
   } else if (name == "aten::lift_fresh" || name == "aten::lift" ||
@@ -374,8 +387,8 @@ c10::IValue meta_with_values(const c10::IValue& v) {
 }
 
 // Every meta input carries values (or the op makes values from constants): force as usual, and
-// compute the values of its small results on CPU.
-void force_with_values(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+// compute the values of its small results on CPU. Returns whether the op ran on the values.
+bool force_with_values(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        size_t n_args) {
   torch::jit::Stack args(stack->end() - n_args, stack->end());  // before forcing rewrites them
   const size_t n_ret = op.schema().returns().size();
@@ -383,24 +396,51 @@ void force_with_values(const OpInfo& info, const c10::OperatorHandle& op, torch:
     torch::jit::Stack results = run_on_values(info, op, std::move(args));
     torch::jit::drop(*stack, n_args);
     for (const auto& r : results) stack->push_back(meta_with_values(r));
-    return;
+    return true;
   }
   force(info, op, stack);
   bool wanted = info.writes != 0;
   for (size_t i = stack->size() - n_ret; i < stack->size() && !wanted; ++i) {
     wanted = wants_values((*stack)[i]);
   }
-  if (!wanted) return;
+  if (!wanted) return false;
   torch::jit::Stack results;
   try {
     results = run_on_values(info, op, args);
   } catch (const std::exception&) {  // values are a bonus: an op they cannot follow leaves them
     forget_written(info, args);      // unknown
-    return;
+    return false;
   }
   for (size_t i = 0; i < n_ret && i < results.size(); ++i) {
     attach((*stack)[stack->size() - n_ret + i], results[i]);
   }
+  return true;
+}
+
+// A random op (random_draws.h). It draws for real, on CPU with its small results keeping the
+// values, only where an eager run draws the same numbers: from the default CPU generator while it
+// is in step, for cpu, every meta input carrying values. Otherwise it is forced without values, and
+// a draw the eager run would make from that generator is noted as skipped (a meta input: its real
+// device is unknown, so it counts).
+void force_random(const OpInfo& info, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  size_t n_args, const MetaInputs& in) {
+  const size_t base = stack->size() - n_args;
+  const c10::IValue& device = info.device >= 0 ? (*stack)[base + info.device] : c10::IValue();
+  if (device.isDevice() && device.toDevice().is_meta()) return force(info, op, stack);  // eager too
+  if (in.meta == 0 && info.device < 0)
+    return force(info, op, stack);  // real inputs: drawn for real
+  const bool own_generator = info.generator >= 0 && !(*stack)[base + info.generator].isNone();
+  const bool cpu =
+      !device.isDevice() ? in.meta > 0 || info.device >= 0 : device.toDevice().is_cpu();
+  const bool may_draw = cpu && !own_generator && in.with_values == in.meta && cpu_draws_in_step();
+  if (may_draw && force_with_values(info, op, stack, n_args)) return;
+  if (!may_draw) {
+    if (in.with_values > 0 && info.writes != 0) {
+      forget_written(info, torch::jit::Stack(stack->end() - n_args, stack->end()));
+    }
+    force(info, op, stack);
+  }
+  if (cpu && !own_generator) note_skipped_draw();
 }
 
 void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -410,6 +450,7 @@ void meta_mode_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   const OpInfo& info = op_info(op);
   const size_t n_args = op.schema().arguments().size();
   const MetaInputs in = scan_meta_inputs(*stack, stack->size() - n_args);
+  if (info.draws) return force_random(info, op, stack, n_args, in);
   if (!info.value_factory && (in.meta == 0 || in.with_values < in.meta)) {
     if (in.with_values > 0 && info.writes != 0) {  // written by something whose values are unknown
       forget_written(info, torch::jit::Stack(stack->end() - n_args, stack->end()));
@@ -438,13 +479,16 @@ c10::IValue call_fallback(const Args&... args) {
   return std::move(stack.back());
 }
 
-template <class Op, class Schema = typename Op::schema>
+// kDraws: a random initialiser, whose draw on a meta tensor without values is skipped
+// (random_draws.h).
+template <class Op, bool kDraws = false, class Schema = typename Op::schema>
 struct Direct;
 
-template <class Op, class R, class Self, class... Rest>
-struct Direct<Op, R(Self, Rest...)> {
+template <class Op, bool kDraws, class R, class Self, class... Rest>
+struct Direct<Op, kDraws, R(Self, Rest...)> {
   static R call(c10::DispatchKeySet ks, Self self, Rest... rest) {
     if (self.is_meta() && !has_values(self) && !torch_fake_mode_is_on()) {
+      if (kDraws) note_skipped_draw();
       return Op::redispatch(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kMetaModeKey),
                             self, rest...);
     }
@@ -505,8 +549,8 @@ struct DirectFactory<Op, kMayShadow, at::Tensor(Size, Rest...)> {
 void register_direct_kernels() {
   // Never destroyed, like the fallback.
   auto* lib = new torch::Library(torch::Library::IMPL, "aten", kMetaModeKey, __FILE__, __LINE__);
-  lib->impl("uniform_", TORCH_FN(Direct<at::_ops::uniform_>::call));
-  lib->impl("normal_", TORCH_FN(Direct<at::_ops::normal_>::call));
+  lib->impl("uniform_", TORCH_FN((Direct<at::_ops::uniform_, true>::call)));
+  lib->impl("normal_", TORCH_FN((Direct<at::_ops::normal_, true>::call)));
   lib->impl("fill_.Scalar", TORCH_FN(Direct<at::_ops::fill__Scalar>::call));
   lib->impl("zero_", TORCH_FN(Direct<at::_ops::zero_>::call));
   lib->impl("detach", TORCH_FN(Direct<at::_ops::detach>::call));
@@ -516,8 +560,7 @@ void register_direct_kernels() {
   lib->impl("ones", TORCH_FN((DirectFactory<at::_ops::ones, false>::call)));
   lib->impl("zeros", TORCH_FN((DirectFactory<at::_ops::zeros, false>::call)));
   lib->impl("full", TORCH_FN((DirectFactory<at::_ops::full, false>::call)));
-  lib->impl("randn", TORCH_FN((DirectFactory<at::_ops::randn, false>::call)));
-  lib->impl("rand", TORCH_FN((DirectFactory<at::_ops::rand, false>::call)));
+  // randn and rand take the fallback: a small one may be drawn for real (force_random).
 }
 
 // ---- registration ------------------------------------------------------------------------------

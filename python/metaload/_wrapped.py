@@ -29,7 +29,7 @@ import threading
 
 import torch
 
-from . import _lib, _thread_scope
+from . import _lib, _seeding, _thread_scope
 
 _lock = threading.Lock()
 _originals = {}
@@ -40,11 +40,13 @@ real_scope = None
 
 
 def _no_values(t, what):
+    hint = _lib.load().random_draws_hint()  # c10_ext/random_draws.h: "" unless a draw was skipped
     return _lib.DataDependentError(
         f"{what} reads the values of a meta tensor ({t.dtype}, shape {tuple(t.shape)}), which "
         "has none: it was created while metaload forced tensors onto meta, and only small "
-        "tensors made from constants (arange, linspace, torch.tensor, ...) keep values. Create "
-        "tensors whose values you need inside `with metaload.real():`.")
+        "tensors made from constants (arange, linspace, torch.tensor, ...) or drawn at random "
+        "on cpu keep values. Create tensors whose values you need inside "
+        "`with metaload.real():`." + hint)
 
 
 def _tolist(self):
@@ -128,6 +130,7 @@ def _skip_init(name, check):
         if _skips(tensor):
             try:
                 check(tensor, *args, **kwargs)
+                _seeding.note_skipped(kwargs.get("generator"))  # the draw eager would make
                 return tensor
             except _Unchecked:
                 pass

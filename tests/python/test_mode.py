@@ -396,7 +396,9 @@ def test_small_tensors_made_from_constants_keep_their_values_on_meta():
 
 @pytest.mark.parametrize("make", [
     lambda: torch.zeros(3),  # weights and buffers never carry values
-    lambda: torch.randn(3),
+    # a random draw after a skipped one (the Linear's init): an eager run would draw other numbers
+    lambda: (torch.nn.Linear(3, 3), torch.randn(3))[1],
+    lambda: torch.randn(3, device="cuda"),  # another device's generator
     lambda: torch.nn.Linear(3, 3).weight,
     lambda: torch.arange(5000),  # larger than the tracked limit
     lambda: torch.arange(3) + torch.zeros(3),  # mixed with an untracked meta tensor
@@ -552,10 +554,19 @@ def test_initialisers_keep_their_errors_and_run_where_values_exist():
         for f in (init.kaiming_uniform_, init.xavier_normal_, init.orthogonal_):
             with pytest.raises(ValueError):
                 f(torch.empty(5000))
-        # A small tensor made from constants keeps values: the real initialiser fills them.
+        # A small tensor made from constants keeps values: the real initialiser fills them, with
+        # the draws an eager run makes (the generator seeded: earlier skips put it out of step).
+        torch.manual_seed(0)
         small = torch.arange(16.0).reshape(4, 4)
         init.normal_(small)
-        assert small.tolist() != torch.arange(16.0).reshape(4, 4).tolist()
+        with metaload.real():
+            torch.manual_seed(0)
+            eager = init.normal_(torch.arange(16.0).reshape(4, 4))
+        assert small.tolist() == eager.tolist() != torch.arange(16.0).reshape(4, 4).tolist()
+        init.normal_(w)  # a skipped draw: the next one would differ from the eager run's
+        init.normal_(small)
+        with pytest.raises(metaload.DataDependentError, match="seeded again"):
+            small.tolist()
         with metaload.real():  # real tensors inside meta() are initialised for real
             r = torch.zeros(96, 64)
             init.kaiming_uniform_(r)
