@@ -17,7 +17,7 @@ Python adds two things at the edges of a scope:
 import contextlib
 import threading
 
-from . import _device_init, _interplay, _lib, _thread_scope, _wrapped
+from . import _device_init, _imports, _interplay, _lib, _seeding, _thread_scope, _wrapped
 
 
 def is_forcing():
@@ -117,6 +117,8 @@ class _Scope(contextlib.ContextDecorator):
         self._fake = _interplay.set_fake_mode_aside() if self._forcing else None
         if self._forcing:
             _device_init.install()
+            _imports.install()
+            _seeding.install()
             _device_init.scope_opened()
 
     def _leave_here(self):
@@ -210,3 +212,4 @@ class real(_Scope):
 
 
 _wrapped.real_scope = real  # the hook _wrapped's numpy() enters (see real_scope there)
+_imports.real_scope = real  # what a module imported inside a forcing scope runs under
