@@ -354,11 +354,11 @@ void check_histogramdd_inputs(const Tensor& self, at::TensorList bins,
   }
 }
 
-// histc: `bins` counts between min and max (the data's extremes when min == max).
+// histc: `bins` counts between min and max (the data's extremes when min == max). Integers too, as
+// torch's own meta function has it on the meta device: CUDA counts them, only CPU refuses (a fake
+// cpu tensor refuses them in fake(), python/metaload/_fake.py), and a meta tensor names neither.
 Tensor histc(const Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
   const char* op = "torch.histc";
-  META_CHECK(at::isFloatingType(self.scalar_type()), op, "\"histogram_cpu\" not implemented for '",
-             self.scalar_type(), "'");
   check_bin_count(bins, 0);
   double lo = min.to<double>(), hi = max.to<double>();
   if (lo != hi || self.numel() == 0) {

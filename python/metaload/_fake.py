@@ -9,7 +9,7 @@ on cpu and moved with metaload.fake_to, which does the .to() in C++).
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _device_init, _interplay, _lib, _mode, _thread_scope, _to_args
+from . import _device_init, _imports, _interplay, _lib, _mode, _thread_scope, _to_args
 
 # torch functions that make tensors from nothing and take a `device` keyword.
 _FACTORIES = {
@@ -171,12 +171,20 @@ def _one_hot(tensor, num_classes=-1):
     return tensor.unsqueeze(-1).expand(*tensor.shape, num_classes).contiguous()
 
 
+_C10_INT_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
+                  torch.int64: "Long"}  # as CPU kernels' messages name them
+
+
 def _histc(input, bins=100, min=0, max=0, *, out=None):
-    """torch.histc of an integer tensor on a fake cuda device: CUDA counts integers (the result
-    has the input's dtype), CPU (and so the Meta kernel, which follows CPU) refuses them."""
-    if (out is not None or not _is_shape_only(input) or input.device.type != "cuda" or
+    """torch.histc of an integer tensor: CUDA counts integers (the result has the input's dtype),
+    CPU refuses them; the Meta kernel, which cannot tell the two apart, counts them (as torch's
+    own meta function does on the meta device), so a fake cpu tensor refuses them here."""
+    if (out is not None or not _is_shape_only(input) or input.device.type not in ("cpu", "cuda") or
             input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool):
         return NotImplemented
+    if input.device.type == "cpu":
+        name = _C10_INT_NAMES.get(input.dtype, str(input.dtype))
+        raise _lib.ShapeError(f"torch.histc: \"histogram_cpu\" not implemented for '{name}'")
     return _typed_call(torch.histc, (input.float(), bins, min, max), {}).to(input.dtype)
 
 
@@ -448,6 +456,7 @@ class _FakeScope(_mode._Scope):
 
     def _enter_cpp(self):
         _interplay.patch_bitsandbytes_layers()
+        _interplay.patch_transformers_fake_check()
         _wrap_autograd()
         try:
             return _lib.load().enter_fake(str(self.device))
@@ -457,6 +466,7 @@ class _FakeScope(_mode._Scope):
     def _enter_here(self):
         self._was = _thread_scope.set_scope("fake")
         _device_init.install()
+        _imports.install()
         self._fake = _interplay.set_fake_mode_aside()
         self._function_mode = _FakeFunctionMode()
         self._function_mode.__enter__()

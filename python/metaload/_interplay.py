@@ -107,3 +107,28 @@ def patch_bitsandbytes_layers():
             continue
         cls.forward = _bnb_shape_forward(cls.forward)
         _BNB_PATCHED.add(cls)
+
+
+# ---- transformers' test for a traced forward ------------------------------------------------------
+# transformers decides whether a forward is being traced (and so must not branch on values: the
+# padding mask's all(), the causal-mask skip) with `is_tracing(tensor)`, which asks whether the
+# tensor is torch's FakeTensor. metaload's fake tensors are fake too: under fake(), that question
+# says so, and the forward takes the traced path as it does under torch's FakeTensorMode (nnsight's
+# scan passes an attention mask, whose all() would otherwise be a DataDependentError).
+
+_TF_PATCHED = []
+
+
+def patch_transformers_fake_check():
+    """Wraps transformers' is_fake_tensor (once; only if the program imported transformers)."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(utils, "is_fake_tensor", None)
+    if original is None or _TF_PATCHED:
+        return
+
+    def is_fake_tensor(x):
+        return original(x) or _lib.is_fake(x)
+
+    is_fake_tensor.__wrapped__ = original
+    utils.is_fake_tensor = is_fake_tensor
+    _TF_PATCHED.append(original)

@@ -31,7 +31,7 @@ from . import _lib
 
 _lock = threading.Lock()
 _saved = {}  # (module, attribute) -> original, while enabled
-_options = {"mmap": True}
+_options = {"mmap": True, "scan": True}
 
 # Load options that say only where and in what dtype: the rest needs nnsight's own load.
 _PLACEMENT = {"device_map", "device", "dtype", "torch_dtype"}
@@ -45,9 +45,8 @@ class _MetaloadMetaDevice:
     """Stands in for nnsight.modeling.mixins.meta.MetaDevice: the build runs under metaload.meta()."""
 
     def __enter__(self):
-        # As nnsight's own mode does: torch._dynamo's import creates real tensors and reads them.
-        import torch._dynamo  # noqa: F401
-
+        # nnsight's own mode imports torch._dynamo first (its import makes tensors and reads
+        # them): metaload runs whatever is imported inside meta() real (_imports.py).
         from ._mode import meta
         self._scope = meta()
         self._scope.__enter__()
@@ -115,18 +114,63 @@ def _streaming_dispatch(self):
     self.metaload_report = report
 
 
-def enable_nnsight(mmap: bool = True):
+def _detect_fake_mode(*args, **kwargs):
+    """nnsight's test for a scan in progress (torch._guards.detect_fake_mode, where nnsight calls it):
+    torch's fake mode if one is active, else metaload's fake() scope when it is the innermost, so a
+    scan on metaload's fake mode is a scan to nnsight too (no dispatch, no mask correction)."""
+    found = _saved[("guards", "detect_fake_mode")](*args, **kwargs)
+    if found is None:
+        from ._mode import innermost
+        scope = innermost()
+        if scope is not None and getattr(scope, "_name", None) == "fake":
+            return scope
+    return found
+
+
+def _scan_device(tracer):
+    """The device a scan claims: where the model dispatches to (its load options' one device; cpu
+    by default), as metaload.scan claims the target device; nnsight's own scan says meta."""
+    kwargs = dict(getattr(tracer.envoy, "kwargs", {}) or {})  # the nnsight model's load options
+    device = _device_of(kwargs) or torch.device("cpu")
+    from ._fake import claimable
+    try:
+        return claimable(device, "nnsight's scan")
+    except _lib.ModeError:  # a device fake tensors cannot claim (xla, ...): shapes on cpu
+        return torch.device("cpu")
+
+
+def _scanning_execute(self, code):
+    """nnsight's ScanningTracer.execute on metaload's fake mode instead of torch's FakeTensorMode:
+    the same tracing (tokenizing, batching, interventions), the forward on fake tensors claiming
+    the model's device. An already dispatched model scans its real weights as fake ones.
+    enable_nnsight(scan=False) keeps nnsight's own."""
+    if not _options["scan"]:
+        return _saved[("tracer", "execute")](self, code)
+    from nnsight.intervention.tracer import InterleavingTracer
+    from ._fake import fake
+    with torch.no_grad(), fake(_scan_device(self)):
+        InterleavingTracer.execute(self, code)
+
+
+def enable_nnsight(mmap: bool = True, scan: bool = True):
     """Switches the integration on for this process (idempotent; a second call only changes
-    mmap): every nnsight model built from now on builds under metaload.meta(), and every
+    mmap and scan): every nnsight model built from now on builds under metaload.meta(), every
     transformers-backed nnsight model dispatches by streaming into its skeleton (see this
-    module's docstring for when it falls back). Models already built keep their skeleton but
-    dispatch through metaload too.
+    module's docstring for when it falls back), and `model.scan(...)` runs its forward on
+    metaload.fake(). Models already built keep their skeleton but dispatch through metaload too.
 
     mmap: on cpu, weights stored in the model's dtype stay mapped from the checkpoint files
     (copy-on-write), as from_pretrained leaves them; False copies them into fresh memory, each
-    byte read once (see load_into's mmap for the files' contract)."""
+    byte read once (see load_into's mmap for the files' contract).
+
+    scan: nnsight's scan runs on metaload.fake() claiming the model's dispatch device (cpu by
+    default; nnsight's own says meta), with the same saved shapes and dtypes as nnsight's
+    FakeTensorMode; False keeps nnsight's own."""
     _options["mmap"] = bool(mmap)
+    _options["scan"] = bool(scan)
     try:
+        from nnsight.intervention import tracer as nn_tracer
+        from nnsight.modeling import processing as nn_processing
         from nnsight.modeling.mixins import meta as nn_meta
         from nnsight.modeling import transformers as nn_transformers
     except ImportError as e:
@@ -140,6 +184,11 @@ def enable_nnsight(mmap: bool = True):
             "dispatch")
         nn_meta.MetaDevice = _MetaloadMetaDevice
         nn_transformers.TransformersModel.dispatch = _streaming_dispatch
+        _saved[("guards", "detect_fake_mode")] = nn_meta.detect_fake_mode
+        _saved[("tracer", "execute")] = nn_tracer.ScanningTracer.__dict__["execute"]
+        nn_meta.detect_fake_mode = _detect_fake_mode
+        nn_processing.detect_fake_mode = _detect_fake_mode
+        nn_tracer.ScanningTracer.execute = _scanning_execute
 
 
 def disable_nnsight():
@@ -150,6 +199,11 @@ def disable_nnsight():
         from nnsight.modeling.mixins import meta as nn_meta
         from nnsight.modeling import transformers as nn_transformers
         nn_meta.MetaDevice = _saved[("meta", "MetaDevice")]
+        from nnsight.intervention import tracer as nn_tracer
+        from nnsight.modeling import processing as nn_processing
+        nn_meta.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
+        nn_processing.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
+        nn_tracer.ScanningTracer.execute = _saved[("tracer", "execute")]
         own = _saved[("transformers", "dispatch")]
         if own is None:
             del nn_transformers.TransformersModel.dispatch

@@ -136,6 +136,59 @@ def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
     }
 
 
+def _scan_shapes(model):
+    """What a scan of two prompts (one invoke each) saves: each module output's shape and dtype,
+    a computed shape, and the type of a saved tensor. (Saved values are handed back to a function
+    only as plain variables, one per value.)"""
+    import nnsight
+    layers = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    with model.scan() as tracer:
+        with tracer.invoke("the quick brown fox"):
+            first = layers[0].output
+            first = (first[0] if isinstance(first, tuple) else first).save()
+            last = layers[-1].output
+            last = (last[0] if isinstance(last, tuple) else last).save()
+            logits = model.lm_head.output.save()
+            width = nnsight.save(model.lm_head.output.shape[-1])
+        with tracer.invoke("jumps over the lazy dog today"):
+            other = model.lm_head.output.save()
+    out = [first, last, logits, other]
+    return {"shapes": [list(t.shape) for t in out], "dtypes": [str(t.dtype) for t in out],
+            "devices": [str(t.device) for t in out], "width": int(width),
+            "types": sorted({type(t).__name__ for t in out})}
+
+
+def _compare_scan(name, d, nnsight, metaload, dtype):
+    """nnsight's own scan and the one on metaload's fake mode, of the same model; the second does
+    not dispatch and leaves every weight on meta."""
+    import torch
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    out = {"arch": name, "dtype": str(dtype)}
+    try:
+        out["own"] = _scan_shapes(nnsight.LanguageModel(d, dispatch=False, **kwargs))
+    except Exception as e:  # nnsight's own scan of a Mixtral in float32 (grouped_mm on meta)
+        out["own"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    metaload.enable_nnsight()
+    try:
+        model = nnsight.LanguageModel(d, dispatch=False, **kwargs)
+        out["metaload"] = _scan_shapes(model)
+        out["metaload_dispatched"] = bool(model.dispatched)
+        out["metaload_all_meta"] = all(p.is_meta for p in model._module.parameters())
+        metaload.enable_nnsight(scan=False)  # nnsight's own again, on the same model
+        try:
+            out["scan_off"] = _scan_shapes(model)
+        except Exception as e:
+            out["scan_off"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        metaload.enable_nnsight(scan=True)
+        model.dispatch()  # a scan of a dispatched model: the real weights taken as fake ones
+        out["after_dispatch"] = _scan_shapes(model)
+        out["weights_untouched"] = not any(metaload.is_fake(p) or p.is_meta
+                                           for p in model._module.parameters())
+    finally:
+        metaload.disable_nnsight()
+    return out
+
+
 def _keys(top, nnsight, metaload):
     """nnsight's and metaload's keys for one repo id and revisions, and each built from the other's."""
     from nnsight.modeling import huggingface
@@ -196,6 +249,9 @@ def worker(top):
                            for n, d in dirs.items() for mmap in (False, True)],
               "keys": _keys(top, nnsight, metaload)}
     result["extra_keys"] = _extra_keys(nnsight, metaload)
+    import torch
+    result["scan"] = [_compare_scan(n, d, nnsight, metaload, dt) for n, d in dirs.items()
+                      for dt in (None, torch.bfloat16)]
     print("RESULT " + json.dumps(result))
 
 
@@ -288,3 +344,32 @@ def test_each_side_builds_from_the_other_sides_key(findings):
 
 def metaload_key(repo_id, revision):
     return "metaload.TransformersModel:" + json.dumps({"repo_id": repo_id, "revision": revision})
+
+
+@pytest.mark.parametrize("dtype", ["None", "torch.bfloat16"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mixtral"])
+def test_a_scan_on_metaload_saves_what_nnsights_own_scan_saves(findings, arch, dtype):
+    row = next(r for r in findings["scan"] if r["arch"] == arch and r["dtype"] == dtype)
+    ours = row["metaload"]
+    assert "error" not in ours, ours
+    assert ours["types"] == ["Tensor"], "a scan on metaload saves metaload's fake tensors"
+    assert ours["devices"] == ["cpu"] * len(ours["shapes"]), "the dispatch device is claimed"
+    # one row per invoke, the two prompts padded to one length; the vocabulary's logits
+    assert ours["shapes"][2][0] == ours["shapes"][3][0] == 1 and ours["width"] == 300, ours
+    assert ours["shapes"][2] == ours["shapes"][3] and ours["shapes"][0][-1] == 32, ours
+    assert not row["metaload_dispatched"] and row["metaload_all_meta"], \
+        "a scan must neither dispatch nor touch the meta weights"
+    assert row["after_dispatch"]["shapes"] == ours["shapes"] and row["weights_untouched"]
+    assert row["after_dispatch"]["dtypes"] == ours["dtypes"]
+    own = row["own"]
+    if arch == "mixtral" and dtype == "None":
+        # nnsight's own scan cannot run transformers' grouped_mm experts in float32 on meta
+        # (torch's meta kernel wants bf16); metaload's fake mode runs them as the CPU kernel does.
+        assert "error" in own and "error" in row["scan_off"], own
+        return
+    assert "error" not in own, own
+    assert (ours["shapes"], ours["dtypes"], ours["width"]) == \
+        (own["shapes"], own["dtypes"], own["width"])
+    assert own["types"] == ["FakeTensor"] and own["devices"] == ["meta"] * len(own["shapes"])
+    # enable_nnsight(scan=False) gives nnsight's own scan back, on the same model.
+    assert row["scan_off"] == own
