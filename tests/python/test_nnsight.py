@@ -7,6 +7,12 @@
   dispatch reads each weight byte once (/proc/self/io) and never calls from_pretrained. GPT-2,
   Llama, and Mixtral, whose per-expert checkpoint tensors the dispatch assembles into
   transformers' fused experts (copied; the rest mapped where mmap is on).
+- Scan: with enable_nnsight(), `model.scan(...)` runs on metaload.fake(), claiming the dispatch
+  device: two invokes' layer and logits outputs have the shapes and dtypes nnsight's own scan
+  (FakeTensorMode) saves, for GPT-2, Llama and Mixtral in float32 and bf16, without dispatching
+  or touching the meta weights; scan=False gives nnsight's own back; Mixtral in float32, which
+  nnsight's own scan cannot run (grouped_mm on meta wants bf16), scans on metaload. nnsight's own
+  scan runs after metaload's in the same process: metaload's kernels must not change it.
 - Model keys: for the same repo id and revision, nnsight's key function and metaload's write the
   same string, and each side builds from the other's key. nnsight canonicalises the repo id
   through the Hub (HfApi().model_info, network): the test fills nnsight's cache of that answer
