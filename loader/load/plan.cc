@@ -22,6 +22,7 @@
 #include "loader/load/open_checkpoints.h"
 #include "loader/load/progress_board.h"
 #include "loader/load/swap.h"
+#include "loader/tp/user_plan.h"
 
 namespace metaload {
 
@@ -668,30 +669,19 @@ LoadReport load(torch::nn::Module& module, const std::string& ref, const LoadOpt
 
 namespace {
 
-// A TP plan from Python (load_into's tp_plan): per target, the dim split evenly (-1: whole).
-std::function<TpShard(const std::string&, const std::vector<int64_t>&, int, int)> even_tp_shards(
-    const std::vector<std::string>& names, const std::vector<int64_t>& tp_dims) {
-  if (tp_dims.size() != names.size()) {
-    throw PlanError(std::to_string(tp_dims.size()) + " TP dims but " +
-                    std::to_string(names.size()) + " names");
-  }
-  auto dims = std::make_shared<std::unordered_map<std::string, int>>();
-  for (size_t i = 0; i < names.size(); ++i) (*dims)[names[i]] = static_cast<int>(tp_dims[i]);
-  return [dims](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
-    TpShard s;
-    auto it = dims->find(name);
-    if (it == dims->end() || it->second < 0) return s;
-    s.dim = it->second;
-    if (s.dim >= static_cast<int>(shape.size()) || shape[s.dim] % size != 0) {
-      throw SliceError("cannot split dim " + std::to_string(s.dim) + " of " + shape_str(shape) +
-                       " into " + std::to_string(size) + " equal parts");
-    }
-    const int64_t chunk = shape[s.dim] / size;
-    s.ranges = {{rank * chunk, (rank + 1) * chunk}};
-    s.shape = shape;
-    s.shape[s.dim] = chunk;
-    return s;
-  };
+// Python: the styles load_into's tp_plan may name.
+std::vector<std::string> tp_plan_styles_op() {
+  return user_tp_styles();
+}
+
+// Python: the dims load_into's tp_plan (module pattern, style, module pattern, style, ...) splits
+// each of a module's state `names` on (-1: whole), for the load's tp_dims.
+std::vector<int64_t> tp_plan_dims_op(std::vector<std::string> names,
+                                     std::vector<std::string> flat) {
+  if (flat.size() % 2 != 0) throw PlanError("tp_plan must come as (module, style) pairs");
+  UserTpPlan plan;
+  for (size_t i = 0; i < flat.size(); i += 2) plan.emplace_back(flat[i], flat[i + 1]);
+  return user_tp_dims(plan, names);
 }
 
 // Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
@@ -826,6 +816,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
+  m.def("tp_plan_styles() -> str[]", &tp_plan_styles_op);
+  m.def("tp_plan_dims(str[] names, str[] plan) -> int[]", &tp_plan_dims_op);
 }
 
 }  // namespace metaload

@@ -179,33 +179,11 @@ def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
     return json.loads(_lib.load().quant_layout(str(ref), revision))
 
 
-# (weight dim, bias dim); "experts": expert parallelism, every tensor of a fused experts module
-# ([E, ...]) split on its expert dim, whole experts per rank.
-_TP_STYLES = {"colwise": (0, 0), "rowwise": (1, -1), "experts": (0, 0)}
-
-
 def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
-    """Per state name, the dim tp_plan splits (-1: whole). Keys name modules as transformers'
-    tp plans do: layer numbers as "*" ("model.layers.*.mlp.up_proj"), or a suffix of the name
-    ("layers.*.mlp.up_proj")."""
-    for style in tp_plan.values():
-        if style not in _TP_STYLES:
-            raise _lib.PlanError(f"tp_plan style {style!r} is not one of {sorted(_TP_STYLES)}")
-    out = []
-    for name in names:
-        module, _, leaf = name.rpartition(".")
-        generic = re.sub(r"\d+", "*", module)
-        style = None
-        for key, s in tp_plan.items():
-            if key in (module, generic) or generic.endswith("." + key) or module.endswith("." + key):
-                style = s
-                break
-        if style is None:
-            out.append(-1)
-        else:
-            w, b = _TP_STYLES[style]
-            out.append(w if leaf != "bias" else b)
-    return out
+    """Per state name, the dim tp_plan splits (-1: whole), by the C++ rule (loader/tp/user_plan.h:
+    layer numbers as "*" or a suffix of the module name; colwise, rowwise, experts)."""
+    flat = [x for pair in tp_plan.items() for x in pair]
+    return list(_lib.load().tp_plan_dims(names, flat))
 
 
 @contextlib.contextmanager
@@ -296,9 +274,9 @@ def _check_mappings(key_mapping, tp_plan) -> None:
     for module, style in (tp_plan or {}).items():
         if not isinstance(module, str):
             raise _lib.PlanError(f"tp_plan key {module!r} is not a module name (a string)")
-        if not isinstance(style, str) or style not in _TP_STYLES:
-            raise _lib.PlanError(f"tp_plan style {style!r} of {module!r} is not one of "
-                                 f"{sorted(_TP_STYLES)}")
+        styles = list(_lib.load().tp_plan_styles())
+        if not isinstance(style, str) or style not in styles:
+            raise _lib.PlanError(f"tp_plan style {style!r} of {module!r} is not one of {styles}")
 
 
 @_lib.typed_errors
@@ -440,7 +418,6 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
         renamed = _renames(in_checkpoint, key_mapping)
     if hf and not try_plain and not _all_found(state, in_checkpoint, renamed, computed.names):
         renamed, assembled = _transformers_mapping(module, in_checkpoint, key_mapping, state)
-    tp_dims = _tp_dims(list(state.keys()), tp_plan) if tp_plan is not None else None
     # strict=False: the C++ plan leaves what the checkpoint lacks and lists it (under the names
     # it was given: a renamed tensor's checkpoint name, named back here).
     missing: List[str] = []
@@ -451,6 +428,8 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
         names = [renamed.get(n, n) for n in own.keys()]
         as_module.clear()
         as_module.update(zip(names, own.keys()))
+        # tp_plan names modules: the dims of the module's own names, in the order passed
+        tp_dims = _tp_dims(list(own.keys()), tp_plan) if tp_plan is not None else None
         args = [list(own.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
                 threads, staging_bytes, strict, bar, mmap]
         with real(), _progress.Watch(callback) as watch:
