@@ -818,7 +818,8 @@ def render_nnsight(args, config, batch, seq, res):
                  "maps the file when the dtype matches, lazily: its pages are read at first use); "
                  "with metaload.enable_nnsight() the skeleton built under metaload.meta() "
                  "receives the weights by load_into, mapped too (mmap=True, its default: the "
-                 "mapping populated during the call). TransformersModel is metaload's own model "
+                 "pages the page cache lacks are read during the call, the rest mapped), and its "
+                 "scan runs on metaload.fake(). TransformersModel is metaload's own model "
                  "layer on the same directory (bf16 as stored; its scan runs in C++; a local "
                  "directory's weights are copied). Build times of the nnsight rows include "
                  "transformers' pipeline imports (each route runs in a fresh process).")
