@@ -48,13 +48,20 @@ SMALL = dict(hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num
              max_position_embeddings=64, shared_expert_intermediate_size=16, n_shared_experts=1,
              first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
              qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1, decoder_sparse_step=1,
-             mlp_only_layers=[], moe_layer_freq=1, num_nextn_predict_layers=0)
+             mlp_only_layers=[], moe_layer_freq=1, num_nextn_predict_layers=0,
+             ffn_hidden_size=32, expert_ffn_hidden_size=16, zero_expert_num=2, qk_head_dim=16,
+             dense_intermediate_size=32, shared_intermediate_size=16, index_head_dim=8, moe_topk=2)
+# What every other part of a composite config (a vision tower, a projector) gets, where it has the
+# field: VLM MoEs load their towers beside the experts.
+TOWER_SMALL = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, depth=1,
+                   num_attention_heads=4, num_heads=4, num_key_value_heads=4, out_hidden_size=32,
+                   embed_dim=32, projection_dim=32, num_layers=1, head_dim=8)
 # Per type, where SMALL's one size does not fit: kimi_linear's and MiMo's attention wants KV heads
 # fewer than the query heads, DeepSeek's MLA as many.
 OVERRIDES = {"kimi_linear": dict(num_key_value_heads=2), "mimo_v2_flash": dict(num_key_value_heads=2)}
-TINY_PARAMS = 5_000_000
+TINY_PARAMS = 10_000_000
 # The sweep's floor: types whose tiny model loads bitwise as from_pretrained's. It only rises.
-FLOOR = 34
+FLOOR = 37
 
 
 def converter_types():
@@ -89,11 +96,28 @@ def tiny_config(model_type, **overrides):
         return type(cfg)(**{**cfg.to_dict(), **_shrunk(cfg), **overrides})
     for c in (text, cfg):  # composite configs: the text part and the outer one, field by field
         for k, v in {**_shrunk(c), **overrides}.items():
-            try:
-                setattr(c, k, v)
-            except (AttributeError, TypeError, ValueError):
-                pass
+            _set(c, k, v)
+    _shrink_towers(cfg, text, set())
     return cfg
+
+
+def _set(cfg, field, value):
+    try:
+        setattr(cfg, field, value)
+    except (AttributeError, TypeError, ValueError):
+        pass
+
+
+def _shrink_towers(cfg, text, seen):
+    """TOWER_SMALL's integer fields in every sub-config but the text one, recursively."""
+    for sub in list(vars(cfg).values()):
+        if not isinstance(sub, transformers.PretrainedConfig) or sub is text or id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        for k, v in TOWER_SMALL.items():
+            if isinstance(getattr(sub, k, None), int):
+                _set(sub, k, v)
+        _shrink_towers(sub, text, seen)
 
 
 def model_class(cfg):
@@ -186,7 +210,10 @@ def test_every_converter_type_loads_as_from_pretrained(tmp_path):
              # metaload.meta() has no values (zeros never carry them: test_mode), so the load
              # cannot set it (MismatchError: missing embeddings.token_type_ids).
              "jina_embeddings_v3": "metaload: token_type_ids = torch.zeros(...) has no values",
-             "nomic_bert": "metaload: token_type_ids = torch.zeros(...) has no values"}
+             "nomic_bert": "metaload: token_type_ids = torch.zeros(...) has no values",
+             # metaload's gap: the vision tower's q/k conversion permutes rows for rotary
+             # (PermuteForRope), which the plan does not stream yet: a PlanError naming it.
+             "kimi_k25": "metaload: PermuteForRope is a PlanError (not streamed yet)"}
     for model_type, result in rows:
         if result != "ok":
             assert model_type in known, f"{model_type}: {result}"
