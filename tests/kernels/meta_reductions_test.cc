@@ -419,9 +419,15 @@ TEST(MetaHistograms, MatchCpu) {
   expect_both_fail(
       "histc infinite range", [](const Inputs& v) { return flat(at::histc(v[0], 4, 0, INFINITY)); },
       {x}, "torch.histc: range of [0, inf] is not finite");
-  expect_both_fail(
-      "histc long", [](const Inputs& v) { return flat(at::histc(v[0], 4)); }, {g.make({3}, kLong)},
-      "not implemented for 'Long'");
+  {
+    // Integers: CPU refuses them, CUDA counts them (in their dtype); the meta device is neither,
+    // so its kernel counts them as torch's own meta function does (a fake cpu tensor refuses them
+    // in Python, metaload.fake: test_moe_scan).
+    const Tensor counts = at::histc(to_meta(g.make({3}, kLong)), 4);
+    EXPECT_EQ(counts.sizes().vec(), std::vector<int64_t>{4});
+    EXPECT_EQ(counts.scalar_type(), kLong);
+    EXPECT_TRUE(counts.is_meta());
+  }
   const std::vector<double> bad_range = {2., 1.}, long_range = {0., 1., 2.};
   expect_both_fail(
       "histogram range order",
