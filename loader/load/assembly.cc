@@ -201,6 +201,42 @@ bool transpose(Run& r, const AssemblyOp& op, Lists& lists,
   return true;
 }
 
+// Rotary's row order within each head of dim 0: a head's H rows viewed as [a, b] ([H/2, 2], or
+// [2, H/2] inverse) and transposed, as transformers' PermuteForRope reshapes them. Every row is a
+// piece of its own at its new place.
+bool permute_for_rope(Run& r, const AssemblyOp& op, Lists& lists) {
+  size_t k = 0;
+  for (std::vector<Value>& list : lists) {
+    for (Value& v : list) {
+      const bool applies = op.applies.empty() || (k < op.applies.size() && op.applies[k]);
+      ++k;
+      if (!applies) continue;
+      const int64_t rows = v.shape.empty() ? 0 : v.shape[0];
+      if (op.n_heads <= 0 || v.shape.empty() || v.shape.size() > 2 || rows % op.n_heads != 0 ||
+          (rows / op.n_heads) % 2 != 0) {
+        cannot(
+            r.a, op,
+            std::to_string(op.n_heads) + " heads of even size do not divide " + shape_str(v.shape));
+      }
+      const int64_t head = rows / op.n_heads;
+      const int64_t a = op.inverse ? 2 : head / 2, b = op.inverse ? head / 2 : 2;
+      std::vector<Piece> out;
+      for (const Piece& p : v.pieces) {
+        for (int64_t t = 0; t < p.extent[0]; ++t) {
+          const int64_t in = p.start[0] + t, h = in / head, i = (in % head) / b, j = in % b;
+          Piece x = p;
+          x.start[0] = h * head + j * a + i;
+          x.extent[0] = 1;
+          if (x.src_dim[0] >= 0) x.src_start[static_cast<size_t>(x.src_dim[0])] += t;
+          out.push_back(std::move(x));
+        }
+      }
+      v.pieces = std::move(out);
+    }
+  }
+  return true;
+}
+
 // The part of `v` a window holds: its ranges along its dim, concatenated (each piece clipped to
 // each range, as Chunk clips). A window that does not fit the value is a PlanError naming it.
 Value windowed(const Assembly& a, const std::string& target, const Value& v, const TpShard& w) {
@@ -365,11 +401,13 @@ AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t
       ok = chunk(run, op, lists);
     } else if (op.op == "Transpose") {
       ok = transpose(run, op, lists, target_shapes);
+    } else if (op.op == "PermuteForRope") {
+      ok = permute_for_rope(run, op, lists);
     } else {
       throw PlanError("model type " + q(a.model_type) + ": operation " + op.op +
                       " of the conversion to " + q(a.targets[0]) +
                       " is not one this loader can do (it streams MergeModulelist, Concatenate, "
-                      "Chunk and Transpose)");
+                      "Chunk, Transpose and PermuteForRope)");
     }
     if (!ok) return {{}, run.problem};
   }
@@ -453,6 +491,9 @@ std::vector<Assembly> parse_assemblies(const std::string& text) {
       op.dim = field<int>(o, "dim", where, 0);
       op.dim1 = field<int>(o, "dim1", where, 1);
       op.check_dims = field<bool>(o, "check_dims", where, false);
+      op.n_heads = field<int64_t>(o, "n_heads", where, 0);
+      op.inverse = field<bool>(o, "inverse", where, false);
+      op.applies = field<std::vector<bool>>(o, "applies", where, {});
       a.ops.push_back(std::move(op));
     }
     if (a.targets.empty() || a.sources.empty() || a.ops.empty()) {

@@ -11,7 +11,9 @@
 // Operations (transformers.core_model_loading): MergeModulelist(dim) stacks each source's list
 // along a new dim; Concatenate(dim) joins the values in source order; Chunk(dim) splits the one
 // value evenly into the targets; Transpose(dim0, dim1) swaps two dims where the innermost stays
-// innermost (rows still copy as runs). Anything else is a PlanError naming the operation and the
+// innermost (rows still copy as runs); PermuteForRope(n_heads, inverse) reorders the rows of the
+// values it applies to (q and k) within each head, as rotary's interleaved and split halves differ
+// (each row then copies on its own). Anything else is a PlanError naming the operation and the
 // model type: never a wrong tensor.
 #pragma once
 
@@ -25,10 +27,15 @@
 namespace metaload {
 
 struct AssemblyOp {
-  std::string op;  // MergeModulelist, Concatenate, Chunk, Transpose
+  std::string op;  // MergeModulelist, Concatenate, Chunk, Transpose, PermuteForRope
   int dim = 0;
   int dim1 = 1;             // Transpose's second dim
   bool check_dims = false;  // Transpose: a tensor already of the target's shape stays as it is
+  // PermuteForRope: the heads dim 0 holds (the config's num_attention_heads), the direction, and
+  // per value (in target order) whether it is permuted (its name holds one of the layer names).
+  int64_t n_heads = 0;
+  bool inverse = false;
+  std::vector<bool> applies;
 };
 
 struct AssemblySource {

@@ -23,8 +23,20 @@ _OPS = {
                              "check_dims": bool(getattr(op, "check_dims", False))},
 }
 
-def _op_data(op) -> Dict[str, Any]:
+def _permute_for_rope(op, config, targets: List[str]) -> Dict[str, Any]:
+    """PermuteForRope's heads (num_attention_heads of the config, or of its subconfig_key part, as
+    transformers reads them) and, per target, whether its name holds one of the layer names the
+    operation permutes (q and k; v passes)."""
+    sub = getattr(config, op.subconfig_key, config) if op.subconfig_key else config
+    layers = list(op.permute_layer_names or [])
+    return {"n_heads": int(getattr(sub, "num_attention_heads", 1)), "inverse": bool(op.inverse),
+            "applies": [any(n in t for n in layers) for t in targets]}
+
+
+def _op_data(op, config, targets: List[str]) -> Dict[str, Any]:
     name = type(op).__name__
+    if name == "PermuteForRope":
+        return {"op": name, **_permute_for_rope(op, config, targets)}
     args = _OPS.get(name)
     # An operation the plan cannot do travels by name: the plan refuses it naming it and the
     # model type (never a wrong tensor).
@@ -135,7 +147,7 @@ def names(module: torch.nn.Module, in_checkpoint: List[str],
                             "indices": [i for i, _, _ in found],
                             "template": next((t for _, _, t in found if t), "")})
         out.append({"model_type": model_type, "targets": targets, "sources": sources,
-                    "ops": [_op_data(op) for op in conv.operations]})
+                    "ops": [_op_data(op, module.config, targets) for op in conv.operations]})
     # A converter whose targets are not all module tensors: its tensors keep their names.
     return renames, out
 

@@ -204,14 +204,85 @@ TEST(Assembly, AWindowTakesARanksPartReadingOnlyItsRows) {
   EXPECT_THROW(assemble(a, shapes, {}, {TpShard{0, {{2, 4}}, {}}}), PlanError);
 }
 
+TEST(Assembly, PermuteForRopeReordersEachHeadsRowsOfTheValuesItAppliesTo) {
+  // A fused qkv [3 * 8, 3] -> q, k, v [8, 3]: 2 heads of 4 rows (each viewed as [2, 2] and
+  // transposed: rows 0 1 2 3 -> 0 2 1 3); q and k permuted, v as it is.
+  Assembly a;
+  a.model_type = "kimi_k25";
+  a.targets = {"attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"};
+  AssemblyOp permute{"PermuteForRope", 0};
+  permute.n_heads = 2;
+  permute.applies = {true, true, false};
+  a.ops = {{"Chunk", 0}, permute};
+  a.sources = {{"wqkv", {"wqkv"}, {}, ""}};
+  const std::vector<Shape> shapes{{24, 3}};
+  const AssemblyResult r = assemble(a, shapes);
+  ASSERT_TRUE(r.problem.empty()) << r.problem;
+  const auto data = leaves_data(shapes);
+  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int c = 0; c < 3; ++c) {
+    const std::vector<int> got = run(r.targets[static_cast<size_t>(c)], data);
+    for (int row = 0; row < 8; ++row) {
+      const int src = c < 2 ? order[row] : row;
+      for (int e = 0; e < 3; ++e) {
+        EXPECT_EQ(got[static_cast<size_t>(row * 3 + e)], c * 24 + src * 3 + e)
+            << "target " << c << " row " << row;
+      }
+    }
+  }
+}
+
+TEST(Assembly, PermuteForRopeOfSixRowHeadsMatchesTheReshape) {
+  // One q [12] bias (1-D) and a q [12, 2] weight, 2 heads of 6: forward views each head as
+  // [3, 2], inverse as [2, 3]; the result is the transpose, read row by row.
+  for (bool inverse : {false, true}) {
+    for (const Shape& shape : {Shape{12}, Shape{12, 2}}) {
+      Assembly a;
+      a.model_type = "t";
+      a.targets = {"q_proj"};
+      AssemblyOp permute{"PermuteForRope", 0};
+      permute.n_heads = 2;
+      permute.inverse = inverse;
+      a.ops = {permute};
+      a.sources = {{"q", {"q"}, {}, ""}};
+      const AssemblyResult r = assemble(a, {shape});
+      ASSERT_TRUE(r.problem.empty()) << r.problem;
+      const std::vector<int> got = run(r.targets[0], leaves_data({shape}));
+      const int64_t inner = shape.size() == 2 ? shape[1] : 1;
+      const int va = inverse ? 2 : 3, vb = inverse ? 3 : 2;  // the head viewed as [va, vb]
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < vb; ++j)
+          for (int i = 0; i < va; ++i)
+            for (int64_t e = 0; e < inner; ++e) {
+              const int64_t out_row = h * 6 + j * va + i, in_row = h * 6 + i * vb + j;
+              EXPECT_EQ(got[static_cast<size_t>(out_row * inner + e)], in_row * inner + e);
+            }
+    }
+  }
+}
+
+TEST(Assembly, PermuteForRopeOfHeadsThatDoNotDivideIsAPlanError) {
+  Assembly a;
+  a.model_type = "kimi_k25";
+  a.targets = {"q_proj"};
+  AssemblyOp permute{"PermuteForRope", 0};
+  permute.n_heads = 4;
+  a.ops = {permute};
+  a.sources = {{"q", {"q"}, {}, ""}};
+  EXPECT_THROW(assemble(a, {Shape{12, 2}}), PlanError);  // heads of 3 rows: odd
+  permute.n_heads = 0;
+  a.ops = {permute};
+  EXPECT_THROW(assemble(a, {Shape{12, 2}}), PlanError);
+}
+
 TEST(Assembly, AnOperationItCannotDoIsAPlanErrorNamingItAndTheModelType) {
-  Assembly a = experts(2, {{"MergeModulelist", 0}, {"PermuteForRope", 0}}, {"w1"});
+  Assembly a = experts(2, {{"MergeModulelist", 0}, {"Interleave", 0}}, {"w1"});
   try {
     assemble(a, std::vector<Shape>(2, Shape{3, 4}));
     FAIL() << "no error";
   } catch (const PlanError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("PermuteForRope"), std::string::npos) << m;
+    EXPECT_NE(m.find("Interleave"), std::string::npos) << m;
     EXPECT_NE(m.find("'mixtral'"), std::string::npos) << m;
     EXPECT_NE(m.find("gate_up_proj"), std::string::npos) << m;
   }
