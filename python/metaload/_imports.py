@@ -52,10 +52,12 @@ class _RealExec(importlib.abc.Loader):
 
 class _RealImports(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if getattr(_tls, "finding", False) or not _forcing():
+        if getattr(_tls, "finding", False):  # the search below, or an import _forcing makes
             return None
         _tls.finding = True
         try:
+            if not _forcing():
+                return None
             spec = None
             for finder in list(sys.meta_path):
                 find = getattr(finder, "find_spec", None)
