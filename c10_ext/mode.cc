@@ -430,8 +430,8 @@ void force_random(const OpInfo& info, const c10::OperatorHandle& op, torch::jit:
   if (in.meta == 0 && info.device < 0)
     return force(info, op, stack);  // real inputs: drawn for real
   const bool own_generator = info.generator >= 0 && !(*stack)[base + info.generator].isNone();
-  const bool cpu =
-      !device.isDevice() ? in.meta > 0 || info.device >= 0 : device.toDevice().is_cpu();
+  // No device given: a factory's default (cpu) or a meta input's unknown one (counted as cpu).
+  const bool cpu = !device.isDevice() || device.toDevice().is_cpu();
   const bool may_draw = cpu && !own_generator && in.with_values == in.meta && cpu_draws_in_step();
   if (may_draw && force_with_values(info, op, stack, n_args)) return;
   if (!may_draw) {

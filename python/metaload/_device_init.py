@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from . import _lib, _thread_scope, _wrapped
+from . import _thread_scope, _wrapped
 
 _install_lock = threading.Lock()
 _scopes_lock = threading.Lock()
@@ -53,21 +53,12 @@ def scope_closed():
             _wrapped.unwrap()
 
 
-def _forcing():
-    """Whether a cuda call on this thread makes no real tensor: inside meta() (meta tensors) or
-    fake() (fake tensors), innermost first; real() makes real ones."""
-    scope = _thread_scope.kind()
-    if scope is not None:
-        return scope != "real"
-    return bool(_lib.load().is_forcing())  # MetaMode switched on in C++ (METALOAD=meta, C++ code)
-
-
 def _hook(module, original):
     def _lazy_init():
         # From torch's own Python (torch.cuda.current_device() ...): a real request.
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if getattr(module, "_initialized", False) or caller.startswith(module.__name__) or \
-                not _forcing():
+                not _thread_scope.tensors_not_real():
             return original()
         return None
 

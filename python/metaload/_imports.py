@@ -12,20 +12,11 @@ import importlib.abc
 import sys
 import threading
 
-from . import _lib, _thread_scope
+from . import _thread_scope
 
 _tls = threading.local()  # .finding: this thread is inside _RealImports.find_spec
 _install_lock = threading.Lock()
 real_scope = None  # _mode.real, set by _mode (which imports this module)
-
-
-def _forcing() -> bool:
-    """Whether a tensor made on this thread now would not be real (innermost scope first; the C++
-    mode's own answer where no Python scope is open, as METALOAD=meta leaves it)."""
-    kind = _thread_scope.kind()
-    if kind is not None:
-        return kind != "real"
-    return bool(_lib.load().is_forcing())
 
 
 class _RealExec(importlib.abc.Loader):
@@ -52,11 +43,11 @@ class _RealExec(importlib.abc.Loader):
 
 class _RealImports(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if getattr(_tls, "finding", False):  # the search below, or an import _forcing makes
+        if getattr(_tls, "finding", False):  # the search below, or an import the check makes
             return None
         _tls.finding = True
         try:
-            if not _forcing():
+            if not _thread_scope.tensors_not_real():
                 return None
             spec = None
             for finder in list(sys.meta_path):

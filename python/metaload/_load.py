@@ -271,10 +271,10 @@ def _check_mappings(key_mapping, tp_plan) -> None:
             _bad_argument(name, "None or a dict", value)
     if key_mapping:
         _compiled_mapping(key_mapping)
+    styles = list(_lib.load().tp_plan_styles()) if tp_plan else []
     for module, style in (tp_plan or {}).items():
         if not isinstance(module, str):
             raise _lib.PlanError(f"tp_plan key {module!r} is not a module name (a string)")
-        styles = list(_lib.load().tp_plan_styles())
         if not isinstance(style, str) or style not in styles:
             raise _lib.PlanError(f"tp_plan style {style!r} of {module!r} is not one of {styles}")
 

@@ -27,7 +27,7 @@ import warnings
 
 import torch
 
-from . import _lib
+from . import _lib, _thread_scope
 
 _lock = threading.Lock()
 _saved = {}  # (module, attribute) -> original, while enabled
@@ -119,11 +119,9 @@ def _detect_fake_mode(*args, **kwargs):
     torch's fake mode if one is active, else metaload's fake() scope when it is the innermost, so a
     scan on metaload's fake mode is a scan to nnsight too (no dispatch, no mask correction)."""
     found = _saved[("guards", "detect_fake_mode")](*args, **kwargs)
-    if found is None:
+    if found is None and _thread_scope.kind() == "fake":
         from ._mode import innermost
-        scope = innermost()
-        if scope is not None and getattr(scope, "_name", None) == "fake":
-            return scope
+        return innermost()
     return found
 
 
@@ -196,11 +194,11 @@ def disable_nnsight():
     with _lock:
         if not _saved:
             return
+        from nnsight.intervention import tracer as nn_tracer
+        from nnsight.modeling import processing as nn_processing
         from nnsight.modeling.mixins import meta as nn_meta
         from nnsight.modeling import transformers as nn_transformers
         nn_meta.MetaDevice = _saved[("meta", "MetaDevice")]
-        from nnsight.intervention import tracer as nn_tracer
-        from nnsight.modeling import processing as nn_processing
         nn_meta.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
         nn_processing.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
         nn_tracer.ScanningTracer.execute = _saved[("tracer", "execute")]

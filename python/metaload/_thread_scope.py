@@ -5,6 +5,8 @@ _wrapped.py) read it. It lives below all of them, so no hook imports the scopes 
 """
 import threading
 
+from . import _lib
+
 _tls = threading.local()
 
 
@@ -23,6 +25,16 @@ def restore_scope(old):
 def kind():
     """The innermost scope's kind on this thread, None outside every metaload Python scope."""
     return getattr(_tls, "scope", None)
+
+
+def tensors_not_real():
+    """Whether a tensor made on this thread now would not be real: inside meta() (meta) or fake()
+    (fake), innermost first; with no Python scope open, the C++ mode's own answer (METALOAD=meta,
+    C++ code)."""
+    scope = kind()
+    if scope is not None:
+        return scope != "real"
+    return bool(_lib.load().is_forcing())
 
 
 def forcing_here():
