@@ -3,6 +3,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -242,9 +243,222 @@ QuantView with_data(QuantView v, const std::map<std::string, const void*>& data)
 
 namespace {
 
+// One part read as a slice: [lo, hi) of dim `dim` of the part seen as `shape` (elements of its
+// stored dtype, row-major; a flat part seen as a matrix where the slice is strided).
+struct PartCut {
+  std::vector<int64_t> shape;
+  int dim = 0;
+  int64_t lo = 0, hi = 0;
+};
+
+// A TP window read as slices of the parts: the kernel's view over those slices (its window is
+// all of it), and the cut of each part that has the split dim (the others are read whole).
+struct SlicedRead {
+  QuantView view;
+  std::map<std::string, PartCut> cuts;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The groups [lo, hi) that inputs [a, b) fall in, when i / size - lo is the slice's own group
+// of input a + i' (a on a group boundary, or the slice inside one group).
+bool rebased_groups(int64_t a, int64_t b, int64_t size, int64_t* lo, int64_t* hi) {
+  if (size <= 0) return false;
+  *lo = a / size;
+  *hi = ceil_div(b, size);
+  return a % size == 0 || *hi - *lo == 1;
+}
+
+// A reader of one module's parts: its header shapes, and cuts that must fit them.
+struct Cutter {
+  const Checkpoint& ckpt;
+  const QuantModule& m;
+  SlicedRead& r;
+  bool ok = true;
+
+  std::vector<int64_t> stored(const std::string& role) const {
+    return ckpt.find(m.parts.at(role))->shape;
+  }
+  // Cuts `role` (if the module has it) on `dim` of `shape` (empty: the header's shape).
+  void cut(const std::string& role, int dim, int64_t lo, int64_t hi,
+           std::vector<int64_t> shape = {}) {
+    if (!m.parts.count(role)) return;
+    const TensorInfo& t = *ckpt.find(m.parts.at(role));
+    if (shape.empty()) shape = t.shape;
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    // A part whose bytes do not tile `shape`: read it whole and dequantize the window instead.
+    if (dim >= static_cast<int>(shape.size()) || lo < 0 || hi <= lo || hi > shape[dim] ||
+        static_cast<uint64_t>(n) * (dtype_bits(t.dtype) / 8) != t.nbytes()) {
+      ok = false;
+      return;
+    }
+    r.cuts[role] = PartCut{std::move(shape), dim, lo, hi};
+  }
+};
+
+// GPTQ: qweight [in / pack, out], qzeros [groups, out / pack], scales [groups, out], g_idx [in].
+void cut_gptq(Cutter& c, int dim, int64_t a, int64_t b) {
+  QuantView& v = c.r.view;
+  const int64_t pack = 32 / v.bits;
+  if (dim == 0) {
+    c.ok = a % pack == 0 && (b - a) % pack == 0;
+    c.cut("q", 1, a, b);
+    c.cut("scales", 1, a, b);
+    c.cut("zeros", 1, a / pack, b / pack);
+    v.out = b - a;
+    return;
+  }
+  c.ok = a % pack == 0;
+  c.cut("q", 0, a / pack, ceil_div(b, pack));
+  v.in = b - a;
+  if (c.m.parts.count("g_idx")) {
+    // g_idx may name any group (act-order): its slice, with every group's scales and zeros.
+    c.cut("g_idx", 0, a, b);
+    return;
+  }
+  int64_t lo = 0, hi = 0;
+  c.ok = c.ok && rebased_groups(a, b, v.group_size, &lo, &hi);
+  c.cut("scales", 0, lo, hi);
+  c.cut("zeros", 0, lo, hi);
+  v.groups = hi - lo;
+}
+
+// AWQ: qweight [in, out / 8], qzeros [groups, out / 8], scales [groups, out].
+void cut_awq(Cutter& c, int dim, int64_t a, int64_t b) {
+  QuantView& v = c.r.view;
+  if (dim == 0) {
+    c.ok = a % 8 == 0 && (b - a) % 8 == 0;
+    c.cut("q", 1, a / 8, b / 8);
+    c.cut("zeros", 1, a / 8, b / 8);
+    c.cut("scales", 1, a, b);
+    v.out = b - a;
+    return;
+  }
+  int64_t lo = 0, hi = 0;
+  c.ok = rebased_groups(a, b, v.group_size, &lo, &hi);
+  c.cut("q", 0, a, b);
+  c.cut("zeros", 0, lo, hi);
+  c.cut("scales", 0, lo, hi);
+  v.in = b - a;
+  v.groups = hi - lo;
+}
+
+// bitsandbytes 4-bit: the flattened weight, two codes a byte, one absmax per block (double
+// quantization: u8 codes and one nested absmax per nested_block blocks).
+void cut_bnb4(Cutter& c, int dim, int64_t a, int64_t b) {
+  QuantView& v = c.r.view;
+  const int64_t bs = v.group_size, in = v.in;
+  if (bs <= 0) {
+    c.ok = false;
+    return;
+  }
+  if (dim == 0) {  // rows: one flat range
+    const int64_t k0 = a * in, k1 = b * in, b0 = k0 / bs, b1 = ceil_div(k1, bs);
+    const bool nested = c.m.parts.count("nested_scales") > 0;
+    int64_t n0 = 0, n1 = 0;  // the nested absmax of those blocks
+    c.ok = k0 % bs == 0 && k0 % 2 == 0 &&
+           (!nested || rebased_groups(b0, b1, v.nested_block, &n0, &n1));
+    if (!c.ok) return;
+    c.cut("q", 0, k0 / 2, ceil_div(k1, 2), {c.stored("q")[0]});
+    c.cut("scales", 0, b0, b1, {c.stored("scales")[0]});
+    if (nested) c.cut("nested_scales", 0, n0, n1);
+    v.out = b - a;
+    return;
+  }
+  // Columns: rows of whole blocks; a nested absmax spans rows, so that layout reads whole.
+  c.ok = !c.m.parts.count("nested_scales") && in % bs == 0 && a % bs == 0 && b % bs == 0;
+  if (!c.ok) return;
+  c.cut("q", 1, a / 2, b / 2, {v.out, in / 2});
+  c.cut("scales", 1, a / bs, b / bs, {v.out, in / bs});
+  v.in = b - a;
+}
+
+// int8: weight [out, in], SCB [out]. FP8: weight [out, in], scales [out / br, in / bc] blocks.
+void cut_rows_cols(Cutter& c, int dim, int64_t a, int64_t b) {
+  QuantView& v = c.r.view;
+  c.cut("q", dim, a, b);
+  if (v.scheme == QuantScheme::kBnb8) {
+    if (dim == 0) c.cut("scales", 0, a, b);
+  } else {  // FP8
+    int64_t lo = 0, hi = 0;
+    c.ok = c.ok && rebased_groups(a, b, dim == 0 ? v.group_size : v.block_in, &lo, &hi);
+    c.cut("scales", dim, lo, hi);
+  }
+  (dim == 0 ? v.out : v.in) = b - a;
+}
+
+// compressed-tensors int: weight_packed [out, words] (a bit stream per row), weight_scale
+// [out, groups], weight_zero_point [words down out, groups]. NVFP4: weight_packed [out, in / 2],
+// weight_scale [out, groups].
+void cut_ct(Cutter& c, int dim, int64_t a, int64_t b) {
+  QuantView& v = c.r.view;
+  const bool fp4 = v.scheme == QuantScheme::kNvfp4;
+  const int64_t bits = fp4 ? 4 : v.bits;
+  // The zero points run down out and the codes along in, as bit streams cut on word boundaries.
+  const bool on_word = (a * bits) % 32 == 0;
+  if (dim == 0) {
+    c.ok = on_word || !c.m.parts.count("zeros");
+    c.cut("q", 0, a, b);
+    c.cut("scales", 0, a, b);
+    c.cut("zeros", 0, a * bits / 32, ceil_div(b * bits, 32));
+    v.out = b - a;
+    return;
+  }
+  int64_t lo = 0, hi = 0;
+  c.ok = (fp4 ? a % 2 == 0 : on_word) && rebased_groups(a, b, v.group_size, &lo, &hi);
+  if (fp4) {
+    c.ok = c.ok && (b - a) % 2 == 0;
+    c.cut("q", 1, a / 2, b / 2);
+  } else {
+    c.cut("q", 1, a * bits / 32, ceil_div(b * bits, 32));
+  }
+  c.cut("scales", 1, lo, hi);
+  c.cut("zeros", 1, lo, hi);
+  v.in = b - a;
+  v.groups = hi - lo;
+}
+
+// How a rank reads only its window: the slices of the parts and the view over them, or nothing
+// (no window, or one the kernel's indexing cannot rebase: then the parts are read whole).
+std::optional<SlicedRead> sliced_read(const Checkpoint& ckpt, const QuantModule& m,
+                                      const QuantView& view, const DequantWindow& w) {
+  const int dim = w.rows != m.out ? 0 : (w.cols != m.in ? 1 : -1);
+  if (dim < 0) return std::nullopt;
+  const int64_t a = dim == 0 ? w.row0 : w.col0;
+  const int64_t b = a + (dim == 0 ? w.rows : w.cols);
+  SlicedRead r{view, {}};
+  Cutter c{ckpt, m, r};
+  switch (view.scheme) {
+    case QuantScheme::kGptq:
+      cut_gptq(c, dim, a, b);
+      break;
+    case QuantScheme::kAwq:
+      cut_awq(c, dim, a, b);
+      break;
+    case QuantScheme::kBnb4:
+      cut_bnb4(c, dim, a, b);
+      break;
+    case QuantScheme::kBnb8:
+    case QuantScheme::kFp8:
+      cut_rows_cols(c, dim, a, b);
+      break;
+    case QuantScheme::kCtInt:
+    case QuantScheme::kNvfp4:
+      cut_ct(c, dim, a, b);
+      break;
+  }
+  if (!c.ok) return std::nullopt;
+  return r;
+}
+
 // The module's stored parts leave the plain load (plan.rest); those the kernels read become raw
-// byte slots of the plan, each named in d.parts by its role.
-void add_parts(DequantPlan& plan, DequantTarget& d, const QuantModule& m, const Checkpoint& ckpt) {
+// byte slots of the plan, each named in d.parts by its role; a part `cuts` names is read as that
+// slice only (the bytes beside it are other ranks').
+void add_parts(DequantPlan& plan, DequantTarget& d, const QuantModule& m, const Checkpoint& ckpt,
+               const std::map<std::string, PartCut>& cuts) {
   for (const auto& [role, name] : m.parts) {
     plan.rest.lookup.erase(name);
     if (!loaded_role(role)) continue;
@@ -256,9 +470,71 @@ void add_parts(DequantPlan& plan, DequantTarget& d, const QuantModule& m, const 
     s.data_offset = ckpt.files[r.file].data_start + info.begin;
     s.stored_shape = {static_cast<int64_t>(info.nbytes() / (dtype_bits(info.dtype) / 8))};
     s.stored_dtype = s.dtype = raw_dtype(info.dtype);
+    if (auto c = cuts.find(role); c != cuts.end()) {
+      TpShard shard;
+      shard.dim = c->second.dim;
+      shard.ranges = {{c->second.lo, c->second.hi}};
+      shard.shape = c->second.shape;
+      shard.shape[shard.dim] = c->second.hi - c->second.lo;
+      s.stored_shape = c->second.shape;
+      s.shard = std::move(shard);
+    }
     d.parts.emplace_back(role, plan.parts.size());
     plan.parts.push_back(std::move(s));
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The window target `t` takes of module `m` (this rank's, under TP), or none: a mismatch added
+// to `bad` (no TP shard for the name, a target of another shape).
+std::optional<DequantWindow> window_of(const LoadTarget& t, const QuantModule& m,
+                                       const Checkpoint& ckpt, const QuantConfig& config,
+                                       const LoadOptions& opt, std::vector<MismatchItem>& bad) {
+  const std::string rank =
+      " (rank " + std::to_string(opt.tp_rank) + " of " + std::to_string(opt.tp_size) + ")";
+  std::optional<TpShard> shard;
+  if (opt.tp_size > 1) {
+    try {
+      shard = opt.names.tp_shard(t.name, {m.out, m.in}, opt.tp_rank, opt.tp_size);
+    } catch (const std::exception& e) {
+      bad.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) + " of " +
+                                 std::to_string(opt.tp_size) + ": " + escape_text(e.what())});
+      return std::nullopt;
+    }
+  }
+  const DequantWindow w = dequant_window(ckpt, config, m, shard ? &*shard : nullptr, opt.tp_size);
+  const std::vector<int64_t> shape = {w.rows, w.cols}, whole = {m.out, m.in};
+  // A meta target of the whole weight takes its window's shape in the swap, as a plain one
+  // takes its shard's (plan.cc's takes_shard_shape).
+  const bool defined = t.tensor.defined();
+  if (defined && (t.tensor.sizes().vec() == shape ||
+                  (opt.tp_size > 1 && t.tensor.is_meta() && t.tensor.sizes().vec() == whole))) {
+    return w;
+  }
+  const std::string where = quote_text(m.name + ".weight", '\'') + " (" +
+                            quant_scheme_name(dequant_scheme(config)) + ", " + shape_str(whole) +
+                            ")";
+  bad.push_back({t.name, ": shape " + (defined ? shape_str(t.tensor.sizes().vec()) : "?") +
+                             " in the module but " + where + " dequantizes to " + shape_str(shape) +
+                             (opt.tp_size > 1 ? rank : "")});
+  return std::nullopt;
+}
+
+// d's kernel parameters and parts. A TP rank reads only its window's packed bytes and scales,
+// where the kernels' indexing allows (sliced_read); otherwise the whole parts, of which it
+// dequantizes the window.
+void add_reads(DequantPlan& plan, DequantTarget& d, const QuantModule& m, const Checkpoint& ckpt) {
+  d.view = quant_view(ckpt, plan.layout.config, m);
+  std::map<std::string, PartCut> cuts;
+  if (auto sliced = sliced_read(ckpt, m, d.view, d.window)) {
+    d.view = sliced->view;
+    d.window = DequantWindow{0, d.window.rows, 0, d.window.cols};
+    cuts = std::move(sliced->cuts);
+  }
+  add_parts(plan, d, m, ckpt, cuts);
 }
 
 }  // namespace
@@ -282,7 +558,7 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
   for (size_t i = 0; i < targets.size(); ++i) {
     if (!targets[i].computed) by_name.emplace(targets[i].name, i);
   }
-  std::vector<MismatchItem> mismatched;
+  std::vector<MismatchItem> bad;
   for (size_t k = 0; k < plan.layout.modules.size(); ++k) {
     const QuantModule& m = plan.layout.modules[k];
     const std::string weight = m.name + ".weight";
@@ -295,41 +571,18 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
     DequantTarget d;
     d.target = it->second;
     d.module = k;
-    const std::string where = quote_text(weight, '\'') + " (" +
-                              quant_scheme_name(dequant_scheme(plan.layout.config)) + ", " +
-                              shape_str(std::vector<int64_t>{m.out, m.in}) + ")";
-    std::optional<TpShard> shard;
-    if (opt.tp_size > 1) {
-      try {
-        shard = opt.names.tp_shard(t.name, {m.out, m.in}, opt.tp_rank, opt.tp_size);
-      } catch (const std::exception& e) {
-        mismatched.push_back({t.name, ": no TP shard for rank " + std::to_string(opt.tp_rank) +
-                                          " of " + std::to_string(opt.tp_size) + ": " +
-                                          escape_text(e.what())});
-        continue;
-      }
-    }
-    d.window = dequant_window(ckpt, plan.layout.config, m, shard ? &*shard : nullptr, opt.tp_size);
-    const std::vector<int64_t> shape = {d.window.rows, d.window.cols};
-    if (!t.tensor.defined() || t.tensor.sizes().vec() != shape) {
-      mismatched.push_back(
-          {t.name, ": shape " + (t.tensor.defined() ? shape_str(t.tensor.sizes().vec()) : "?") +
-                       " in the module but " + where + " dequantizes to " + shape_str(shape) +
-                       (opt.tp_size > 1 ? " (rank " + std::to_string(opt.tp_rank) + " of " +
-                                              std::to_string(opt.tp_size) + ")"
-                                        : "")});
-      continue;
-    }
-    d.view = quant_view(ckpt, plan.layout.config, m);
-    add_parts(plan, d, m, ckpt);
+    const std::optional<DequantWindow> w = window_of(t, m, ckpt, plan.layout.config, opt, bad);
+    if (!w) continue;
+    d.window = *w;
+    add_reads(plan, d, m, ckpt);
     plan.dequantized[d.target] = true;
     plan.targets.push_back(std::move(d));
   }
-  if (!mismatched.empty()) {
+  if (!bad.empty()) {
     const std::string summary = "checkpoint " + quote_text(ckpt.ref, '\'') +
                                 " does not fit: 0 missing, 0 unexpected, " +
-                                std::to_string(mismatched.size()) + " mismatched";
-    throw MismatchError(summary, {}, {}, std::move(mismatched));
+                                std::to_string(bad.size()) + " mismatched";
+    throw MismatchError(summary, {}, {}, std::move(bad));
   }
   return plan;
 }
