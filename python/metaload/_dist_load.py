@@ -25,7 +25,15 @@ Every rank of the group calls load_into with the same tp_size. The steps, each b
 
 A rank's slice comes from the model family's TP plan (vLLM's layouts; metaload.TransformersModel's
 families: GPT-2, Llama, Mistral, Qwen2), read by a per-rank TransformersModel dispatch; tp_size 1
-(every rank a whole replica) works for any module, as load_into does.
+(every rank a whole replica) works for any module, as load_into does. With tp_plan= (the caller's
+plan) or dequantize=, each rank's slice is the single-process load_into(tp_rank=, tp_size=,
+tp_plan=, dequantize=) of that rank into meta stand-ins of the module's tensors (the C++ plan
+slices: loader/load/dequant_load.h reads only the packed bytes and scales of the rank's window);
+dequantize= with tp_size > 1 needs tp_plan= (the families' plans do not dequantize). Those two
+load across the group only where asked (process_group=, source_rank=, distributed=True): under
+an initialised torch.distributed each process may be loading its own slice alone. When every rank
+fails with a DequantError (a degree off the scheme's boundaries), each raises a DequantError (its
+.rule, and .failures as a DistributedError's) instead of a DistributedError.
 
 After a DistributedError raised because a rank died or did not answer, the process group is
 broken (gloo keeps the failed operation): destroy it and make a new one before the next load.
@@ -204,6 +212,13 @@ class _Staged(NamedTuple):
     report: Any  # the LoadReport of the files read for this slice, or None
 
 
+class _OwnPlan(NamedTuple):
+    """load_into's dequantize= and tp_plan=: the slice is the single-process load's (not the
+    family's TransformersModel); None where neither is given."""
+    dequantize: Optional[torch.dtype]
+    tp_plan: Optional[Dict[str, str]]
+
+
 def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
     """The floating dtype of most of the module's elements (bf16 weights beside a float32
     inv_freq buffer: bf16), which the slice is read in; the few others convert afterwards."""
@@ -215,42 +230,57 @@ def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
 
 
 def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, tp_size: int,
-                      threads: int, revision, strict: bool, mmap) -> _Staged:
+                      threads: int, revision, strict: bool, mmap,
+                      own: Optional[_OwnPlan] = None) -> _Staged:
     """Rank tp_rank's tensors of `ref`, loaded into fresh tensors (the module is not touched)."""
-    from ._mode import real
-    ops = _lib.load()
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if tp_size == 1:
-        # Any module: the plain load into meta stand-ins of the module's tensors.
-        uniq: Dict[int, torch.Tensor] = {}
-        names, shadows = [], []
-        for n, t in zip(targets.names, targets.tensors):
-            if n not in targets.strict_names:
-                continue
-            if id(t) not in uniq:
-                uniq[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            names.append(n)
-            shadows.append(uniq[id(t)])
-        # Non-persistent buffers take the values their constructor computed, where known (as
-        # load_into's computed_keys); unknown ones are left as they are.
-        comp = [(n, t, ops.values_of(t) if t.is_meta else t)
-                for n, t in zip(targets.names, targets.tensors)
-                if n not in targets.strict_names and id(t) not in uniq]
-        comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
-                for n, t, v in comp if v is not None]
-        with real():
-            out = ops.load_into(shadows, names, str(ref), revision, dev, dtype, 0, 1, threads, 0,
-                                strict, False, mmap, computed=[c[1] for c in comp],
-                                computed_names=[c[0] for c in comp],
-                                computed_values=[c[2] for c in comp])
-        rep = _report(out)
-        left = set(rep.missing_keys)  # strict=False: what the checkpoint lacks stays as it is
-        staged = {n: t for n, t in zip(names, shadows) if n not in left}
-        staged.update((n, t) for n, t, _ in comp if n not in left)
-        return _Staged(staged, rep.bytes, rep)
+    if tp_size == 1 or own is not None:
+        return _stage_plain(targets, ref, dev, dtype, tp_rank, tp_size, threads, revision, strict,
+                            mmap, own or _OwnPlan(None, None))
     # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
     want = dtype if dtype is not None else _main_dtype(targets)
     return _stage_family(ref, dev, want, tp_rank, tp_size, threads, revision)
+
+
+def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size: int,
+                 threads: int, revision, strict: bool, mmap, own: _OwnPlan) -> _Staged:
+    """The single-process load_into of rank tp_rank (by own.tp_plan; own.dequantize) into meta
+    stand-ins of the module's tensors: any module. A stand-in of a split tensor's whole shape takes
+    the rank's slice (its shard's or dequantized window's shape, as the C++ plan cuts it)."""
+    from ._mode import real
+    ops = _lib.load()
+    uniq: Dict[int, torch.Tensor] = {}
+    names, shadows = [], []
+    for n, t in zip(targets.names, targets.tensors):
+        if n not in targets.strict_names:
+            continue
+        if id(t) not in uniq:
+            uniq[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        names.append(n)
+        shadows.append(uniq[id(t)])
+    # Non-persistent buffers take the values their constructor computed, where known (as
+    # load_into's computed_keys); unknown ones are left as they are.
+    comp = [(n, t, ops.values_of(t) if t.is_meta else t)
+            for n, t in zip(targets.names, targets.tensors)
+            if n not in targets.strict_names and id(t) not in uniq]
+    comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
+            for n, t, v in comp if v is not None]
+    # The caller's plan by the C++ name rule (loader/tp/user_plan.h), as load_into's _tp_dims
+    tp_dims = None
+    if own.tp_plan is not None:
+        flat = [x for pair in own.tp_plan.items() for x in pair]
+        tp_dims = list(ops.tp_plan_dims(names, flat))
+    with real():
+        out = ops.load_into(shadows, names, str(ref), revision, dev, dtype, tp_rank, tp_size,
+                            threads, 0, strict, False, mmap, computed=[c[1] for c in comp],
+                            computed_names=[c[0] for c in comp],
+                            computed_values=[c[2] for c in comp], dequantize=own.dequantize,
+                            tp_dims=tp_dims)
+    rep = _report(out)
+    left = set(rep.missing_keys)  # strict=False: what the checkpoint lacks stays as it is
+    staged = {n: t for n, t in zip(names, shadows) if n not in left}
+    staged.update((n, t) for n, t, _ in comp if n not in left)
+    return _Staged(staged, rep.bytes, rep)
 
 
 def _stage_family(ref: str, dev, want, tp_rank: int, tp_size: int, threads: int,
@@ -275,9 +305,11 @@ def _stage_family(ref: str, dev, want, tp_rank: int, tp_size: int, threads: int,
 
 
 def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dtype,
-           where: str) -> List[Tuple[torch.Tensor, torch.Tensor, str]]:
+           where: str, convert: bool = True) -> List[Tuple[torch.Tensor, torch.Tensor, str]]:
     """(target, staged tensor, name) once per target tensor; MismatchError listing every problem
-    (raised before any tensor changes)."""
+    (raised before any tensor changes). convert: a floating tensor staged in another dtype takes
+    the module's (the family's slice is read in one dtype); not where the load chose each dtype
+    itself (_stage_plain: dequantized weights keep dequantize's)."""
     missing, mismatched = [], []
     known = set(targets.names)
     pairs: Dict[int, Tuple[torch.Tensor, torch.Tensor, str]] = {}
@@ -308,7 +340,8 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
         if t.requires_grad and not s.is_floating_point():
             mismatched.append(f"{n}: requires grad but loads as {s.dtype}")
             continue
-        if dtype is None and t.is_floating_point() and s.is_floating_point() and s.dtype != t.dtype:
+        if convert and dtype is None and t.is_floating_point() and s.is_floating_point() and \
+                s.dtype != t.dtype:
             s = s.to(t.dtype)
         pairs[id(t)] = (t, s, n)
     unexpected = []
@@ -408,8 +441,11 @@ def _receive(g: _Group, src: int, device, rank: int) -> Tuple[Dict[str, torch.Te
     text = g.recv_text(src, f"waiting for rank {src}'s manifest")
     manifest = json.loads(text)
     if "error" in manifest:
-        raise _lib.LoadError(f"the source rank {src} could not serve this rank: "
-                             f"{manifest['error']}")
+        e = _lib.LoadError(f"the source rank {src} could not serve this rank: "
+                           f"{manifest['error']}")
+        # the vote's kind of this failure: the source's (a DequantError on every rank is one)
+        e.source_kind, e.source_rule = manifest.get("kind"), manifest.get("rule")
+        raise e
     dev = torch.device(device) if device is not None else torch.device("cpu")
     tensors, views, staged = [], [], {}
     for e in manifest["tensors"]:
@@ -455,13 +491,15 @@ def _timeout_s(timeout) -> float:
 
 
 def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_rank,
-          distributed, **kw):
-    """load_into's tensor-parallel and distributed cases (its report), or None: a plain load."""
+          distributed, dequantize=None, tp_plan=None, **kw):
+    """load_into's tensor-parallel and distributed cases (its report), or None: a plain load.
+    With dequantize= or tp_plan=, across the group only where asked (the module's docstring)."""
+    own_plan = dequantize is not None or tp_plan is not None
     if distributed is None:
         distributed = process_group is not None or source_rank is not None or (
-            (tp_size or 1) > 1 and torch.distributed.is_available()
+            (tp_size or 1) > 1 and not own_plan and torch.distributed.is_available()
             and torch.distributed.is_initialized())
-    if not distributed and (tp_size or 1) == 1:
+    if not distributed and ((tp_size or 1) == 1 or own_plan):
         return None
     if key_mapping:
         raise _lib.PlanError("key_mapping is not supported with tensor parallelism or a process "
@@ -469,14 +507,17 @@ def route(module, ref, *, tp_rank, tp_size, key_mapping, process_group, source_r
     if not distributed:
         return None  # one process's TP slice: the plain load with the family's plan
     return load_distributed(module, ref, tp_rank=tp_rank, tp_size=tp_size,
-                            process_group=process_group, source_rank=source_rank, **kw)
+                            process_group=process_group, source_rank=source_rank,
+                            dequantize=dequantize, tp_plan=tp_plan, **kw)
 
 
 def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=None,
                      tp_rank: Optional[int] = None, tp_size: Optional[int] = None,
                      process_group=None, source_rank: Optional[int] = None,
                      buffer_bytes: int = 0, timeout=None, threads: int = 0, strict: bool = True,
-                     revision: Optional[str] = None, mmap: Optional[bool] = None):
+                     revision: Optional[str] = None, mmap: Optional[bool] = None,
+                     dequantize: Optional[torch.dtype] = None,
+                     tp_plan: Optional[Dict[str, str]] = None):
     """metaload.load_into with a process group (see the module's docstring); returns the rank's
     LoadReport with .distributed set."""
     import torch.distributed as dist
@@ -484,11 +525,15 @@ def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=No
     if not dist.is_available() or not dist.is_initialized():
         raise _error("a distributed load_into needs torch.distributed initialised "
                      "(init_process_group) on every rank")
+    own = None if dequantize is None and tp_plan is None else _OwnPlan(dequantize, tp_plan)
     job = _Job(_Group(process_group, _timeout_s(timeout)), module, ref, device, dtype, threads,
-               strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES)
+               strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES, own)
     size = tp_size if tp_size is not None else job.g.size
     rank = tp_rank if tp_rank is not None else (job.g.rank if size > 1 else 0)
     job.handshake(rank, size, buffer_bytes)  # 1: all agree, or all raise
+    if own is not None and own.tp_plan is None and size > 1:  # every rank alike (the handshake)
+        raise _lib.PlanError(f"dequantize= with tp_size {size} across a process group needs "
+                             f"tp_plan= (the model families' TP plans do not dequantize)")
     t_stage = time.monotonic()
     status = job.stage(rank, size)  # 2: nothing in the module changes here
     stage_seconds = time.monotonic() - t_stage
@@ -502,10 +547,11 @@ class _Job:
     (a local failure is a "no" in the vote, never a rank that leaves the others waiting)."""
 
     def __init__(self, g: _Group, module, ref, device, dtype, threads, strict, revision, mmap,
-                 source_rank, buffer_bytes):
+                 source_rank, buffer_bytes, own: Optional[_OwnPlan] = None):
         self.g, self.module, self.ref, self.device, self.dtype = g, module, ref, device, dtype
         self.threads, self.strict, self.revision, self.mmap = threads, strict, revision, mmap
         self.source_rank, self.buffer_bytes = source_rank, buffer_bytes
+        self.own = own
         self.mode = "shared" if source_rank is None else "broadcast"
         self.peers: List[dict] = []
         self.pairs: List[Tuple[torch.Tensor, torch.Tensor, str]] = []
@@ -518,8 +564,11 @@ class _Job:
                       f"again): {e}")
 
     def handshake(self, rank: int, size: int, buffer_bytes: int):
+        own = self.own or _OwnPlan(None, None)
         hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
-                            "source_rank": self.source_rank, "buffer_bytes": buffer_bytes})
+                            "source_rank": self.source_rank, "buffer_bytes": buffer_bytes,
+                            "dequantize": str(own.dequantize) if own.dequantize else None,
+                            "tp_plan": sorted(own.tp_plan.items()) if own.tp_plan else None})
         try:
             self.peers = [json.loads(x) for x in self.g.all_gather_text(hello, "the handshake")]
         except _Lost as e:
@@ -532,11 +581,15 @@ class _Job:
     def _own_slice(self, targets, rank, size):
         _fault(self.g.rank, "fail_stage")
         mine = _stage_from_files(targets, self.ref, self.device, self.dtype, rank, size,
-                                 self.threads, self.revision, self.strict, self.mmap)
+                                 self.threads, self.revision, self.strict, self.mmap, self.own)
         self.bytes_read, self.load_report = mine.bytes_read, mine.report
         self.pairs = _match(targets, mine.tensors, self.strict, self.dtype,
-                            f"rank {rank} of {size}")
+                            f"rank {rank} of {size}", self.converts(size))
         return mine
+
+    def converts(self, size: int) -> bool:
+        """Whether the slice is the family's (read in one dtype, converted to the module's)."""
+        return size > 1 and self.own is None
 
     def stage(self, rank: int, size: int) -> Dict[str, Any]:
         g = self.g
@@ -556,7 +609,8 @@ class _Job:
                     own_error = e
                 self.bytes_read += _serve_all(g, self.peers, self.ref, self.dtype, self.threads,
                                               self.revision, self.strict, self.mmap, targets,
-                                              self.buffer_bytes, self.progress, own, own_error)
+                                              self.buffer_bytes, self.progress, own, own_error,
+                                              plan=self.own)
                 if own_error is not None:
                     raise own_error
             else:
@@ -564,12 +618,13 @@ class _Job:
                 staged, self.received, self.progress["buffer"] = _receive(
                     g, self.source_rank, self.device, g.rank)
                 self.pairs = _match(_targets(self.module), staged, self.strict, self.dtype,
-                                    f"rank {rank} of {size}")
+                                    f"rank {rank} of {size}", self.converts(size))
             status: Dict[str, Any] = {"ok": True}
         except _Lost as e:
             status = {"ok": False, "error": f"lost contact: {e}"}
         except Exception as e:  # a failed stage is this rank's "no" in the vote
-            status = {"ok": False, "error": _describe(e)}
+            status = {"ok": False, "error": _describe(e), "kind": _kind_of(e),
+                      "rule": getattr(e, "source_rule", None) or getattr(e, "rule", None)}
         status.update(bytes_read=self.bytes_read, held_bytes=_held(self.pairs))
         return status
 
@@ -581,9 +636,10 @@ class _Job:
         failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
         if failures:
             lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
-            raise _error(f"{len(failures)} of {self.g.size} ranks failed to load "
-                         f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its previous "
-                         f"weights:\n{lines}", failures)
+            message = (f"{len(failures)} of {self.g.size} ranks failed to load "
+                       f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its previous "
+                       f"weights:\n{lines}")
+            raise _typed_failure(votes, message, failures) or _error(message, failures)
         return votes
 
     def report(self, rank, size, votes, stage_seconds, seconds):
@@ -599,6 +655,26 @@ class _Job:
                                 peak_device_staging_bytes=0, reads=0, direct_bytes=0,
                                 mapped_bytes=0, threads=0, engine="received", files=[])
         return report._replace(distributed=d)
+
+
+def _kind_of(e: BaseException) -> str:
+    """The metaload kind of a rank's failure; a receiver's is the source's failure it reports."""
+    return getattr(e, "source_kind", None) or getattr(e, "kind", None) or type(e).__name__
+
+
+def _typed_failure(votes: List[dict], message: str, failures: Dict[int, str]):
+    """A DequantError when every rank failed with one (a degree off the scheme's boundaries, a
+    malformed quantized checkpoint: the same on every rank), else None (a DistributedError)."""
+    kinds = {v.get("kind") for v in votes}
+    if any(v["ok"] for v in votes) or kinds != {"DequantError"}:
+        return None
+    rules = {v.get("rule") for v in votes}
+    rule = rules.pop() if len(rules) == 1 else None
+    if rule and not message.rstrip().endswith(f"(rule {rule})"):
+        message += f" (rule {rule})"
+    e = _lib.DequantError(message)
+    e.failures = dict(failures)
+    return e
 
 
 def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
@@ -625,6 +701,9 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
     if bad:
         problems.append(f"buffer_bytes must be 0 (the default, {DEFAULT_BUFFER_BYTES >> 20} MiB) "
                         f"or a positive number of bytes ({', '.join(bad)})")
+    for key, what in (("dequantize", "dequantize"), ("tp_plan", "tp_plan")):
+        if len({json.dumps(p.get(key)) for p in peers}) != 1:
+            problems.append(f"{what} differs ({each(key)})")
     sources = {p["source_rank"] for p in peers}
     if len(sources) != 1:
         problems.append(f"source_rank differs ({each('source_rank')})")
@@ -637,30 +716,41 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
 
 def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
                buffer_bytes, progress, own: Optional[_Staged],
-               own_error: Optional[BaseException], keep=None) -> int:
+               own_error: Optional[BaseException], keep=None,
+               plan: Optional[_OwnPlan] = None) -> int:
     """The source's part of a broadcast: each other rank's slice, read and sent in turn (one
     slice in memory at a time). Returns the bytes read. A failure sends the ranks not yet served
-    the error, so they vote at once instead of waiting out the timeout; it is raised after."""
+    the error (and its kind), so they vote at once instead of waiting out the timeout; it is
+    raised after.
+
+    With dequantize= (plan), each rank is sent its dequantized slice, not the packed parts and
+    scales: those would be fewer bytes on the wire (a 4-bit weight is a quarter of its bf16
+    slice), but the receivers never open the files, so they lack the headers and config.json the
+    kernels' plan comes from (loader/load/dequant_load.h plans on the reading rank, in C++); the
+    source runs every rank's kernels, on slices it reads anyway."""
     read, error = 0, None
     if own_error is not None:
-        error = f"reading its own slice: {_describe(own_error)}"
+        error = {"error": f"reading its own slice: {_describe(own_error)}",
+                 "kind": _kind_of(own_error), "rule": getattr(own_error, "rule", None)}
     for r in range(g.size):
         if r == g.rank:
             continue
         if error is not None:
             with contextlib.suppress(_Lost):
-                g.send_text(json.dumps({"error": error}), r, f"telling rank {r}")
+                g.send_text(json.dumps(error), r, f"telling rank {r}")
             continue
         try:
             if peers[r]["tp_size"] == 1:  # replicas: every rank gets what the source holds
                 staged = _Staged(own.tensors, 0, None)
             else:
                 staged = _stage_from_files(targets, ref, "cpu", dtype, peers[r]["tp_rank"],
-                                           peers[r]["tp_size"], threads, revision, strict, mmap)
+                                           peers[r]["tp_size"], threads, revision, strict, mmap,
+                                           plan)
         except Exception as e:
-            error = f"reading rank {r}'s slice: {_describe(e)}"
+            error = {"error": f"reading rank {r}'s slice: {_describe(e)}", "kind": _kind_of(e),
+                     "rule": getattr(e, "rule", None)}
             with contextlib.suppress(_Lost):
-                g.send_text(json.dumps({"error": error}), r, f"telling rank {r}")
+                g.send_text(json.dumps(error), r, f"telling rank {r}")
             continue
         read += staged.bytes_read
         tensors = staged.tensors if keep is None else \
@@ -668,11 +758,11 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
         try:
             _serve(g, r, tensors, buffer_bytes, progress)
         except _Lost as e:
-            error = f"serving rank {r}: {e}"
+            error = {"error": f"serving rank {r}: {e}"}
         del staged
         _fault(g.rank, "mid_load")
     if error is not None and own_error is None:
-        raise _lib.LoadError(error)
+        raise _lib.LoadError(error["error"])
     return read
 
 

@@ -244,11 +244,6 @@ def _check_arguments(a: Dict[str, Any]) -> None:
         _bad_argument("timeout", "None, a positive number of seconds or a timedelta", t)
     _check_mappings(a["key_mapping"], a["tp_plan"])
     _adapters.check_arguments(a["adapters"], a)
-    if (a["dequantize"] is not None or a["tp_plan"] is not None) and (
-            a["process_group"] is not None or a["source_rank"] is not None or a["distributed"]):
-        raise _lib.PlanError("load_into: dequantize= and tp_plan= load in one process; a load "
-                             "across a process group (process_group=, source_rank=, "
-                             "distributed=True) takes neither yet")
     _lib.check_utf8(_lib.ResolveError, "load_into(ref=...)", [a["ref"], a["revision"]])
     _lib.check_utf8(_lib.PlanError, "load_into(key_mapping=...)", a["key_mapping"] or {})
 
@@ -344,18 +339,18 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
     tp_plan: {module: "colwise" | "rowwise" | "experts"}: this rank's slice only, by the given
     plan (loader/load/README.md; "experts": E / tp_size whole experts of fused experts, reading
-    only theirs); with dequantize, slices fall on pack and group boundaries.
+    only theirs); with dequantize, slices fall on pack and group boundaries (reading only theirs);
+    both load across a process group too where asked (metaload._dist_load).
     """
     _check_arguments(dict(locals()))
     ref, revision = _key_checkpoint(ref, revision)
-    if dequantize is None and tp_plan is None:
-        routed = _dist_load.route(
-            module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
-            threads=threads, strict=strict, revision=revision, mmap=mmap, key_mapping=key_mapping,
-            process_group=process_group, source_rank=source_rank, buffer_bytes=buffer_bytes,
-            timeout=timeout, distributed=distributed)
-        if routed is not None:
-            return routed
+    routed = _dist_load.route(
+        module, ref, device=device, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
+        threads=threads, strict=strict, revision=revision, mmap=mmap, key_mapping=key_mapping,
+        process_group=process_group, source_rank=source_rank, buffer_bytes=buffer_bytes,
+        timeout=timeout, distributed=distributed, dequantize=dequantize, tp_plan=tp_plan)
+    if routed is not None:
+        return routed
     # One process, a TP slice without the caller's plan: the family's (model/family_load.h).
     family = "family" if (tp_size or 1) > 1 and tp_plan is None and dequantize is None else None
     return _load_plain(module, ref, device, dtype, tp_rank or 0, tp_size or 1, threads,

@@ -65,9 +65,6 @@ def untouched(model):
                        "got -1"),
     (dict(timeout="5"), "timeout must be None, a positive number of seconds or a timedelta, "
                         "got '5'"),
-    (dict(dequantize=torch.float32, source_rank=0),
-     "load_into: dequantize= and tp_plan= load in one process; a load across a process group "
-     "(process_group=, source_rank=, distributed=True) takes neither yet"),
 ])
 def test_tensor_parallel_and_integer_arguments_name_themselves(tmp_path, kwargs, message):
     path = checkpoint(tmp_path)
