@@ -18,7 +18,8 @@ import torch
 
 import metaload
 from dist_load_util import env, free_port, header_bytes
-from quant_refs import awq_tensors, bnb4_tensors, fp8_tensors, gptq_tensors, write_safetensors
+from quant_refs import (awq_tensors, bnb4_tensors, bnb8_tensors, ct_config, ct_int_tensors,
+                        fp8_tensors, gptq_tensors, nvfp4_tensors, write_safetensors)
 from test_dequant import IN, OUT, PLAN, linears, norms, tp_model
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
@@ -27,10 +28,18 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
                       "dist_dequant_worker.py")
 SCHEMES = ["gptq", "awq", "bnb4", "fp8"]
+# The others the single-process path dequantizes (in one process below): int8, double-quantized
+# NF4, compressed-tensors int (with zero points) and NVFP4.
+MORE = ["bnb8", "bnb4_nested", "ct_int", "nvfp4"]
 # Per scheme, the parts a rank reads whole, by the dim its weight splits on (0: q_proj, colwise;
 # 1: o_proj, rowwise): GPTQ's g_idx along out, and along in every group's scales and zeros (g_idx
-# may name any group); bitsandbytes' 16-entry quant_map.
-WHOLE = {"gptq": {0: {"g_idx"}, 1: {"scales", "zeros"}}, "bnb4": {0: {"code"}, 1: {"code"}}}
+# may name any group); bitsandbytes' quant maps (and int8's SCB along in); double-quantized NF4
+# along in all its parts (a nested absmax spans rows), and along out its one nested absmax (256
+# blocks of 32 are the whole weight); NVFP4's one global scale.
+WHOLE = {"gptq": {0: {"g_idx"}, 1: {"scales", "zeros"}}, "bnb4": {0: {"code"}, 1: {"code"}},
+         "bnb8": {1: {"scales"}}, "nvfp4": {0: {"global"}, 1: {"global"}},
+         "bnb4_nested": {0: {"code", "nested_code", "nested_scales"},
+                         1: {"q", "scales", "code", "nested_scales", "nested_code"}}}
 
 
 def checkpoint(tmp, scheme, group=32, seed=3):
@@ -45,8 +54,16 @@ def checkpoint(tmp, scheme, group=32, seed=3):
             t = awq_tensors(rng, p, OUT, IN, group=group)[0]
         elif scheme == "bnb4":  # blocks of 32: a rowwise slice of 4 ranks is one block wide
             t = bnb4_tensors(rng, p, OUT, IN, blocksize=32)[0]
+        elif scheme == "bnb4_nested":  # 256 blocks of 32 a nested absmax: one per weight
+            t = bnb4_tensors(rng, p, OUT, IN, blocksize=32, nested=True)[0]
         elif scheme == "fp8":
             t = fp8_tensors(rng, p, OUT, IN, (16, 32))[0]
+        elif scheme == "bnb8":
+            t = bnb8_tensors(rng, p, OUT, IN)[0]
+        elif scheme == "ct_int":  # zero points packed down out: 32 rows a rank, 4 words
+            t = ct_int_tensors(rng, p, OUT, IN, 4, group, symmetric=False)[0]
+        elif scheme == "nvfp4":
+            t = nvfp4_tensors(rng, p, OUT, IN)[0]
         else:  # "plain": float32 weights
             w = rng.random((OUT, IN), dtype=np.float32)
             t = {f"{p}.weight": ("F32", [OUT, IN], w.tobytes())}
@@ -55,6 +72,11 @@ def checkpoint(tmp, scheme, group=32, seed=3):
               "awq": {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                       "version": "gemm"},
               "bnb4": {"quant_method": "bitsandbytes", "load_in_4bit": True},
+              "bnb4_nested": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                              "bnb_4bit_use_double_quant": True},
+              "bnb8": {"quant_method": "bitsandbytes", "load_in_8bit": True},
+              "ct_int": ct_config("pack-quantized", 4, group, symmetric=False),
+              "nvfp4": ct_config("nvfp4-pack-quantized"),
               "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                       "weight_block_size": [16, 32]}}.get(scheme)
     folder = os.path.join(str(tmp), f"{scheme}-g{group}")
@@ -123,7 +145,7 @@ def slice_bytes(path, size):
     headers = header_bytes(os.path.dirname(path))
     layout = metaload.quant_layout(path)
     role = {n: (w["weight"], r) for w in layout["weights"] for r, n in w["parts"].items()}
-    scheme = layout["weights"][0]["scheme"] if layout["weights"] else None
+    scheme = os.path.basename(os.path.dirname(path)).split("-g")[0]
     total = 0
     for name, (_, nbytes) in headers.items():
         dim = 0 if ".q_proj." in name else (1 if ".o_proj." in name else None)
@@ -151,7 +173,7 @@ def load_steps(paths, size, source_rank=None):
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("quantized")
-    return {s: checkpoint(tmp, s) for s in SCHEMES + ["plain"]}
+    return {s: checkpoint(tmp, s) for s in SCHEMES + MORE + ["plain"]}
 
 
 def check_loads(results, out, paths, size, first, source_rank=None, schemes=SCHEMES):
@@ -262,9 +284,12 @@ def test_four_ranks(paths, tmp_path):
 def test_single_process_meta_module_of_whole_shapes_takes_the_slices(paths):
     """A module on meta of whole shapes (as the ranks' stand-ins) takes each rank's slice in one
     process too, the same tensors as a module built with the slices' shapes, reading only the
-    slice's bytes."""
+    slice's bytes; each weight is its slice of the whole dequantized weight (a load without TP
+    reads every part whole: the slices' rebased reads against it)."""
     from test_dequant import meta_model
-    for scheme in SCHEMES:
+    for scheme in SCHEMES + MORE:
+        whole = tp_model(0, 1, bias(scheme))
+        metaload.load_into(whole, paths[scheme], dequantize=torch.float32, progress=False)
         for r in range(2):
             m = meta_model(bias=bias(scheme))
             rep = metaload.load_into(m, paths[scheme], dequantize=torch.float32, tp_rank=r,
@@ -273,6 +298,12 @@ def test_single_process_meta_module_of_whole_shapes_takes_the_slices(paths):
             got = m.state_dict()
             assert all(torch.equal(got[n], t) for n, t in want.items()), scheme
             assert rep.bytes == want_rep.bytes == slice_bytes(paths[scheme], 2), scheme
+            for i, layer in enumerate(whole.layers):
+                rows, cols = slice(r * OUT // 2, (r + 1) * OUT // 2), slice(r * IN // 2,
+                                                                            (r + 1) * IN // 2)
+                assert torch.equal(got[f"layers.{i}.q_proj.weight"], layer.q_proj.weight[rows])
+                assert torch.equal(got[f"layers.{i}.o_proj.weight"],
+                                   layer.o_proj.weight[:, cols]), (scheme, r, i)
 
 
 def _without(path, name):
