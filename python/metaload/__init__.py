@@ -24,6 +24,7 @@ from ._load import FileReport, LoadReport, check_mapped_files, load_into, quant_
 from ._dist_load import DistReport
 from ._mode import forcing_stats, is_forcing, meta, real, reset_forcing_stats
 from ._nnsight import disable_nnsight, enable_nnsight, nnsight_enabled
+from ._quantized_modules import build_pretrained
 from ._safetensors import FormatValueError, load, load_file, safe_open, save, save_file
 from .model import TransformersModel, make_checkpoint
 from . import checkpoint
@@ -44,6 +45,7 @@ __all__ = [
     "ModuleShape",
     "Scan",
     "TransformersModel",
+    "build_pretrained",
     "bytes_per_element",
     "check_mapped_files",
     "checkpoint",

@@ -70,17 +70,16 @@ def outer_fake_mode_set_aside():
 # quantization happens when bitsandbytes moves it to a device), so its forward -- which wants a
 # quant_state or SCB -- fails on fake inputs (nnsight's users meet this when scanning a model made
 # with BitsAndBytesConfig). Under fake(), such a layer computes what it would return: x's leading
-# dims by out_features, in x's dtype and device. Layers with real weights run bitsandbytes' own
-# forward.
+# dims by out_features, in x's dtype and device. So does a layer with real (packed) weights given a
+# fake input (a scan of a loaded model: bitsandbytes' kernels have no fake implementation, nnsight
+# #86 / #106); real inputs run bitsandbytes' own forward.
 
 _BNB_PATCHED = set()
 
 
 def _bnb_shape_forward(original):
     def forward(self, x, *args, **kwargs):
-        w = self.weight
-        placeholder = w is not None and (w.is_meta or _lib.is_fake(w))
-        if not placeholder or not (x.is_meta or _lib.is_fake(x)):
+        if self.weight is None or not (x.is_meta or _lib.is_fake(x)):
             return original(self, x, *args, **kwargs)
         if x.shape[-1] != self.in_features:
             raise _shape_error(f"{type(self).__name__}: input of {x.shape[-1]} features, the layer "

@@ -18,7 +18,12 @@ The dispatch goes through metaload only where that gives the same model: a trans
 whose checkpoint metaload can resolve (a local directory or a repo id in the hub cache, at the
 model's revision) and whose load options mean nothing more than a device and a dtype. A PEFT
 adapter (`peft=`: a LoRA adapter directory, or its repo id in the hub cache), whose layers nnsight's
-meta build puts into the skeleton, is filled in the same load (load_into's adapters=). Quantization,
+meta build puts into the skeleton, is filled in the same load (load_into's adapters=). A
+pre-quantized checkpoint (bitsandbytes 4-bit / 8-bit, compressed-tensors: its config.json's
+quantization_config) gets the library's layers in the meta build, as from_pretrained builds them
+(transformers' quantizer on the skeleton: _quantized_modules), so scan and dispatch see the same
+modules; the dispatch loads the packed tensors into them. Quantizing on load
+(`quantization_config=` or a quantization name as `dtype=`), other quantization methods,
 `device_map="auto"` / dicts, `max_memory` and other loading options fall back to nnsight's own
 dispatch, with a warning saying which option did it.
 """
@@ -27,7 +32,7 @@ import warnings
 
 import torch
 
-from . import _lib, _thread_scope
+from . import _lib, _quantized_modules, _thread_scope
 
 _lock = threading.Lock()
 _saved = {}  # (module, attribute) -> original, while enabled
@@ -79,6 +84,9 @@ def _unsupported(model):
     kwargs = dict(getattr(model, "kwargs", {}) or {})
     if kwargs.get("quantization_config") is not None:
         return "quantization_config"
+    method = _quantized_modules.method_of(getattr(model._module, "config", None))
+    if method is not None and not _quantized_modules.prepared(model._module):
+        return f"the checkpoint's quantization_config (quant_method {method!r})"
     for name in ("dtype", "torch_dtype"):
         if isinstance(kwargs.get(name), str) and kwargs[name] != "auto" and \
                 not isinstance(getattr(torch, kwargs[name], None), torch.dtype):
@@ -107,11 +115,27 @@ def _streaming_dispatch(self):
                        progress=False, mmap=_options["mmap"] if device.type == "cpu" else None,
                        adapters=[peft] if peft is not None else None)
     self._module.eval()  # as from_pretrained leaves a model (from_config leaves it training)
+    _quantized_modules.decompress_now(self._module)
     pipeline = getattr(self, "pipeline", None)
     if pipeline is not None and hasattr(pipeline, "device"):
         pipeline.device = device  # built with device="meta"; its preprocessing follows it
     self.dispatched = True
     self.metaload_report = report
+
+
+def _quantized_meta(self, *args, **kwargs):
+    """nnsight's meta build, then, for a pre-quantized checkpoint whose layers metaload fills, the
+    library's layers as from_pretrained builds them (inside the meta build's metaload.meta())."""
+    model = _saved[("transformers", "_load_meta")](self, *args, **kwargs)
+    config = getattr(model, "config", None)
+    if kwargs.get("quantization_config") is None and \
+            _quantized_modules.method_of(config) in _quantized_modules.METHODS:
+        device = _device_of(kwargs) or torch.device("cpu")
+        try:
+            _quantized_modules.apply_quantizer(model, str(device))
+        except ImportError:  # the library is not installed: nnsight's own dispatch says so
+            pass
+    return model
 
 
 def _detect_fake_mode(*args, **kwargs):
@@ -180,8 +204,10 @@ def enable_nnsight(mmap: bool = True, scan: bool = True):
         _saved[("meta", "dispatch")] = nn_meta.Meta.dispatch
         _saved[("transformers", "dispatch")] = nn_transformers.TransformersModel.__dict__.get(
             "dispatch")
+        _saved[("transformers", "_load_meta")] = nn_transformers.TransformersModel._load_meta
         nn_meta.MetaDevice = _MetaloadMetaDevice
         nn_transformers.TransformersModel.dispatch = _streaming_dispatch
+        nn_transformers.TransformersModel._load_meta = _quantized_meta
         _saved[("guards", "detect_fake_mode")] = nn_meta.detect_fake_mode
         _saved[("tracer", "execute")] = nn_tracer.ScanningTracer.__dict__["execute"]
         nn_meta.detect_fake_mode = _detect_fake_mode
@@ -202,6 +228,7 @@ def disable_nnsight():
         nn_meta.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
         nn_processing.detect_fake_mode = _saved[("guards", "detect_fake_mode")]
         nn_tracer.ScanningTracer.execute = _saved[("tracer", "execute")]
+        nn_transformers.TransformersModel._load_meta = _saved[("transformers", "_load_meta")]
         own = _saved[("transformers", "dispatch")]
         if own is None:
             del nn_transformers.TransformersModel.dispatch

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _dist_load, _lib, _progress, _tp
+from . import _dist_load, _lib, _progress, _quantized_modules, _tp
 from ._lib import typed_errors
 from ._reports import LoadReport
 from ._reports import _report as _load_report
@@ -123,8 +123,9 @@ class TransformersModel:
             args.append(float(collective_timeout))
         elif allow_local_paths:
             raise _lib.Error(f"{_lib.library_path()} predates allow_local_paths: rebuild it")
-        with self._watch(dispatching=dispatch):
+        with self._watch(dispatching=dispatch), _quantized_modules.refusing_families(ref):
             self._m = torch.classes.metaload.TransformersModel(*args)
+        _quantized_modules.refuse_in_families(str(ref), self.config)
 
     def _init_broadcast(self, ref, source_rank, buffer_bytes, *, process_group,
                         collective_timeout, revision, **placement):
