@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _adapters, _conversions, _dist_load, _lib, _progress
+from . import _adapters, _conversions, _dist_load, _lib, _progress, _quantized_modules
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
 
 
@@ -373,11 +373,14 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
                 revision, progress, mmap, key_mapping, dequantize=None, tp_plan=None,
                 name_mapping=None) -> LoadReport:
     """load_into in one process: without a TP plan, with the one given (tp_plan), or with the
-    family's (name_mapping="family")."""
-    with _open_checkpoint(ref, revision) as handle:
-        return _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads,
-                            staging_bytes, strict, revision, progress, mmap, key_mapping,
-                            dequantize, tp_plan, name_mapping)
+    family's (name_mapping="family"). Quantizing libraries' layers still on meta receive their
+    packed tensors in the same load (_quantized_modules)."""
+    with _open_checkpoint(ref, revision) as handle, _quantized_modules.receiving(
+            module, ref, revision, dtype=dtype, dequantize=dequantize, tp_plan=tp_plan,
+            tp_size=tp_size) as finish:
+        return finish(_load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads,
+                                   staging_bytes, strict, revision, progress, mmap, key_mapping,
+                                   dequantize, tp_plan, name_mapping))
 
 
 def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, staging_bytes,
