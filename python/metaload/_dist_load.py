@@ -411,9 +411,11 @@ def _chunks(total: int, size: int):
 
 
 def _serve(g: _Group, dst: int, staged: Dict[str, torch.Tensor], buffer_bytes: int,
-           progress: Dict[str, int]):
-    """Sends rank dst its staged tensors: a manifest, then their bytes in buffer_bytes chunks."""
+           progress: Dict[str, int], dequantized: List[str] = ()):
+    """Sends rank dst its staged tensors: a manifest (with the names of those dequantized, for
+    its report), then their bytes in buffer_bytes chunks."""
     manifest, order = _manifest(staged)
+    manifest["dequantized"] = list(dequantized)
     total = sum(e["nbytes"] for e in manifest["tensors"])
     chunk = max(1, min(buffer_bytes, total))
     manifest["chunk"] = chunk
@@ -436,10 +438,14 @@ def _serve(g: _Group, dst: int, staged: Dict[str, torch.Tensor], buffer_bytes: i
         progress["sent"] += n
 
 
-def _receive(g: _Group, src: int, device, rank: int) -> Tuple[Dict[str, torch.Tensor], int, int]:
-    """(staged tensors, bytes received, buffer size) from the source; raises the source's error."""
+def _receive(g: _Group, src: int, device, rank: int,
+             info: Optional[dict] = None) -> Tuple[Dict[str, torch.Tensor], int, int]:
+    """(staged tensors, bytes received, buffer size) from the source; raises the source's error.
+    info["dequantized"]: the names the source dequantized."""
     text = g.recv_text(src, f"waiting for rank {src}'s manifest")
     manifest = json.loads(text)
+    if info is not None:
+        info["dequantized"] = list(manifest.get("dequantized", []))
     if "error" in manifest:
         e = _lib.LoadError(f"the source rank {src} could not serve this rank: "
                            f"{manifest['error']}")
@@ -616,7 +622,7 @@ class _Job:
             else:
                 _fault(g.rank, "fail_stage")
                 staged, self.received, self.progress["buffer"] = _receive(
-                    g, self.source_rank, self.device, g.rank)
+                    g, self.source_rank, self.device, g.rank, self.progress)
                 self.pairs = _match(_targets(self.module), staged, self.strict, self.dtype,
                                     f"rank {rank} of {size}", self.converts(size))
             status: Dict[str, Any] = {"ok": True}
@@ -653,7 +659,8 @@ class _Job:
             report = LoadReport(bytes=0, slot_bytes=held, seconds=stage_seconds,
                                 peak_staging_bytes=self.progress["buffer"],
                                 peak_device_staging_bytes=0, reads=0, direct_bytes=0,
-                                mapped_bytes=0, threads=0, engine="received", files=[])
+                                mapped_bytes=0, threads=0, engine="received", files=[],
+                                dequantized_keys=self.progress.get("dequantized", []))
         return report._replace(distributed=d)
 
 
@@ -741,7 +748,7 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
             continue
         try:
             if peers[r]["tp_size"] == 1:  # replicas: every rank gets what the source holds
-                staged = _Staged(own.tensors, 0, None)
+                staged = _Staged(own.tensors, 0, own.report)
             else:
                 staged = _stage_from_files(targets, ref, "cpu", dtype, peers[r]["tp_rank"],
                                            peers[r]["tp_size"], threads, revision, strict, mmap,
@@ -756,7 +763,8 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
         tensors = staged.tensors if keep is None else \
             {n: t for n, t in staged.tensors.items() if n in keep}
         try:
-            _serve(g, r, tensors, buffer_bytes, progress)
+            _serve(g, r, tensors, buffer_bytes, progress,
+                   getattr(staged.report, "dequantized_keys", None) or ())
         except _Lost as e:
             error = {"error": f"serving rank {r}: {e}"}
         del staged
