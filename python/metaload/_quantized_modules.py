@@ -89,10 +89,14 @@ def build_pretrained(ref: str, revision: Optional[str] = None,
     """The model of checkpoint `ref` (a local directory or a repo id in the hub cache) on meta,
     as from_pretrained builds it: transformers' `auto_class`.from_config under metaload.meta(),
     then, for a pre-quantized checkpoint, its quantizer's layers (apply_quantizer). Fill it with
-    metaload.load_into(model, ref)."""
+    metaload.load_into(model, ref). The config is read from the directory metaload resolves (a
+    repo id: its snapshot in the hub cache), so transformers never looks anything up online."""
     import transformers
     from ._mode import meta
-    config = transformers.AutoConfig.from_pretrained(ref, revision=revision)
+    from .checkpoint import open_checkpoint
+    where = open_checkpoint(ref, revision)
+    config = transformers.AutoConfig.from_pretrained(os.path.dirname(where["config_path"] or "")
+                                                     or where["dir"])
     with meta():
         model = getattr(transformers, auto_class).from_config(config)
         apply_quantizer(model, device)

@@ -212,6 +212,21 @@ def test_loads_packed_into_the_librarys_layers_as_from_pretrained(dirs, preset):
     assert got.dtype == want.dtype and torch.equal(got, want), preset
 
 
+def test_a_repo_id_in_the_hub_cache_builds_and_loads_offline(dirs, tmp_path, monkeypatch):
+    """build_pretrained reads the config metaload resolves (the snapshot), never the network."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny-nf4"
+    shutil.copytree(dirs["bnb-nf4"], str(repo / "snapshots" / commit))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = metaload.build_pretrained("org/tiny-nf4")
+    metaload.load_into(model, "org/tiny-nf4", progress=False)
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference_logits(dirs["bnb-nf4"], ids))
+
+
 def test_a_4bit_layer_holds_bitsandbytes_quant_state(dirs):
     model = metaload.build_pretrained(dirs["bnb-nf4-dq"])
     metaload.load_into(model, dirs["bnb-nf4-dq"], progress=False)
