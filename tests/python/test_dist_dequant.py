@@ -30,16 +30,21 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
 SCHEMES = ["gptq", "awq", "bnb4", "fp8"]
 # The others the single-process path dequantizes (in one process below): int8, double-quantized
 # NF4, compressed-tensors int (with zero points) and NVFP4.
-MORE = ["bnb8", "bnb4_nested", "ct_int", "nvfp4"]
+MORE = ["bnb8", "bnb4_nested", "bnb4_nested48", "ct_int", "nvfp4"]
 # Per scheme, the parts a rank reads whole, by the dim its weight splits on (0: q_proj, colwise;
 # 1: o_proj, rowwise): GPTQ's g_idx along out, and along in every group's scales and zeros (g_idx
 # may name any group); bitsandbytes' quant maps (and int8's SCB along in); double-quantized NF4
 # along in all its parts (a nested absmax spans rows), and along out its one nested absmax (256
-# blocks of 32 are the whole weight); NVFP4's one global scale.
+# blocks of 32 are the whole weight), and with nested absmaxes of 48 blocks rank 1's everything
+# (its 128 blocks start mid-way through one: the kernel's index cannot be rebased; rank 0's start
+# on one); NVFP4's one global scale.
 WHOLE = {"gptq": {0: {"g_idx"}, 1: {"scales", "zeros"}}, "bnb4": {0: {"code"}, 1: {"code"}},
          "bnb8": {1: {"scales"}}, "nvfp4": {0: {"global"}, 1: {"global"}},
          "bnb4_nested": {0: {"code", "nested_code", "nested_scales"},
                          1: {"q", "scales", "code", "nested_scales", "nested_code"}}}
+WHOLE["bnb4_nested48"] = WHOLE["bnb4_nested"]
+WHOLE_ON_RANK = {("bnb4_nested48", 0): {0: {"code", "nested_code"}},
+                 ("bnb4_nested48", 1): {0: WHOLE["bnb4_nested"][1]}}
 
 
 def checkpoint(tmp, scheme, group=32, seed=3):
@@ -56,6 +61,8 @@ def checkpoint(tmp, scheme, group=32, seed=3):
             t = bnb4_tensors(rng, p, OUT, IN, blocksize=32)[0]
         elif scheme == "bnb4_nested":  # 256 blocks of 32 a nested absmax: one per weight
             t = bnb4_tensors(rng, p, OUT, IN, blocksize=32, nested=True)[0]
+        elif scheme == "bnb4_nested48":
+            t = bnb4_tensors(rng, p, OUT, IN, blocksize=32, nested=True, nested_block=48)[0]
         elif scheme == "fp8":
             t = fp8_tensors(rng, p, OUT, IN, (16, 32))[0]
         elif scheme == "bnb8":
@@ -74,6 +81,8 @@ def checkpoint(tmp, scheme, group=32, seed=3):
               "bnb4": {"quant_method": "bitsandbytes", "load_in_4bit": True},
               "bnb4_nested": {"quant_method": "bitsandbytes", "load_in_4bit": True,
                               "bnb_4bit_use_double_quant": True},
+              "bnb4_nested48": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                "bnb_4bit_use_double_quant": True},
               "bnb8": {"quant_method": "bitsandbytes", "load_in_8bit": True},
               "ct_int": ct_config("pack-quantized", 4, group, symmetric=False),
               "nvfp4": ct_config("nvfp4-pack-quantized"),
@@ -138,7 +147,7 @@ def assert_equal_to_single(out, step, path, size, scheme, plan=PLAN, dequantize=
             assert torch.equal(got[n], t), f"rank {r} of {size}: {n} differs"
 
 
-def slice_bytes(path, size):
+def slice_bytes(path, size, rank=0):
     """The checkpoint bytes one rank's slice reads, from the headers: a split tensor's share
     (q_proj's along out, o_proj's along in, o_proj's bias whole), whole parts (WHOLE) and
     unsplit tensors whole; the parts read at plan time (a quant_state blob) not at all."""
@@ -152,8 +161,8 @@ def slice_bytes(path, size):
         r = role.get(name, (None, None))[1]
         if r in ("state", "format", "shape"):
             continue
-        whole = dim is None or name.endswith("o_proj.bias") or \
-            r in WHOLE.get(scheme, {}).get(dim, ())
+        rules = {**WHOLE.get(scheme, {}), **WHOLE_ON_RANK.get((scheme, rank), {})}
+        whole = dim is None or name.endswith("o_proj.bias") or r in rules.get(dim, ())
         total += nbytes if whole else nbytes // size
     return total
 
@@ -296,7 +305,7 @@ def test_single_process_meta_module_of_whole_shapes_takes_the_slices(paths):
             want, want_rep = single(paths[scheme], r, 2, scheme)
             got = m.state_dict()
             assert all(torch.equal(got[n], t) for n, t in want.items()), scheme
-            assert rep.bytes == want_rep.bytes == slice_bytes(paths[scheme], 2), scheme
+            assert rep.bytes == want_rep.bytes == slice_bytes(paths[scheme], 2, r), (scheme, r)
             for i, layer in enumerate(whole.layers):
                 rows, cols = slice(r * OUT // 2, (r + 1) * OUT // 2), slice(r * IN // 2,
                                                                             (r + 1) * IN // 2)
