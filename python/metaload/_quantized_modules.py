@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _lib
+from . import _lib, _thread_scope
 
 # The quantization methods whose layers this module fills; others keep from_pretrained.
 METHODS = ("bitsandbytes", "compressed-tensors")
@@ -294,10 +294,11 @@ def _finish(module: torch.nn.Module, recv: List[_Receivers], report):
 
 # ---- compressed-tensors' skeleton under a scan ---------------------------------------------------
 # compress_model leaves a pre-hook on the model that decompresses every layer on the first forward
-# (compressed-tensors' own decompression, which wants real tensors: on the meta skeleton it
-# fails). While the packed parameters are still on meta, a forward (a scan) runs each compressed
-# layer as the plain Linear it decompresses to (a meta `weight` [out, in] in the model's dtype),
-# and its packed parameters come back after the forward; once loaded, the library's own hook runs.
+# (compressed-tensors' own decompression, which wants real tensors: on the meta skeleton or on
+# fake inputs it fails). While the packed parameters are still on meta, or under fake() (a scan
+# of the loaded, still compressed model), a forward runs each compressed layer as the plain Linear
+# it decompresses to (a meta `weight` [out, in] in the model's dtype), and its packed parameters
+# come back after the forward; a real forward runs the library's own hook.
 _PACKED_NAMES = ("weight_packed", "weight_shape", "weight")
 
 
@@ -314,8 +315,9 @@ class _MetaDecompress:
 
     def pre(self, model, args):
         layers = _compressed_layers(model)
-        if not any(getattr(m, n).is_meta for m in layers for n in _PACKED_NAMES
-                   if getattr(m, n, None) is not None):
+        on_meta = any(getattr(m, n).is_meta for m in layers for n in _PACKED_NAMES
+                      if getattr(m, n, None) is not None)
+        if not on_meta and _thread_scope.kind() != "fake":  # a real forward: the library's own
             return self.own_hook(model, args)
         from ._mode import real
         for m in layers:
