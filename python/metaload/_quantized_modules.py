@@ -22,7 +22,9 @@ engine fills them with everything else, and afterwards bitsandbytes' own constru
 receivers. Everything that can refuse a receiver is checked before the load, so a refusal leaves
 the model as it was: the layout by the C++ parser (`quant_layout`: parts, dtypes, shapes and
 every quant_state blob, a `DequantError` naming file, tensor and rule), the parts each module
-needs (a `MismatchError` naming a missing one). Then the quantizer's own `postprocess_model` runs,
+needs (a `MismatchError` naming a missing one), int8's one-byte weight_format (read first: a
+`QuantLayoutError` unless row-major). The checkpoint's headers are read for this apart from the
+load's (twice: the layout's and the receivers' shapes; small beside the load). Then the quantizer's own `postprocess_model` runs,
 as from_pretrained's last step (compressed-tensors decompresses there when its config says so).
 """
 import contextlib
@@ -159,14 +161,32 @@ def _packed_modules(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module,
     return out
 
 
-def _headers(ref: str, revision: Optional[str]) -> Dict[str, Tuple[str, List[int]]]:
-    """{tensor name: (safetensors dtype, shape)} of every file of the checkpoint (headers only)."""
+def _headers(ref: str, revision: Optional[str]) -> Dict[str, Tuple[str, List[int], str]]:
+    """{tensor name: (safetensors dtype, shape, file)} of the checkpoint (headers only)."""
     from .checkpoint import open_checkpoint, read_safetensors_header
     out = {}
     for f in open_checkpoint(ref, revision)["files"]:
         for t in read_safetensors_header(f)["tensors"]:
-            out[t["name"]] = (t["dtype"], t["shape"])
+            out[t["name"]] = (t["dtype"], t["shape"], f)
     return out
+
+
+def _check_formats(names: List[str], headers) -> None:
+    """bitsandbytes reads row-major int8 weights only (weight_format 0, all it has written since
+    0.43; its own load refuses the rest). Each int8 layer's one-byte weight_format is read now,
+    by metaload's reader, so a refusal comes before anything is swapped."""
+    from ._safetensors import safe_open
+    by_file: Dict[str, List[str]] = {}
+    for n in names:
+        by_file.setdefault(headers[n][2], []).append(n)
+    for path, tensors in by_file.items():
+        with safe_open(path) as f:
+            for n in tensors:
+                value = int(f.get_tensor(n).reshape(-1)[0])
+                if value != 0:
+                    raise _lib.QuantLayoutError(
+                        f"{path}: tensor {n!r} is {value}: bitsandbytes reads row-major int8 "
+                        "weights (weight_format 0) only")
 
 
 def _meta_of(entry: Tuple[str, List[int]]) -> torch.Tensor:
@@ -200,12 +220,7 @@ class _Receivers:
             return bnb.nn.Params4bit.from_prequantized(data=weight, quantized_stats=stats,
                                                        requires_grad=False, device=weight.device,
                                                        module=self.layer)
-        fmt = self.tensors.get("weight_format")
-        if fmt is not None and int(fmt) != 0:
-            raise _lib.error_class("QuantLayoutError")(
-                f"{self.path}.weight_format is {int(fmt)}: bitsandbytes reads row-major int8 "
-                "weights (0) only")
-        # .to() of a quantized Int8Params sets CB (the int8 data), which the forward reads.
+        # (weight_format was checked before the load: _check_formats.) .to() of a quantized Int8Params sets CB (the int8 data), which the forward reads.
         return bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False,
                                  SCB=self.tensors["SCB"]).to(weight.device)
 
@@ -248,6 +263,8 @@ def _receivers(module, ref, revision) -> List[_Receivers]:
         names = _part_names(path, scheme, layout.get(path + ".weight"), ref)
         tensors = {n[len(path) + 1:]: _meta_of(headers[n]) for n in names}
         out.append(_Receivers(path, layer, scheme, tensors))
+    _check_formats([r.path + ".weight_format" for r in out if "weight_format" in r.tensors],
+                   headers)
     return out
 
 

@@ -279,6 +279,22 @@ def test_a_missing_quant_state_tensor_is_typed_and_swaps_nothing(dirs, tmp_path,
                            reference_logits(dirs[preset], torch.tensor(IDS)))
 
 
+def test_an_int8_weight_format_bitsandbytes_does_not_read_swaps_nothing(dirs, tmp_path):
+    """weight_format 1 (column-major, which bitsandbytes' own load refuses): checked before the
+    swap, like the layout, so the model stays on meta."""
+    name = "model.layers.1.self_attn.v_proj.weight_format"
+    d = str(tmp_path / "int8-col")
+    shutil.copytree(dirs["bnb-int8"], d)
+    path = os.path.join(d, "model.safetensors")
+    tensors = metaload.load_file(path)
+    tensors[name] = torch.tensor(1, dtype=torch.uint8)
+    metaload.save_file(tensors, path)
+    model = metaload.build_pretrained(d)
+    with pytest.raises(metaload.QuantLayoutError, match=name):
+        metaload.load_into(model, d, progress=False)
+    assert all_meta(model)
+
+
 def test_an_unquantized_checkpoint_into_bitsandbytes_layers_is_a_plan_error(dirs):
     model = metaload.build_pretrained(dirs["bnb-nf4"])
     with pytest.raises(metaload.PlanError, match=r"model\.layers\.0\.self_attn\.q_proj"):
