@@ -201,9 +201,55 @@ bool transpose(Run& r, const AssemblyOp& op, Lists& lists,
   return true;
 }
 
-// Rotary's row order within each head of dim 0: a head's H rows viewed as [a, b] ([H/2, 2], or
-// [2, H/2] inverse) and transposed, as transformers' PermuteForRope reshapes them. Every row is a
-// piece of its own at its new place.
+// ErnieFuseAndSplitTextVisionExperts(stack_dim = dim, concat_dim = dim1): each source's experts
+// split into as many groups as there are targets (ceil(n / targets) experts each, as transformers
+// splits them), each group stacked along dim; target t is every source's group t concatenated
+// along dim1 (Ernie 4.5 VL's text and vision experts out of one expert list).
+bool split_and_fuse(Run& r, const AssemblyOp& op, Lists& lists) {
+  const size_t n = r.a.targets.size();
+  Lists groups;  // source s's group g at s * n + g
+  for (std::vector<Value>& list : lists) {
+    const size_t size = (list.size() + n - 1) / n;
+    for (size_t g = 0; g < n; ++g) {
+      std::vector<Value> part;
+      for (size_t k = g * size; k < std::min(list.size(), (g + 1) * size); ++k)
+        part.push_back(std::move(list[k]));
+      if (part.empty()) cannot(r.a, op, "a source has fewer experts than targets");
+      groups.push_back(std::move(part));
+    }
+  }
+  if (!merge(r, AssemblyOp{"MergeModulelist", op.dim}, groups)) return false;
+  std::vector<Value> out;
+  for (size_t t = 0; t < n; ++t) {
+    Lists parts;
+    for (size_t s = 0; s < lists.size(); ++s) parts.push_back(std::move(groups[s * n + t]));
+    if (!concatenate(r, AssemblyOp{"Concatenate", op.dim1}, parts)) return false;
+    out.push_back(std::move(parts[0][0]));
+  }
+  lists = {std::move(out)};
+  return true;
+}
+
+// Index in of dim d, in groups of `group` indices each viewed as [a, b] and transposed, goes to
+// its place in the group's [b, a] (i * b + j -> j * a + i): every index of d becomes a piece of
+// its own there. PermuteForRope does this to the rows of each head, Interleave to a whole dim.
+void transpose_groups(Value& v, int d, int64_t group, int64_t a, int64_t b) {
+  std::vector<Piece> out;
+  for (const Piece& p : v.pieces) {
+    for (int64_t t = 0; t < p.extent[d]; ++t) {
+      const int64_t in = p.start[d] + t, h = in / group, i = (in % group) / b, j = in % b;
+      Piece x = p;
+      x.start[d] = h * group + j * a + i;
+      x.extent[d] = 1;
+      if (x.src_dim[d] >= 0) x.src_start[static_cast<size_t>(x.src_dim[d])] += t;
+      out.push_back(std::move(x));
+    }
+  }
+  v.pieces = std::move(out);
+}
+
+// Rotary's row order within each head of dim 0: a head's H rows viewed as [H/2, 2] ([2, H/2]
+// inverse) and transposed, as transformers' PermuteForRope reshapes them.
 bool permute_for_rope(Run& r, const AssemblyOp& op, Lists& lists) {
   size_t k = 0;
   for (std::vector<Value>& list : lists) {
@@ -219,19 +265,27 @@ bool permute_for_rope(Run& r, const AssemblyOp& op, Lists& lists) {
             std::to_string(op.n_heads) + " heads of even size do not divide " + shape_str(v.shape));
       }
       const int64_t head = rows / op.n_heads;
-      const int64_t a = op.inverse ? 2 : head / 2, b = op.inverse ? head / 2 : 2;
-      std::vector<Piece> out;
-      for (const Piece& p : v.pieces) {
-        for (int64_t t = 0; t < p.extent[0]; ++t) {
-          const int64_t in = p.start[0] + t, h = in / head, i = (in % head) / b, j = in % b;
-          Piece x = p;
-          x.start[0] = h * head + j * a + i;
-          x.extent[0] = 1;
-          if (x.src_dim[0] >= 0) x.src_start[static_cast<size_t>(x.src_dim[0])] += t;
-          out.push_back(std::move(x));
-        }
+      transpose_groups(v, 0, head, op.inverse ? 2 : head / 2, op.inverse ? head / 2 : 2);
+    }
+  }
+  return true;
+}
+
+// transformers' Interleave(dim): the dim's N indices viewed as [N/2, 2] ([2, N/2] inverse) and
+// transposed, so the even indices come first (or, inverse, interleave again). An odd dim is the
+// checkpoint tensor's misfit (a mismatch naming it), not the operation's.
+bool interleave(Run& r, const AssemblyOp& op, Lists& lists) {
+  for (std::vector<Value>& list : lists) {
+    for (Value& v : list) {
+      const int d = normal_dim(op.dim, v.shape.size());
+      if (d < 0) cannot(r.a, op, "dim out of range for " + shape_str(v.shape));
+      const int64_t n = v.shape[static_cast<size_t>(d)];
+      if (n % 2 != 0) {
+        return r.fail(q(r.leaves[v.pieces.empty() ? 0 : v.pieces[0].leaf]) + " " +
+                      shape_str(v.shape) + " has an odd dim " + std::to_string(d) +
+                      ": Interleave splits it in halves");
       }
-      v.pieces = std::move(out);
+      transpose_groups(v, d, n, op.inverse ? 2 : n / 2, op.inverse ? n / 2 : 2);
     }
   }
   return true;
@@ -309,13 +363,14 @@ void copies_of(const Assembly& a, const Piece& p, const std::vector<int64_t>& le
     merged.push_back(d);
   }
   if (merged.empty()) merged.push_back({1, 1, 1});
-  const Dim row = merged.back();
-  if (row.src != 1 || row.dst != 1) {
-    throw PlanError("model type " + q(a.model_type) + ": the conversion to " + q(a.targets[0]) +
-                    " moves the innermost dim (a transpose of the last dim): its elements would "
-                    "copy one by one, which this loader does not stream");
+  // A conversion that moves the innermost dim (a transpose of the last dim: a router's [E, H]
+  // gate stored [H, E]) has no contiguous run on both sides: its rows are single elements.
+  // Correct at any size, fast only for small tensors (each element is a copy of its own).
+  Dim row{1, 1, 1};
+  if (merged.back().src == 1 && merged.back().dst == 1) {
+    row = merged.back();
+    merged.pop_back();
   }
-  merged.pop_back();
   Dim rows{1, row.extent, row.extent};
   if (!merged.empty()) {
     rows = merged.back();
@@ -403,11 +458,16 @@ AssemblyResult assemble(const Assembly& a, const std::vector<std::vector<int64_t
       ok = transpose(run, op, lists, target_shapes);
     } else if (op.op == "PermuteForRope") {
       ok = permute_for_rope(run, op, lists);
+    } else if (op.op == "Interleave") {
+      ok = interleave(run, op, lists);
+    } else if (op.op == "ErnieFuseAndSplitTextVisionExperts") {
+      ok = split_and_fuse(run, op, lists);
     } else {
       throw PlanError("model type " + q(a.model_type) + ": operation " + op.op +
                       " of the conversion to " + q(a.targets[0]) +
                       " is not one this loader can do (it streams MergeModulelist, Concatenate, "
-                      "Chunk, Transpose and PermuteForRope)");
+                      "Chunk, Transpose, PermuteForRope, Interleave and "
+                      "ErnieFuseAndSplitTextVisionExperts)");
     }
     if (!ok) return {{}, run.problem};
   }

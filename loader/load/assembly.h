@@ -10,11 +10,14 @@
 //
 // Operations (transformers.core_model_loading): MergeModulelist(dim) stacks each source's list
 // along a new dim; Concatenate(dim) joins the values in source order; Chunk(dim) splits the one
-// value evenly into the targets; Transpose(dim0, dim1) swaps two dims where the innermost stays
-// innermost (rows still copy as runs); PermuteForRope(n_heads, inverse) reorders the rows of the
-// values it applies to (q and k) within each head, as rotary's interleaved and split halves differ
-// (each row then copies on its own). Anything else is a PlanError naming the operation and the
-// model type: never a wrong tensor.
+// value evenly into the targets; Transpose(dim0, dim1) swaps two dims (rows copy as runs where the
+// innermost dim stays innermost, element by element where it moves: fine for a router's gate);
+// PermuteForRope(n_heads, inverse) reorders the rows of the values it applies to (q and k) within
+// each head, as rotary's interleaved and split halves differ (each row then copies on its own);
+// Interleave(dim, inverse) does the same to a whole dim (even indices first);
+// ErnieFuseAndSplitTextVisionExperts(stack_dim, concat_dim) splits each source's experts among
+// the targets and fuses them. Anything else is a PlanError naming the operation and the model
+// type: never a wrong tensor.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +30,13 @@
 namespace metaload {
 
 struct AssemblyOp {
-  std::string op;  // MergeModulelist, Concatenate, Chunk, Transpose, PermuteForRope
+  std::string op;  // MergeModulelist, Concatenate, Chunk, Transpose, PermuteForRope, ...
   int dim = 0;
-  int dim1 = 1;             // Transpose's second dim
+  int dim1 = 1;             // Transpose's second dim; Ernie's concat_dim (dim: stack_dim)
   bool check_dims = false;  // Transpose: a tensor already of the target's shape stays as it is
-  // PermuteForRope: the heads dim 0 holds (the config's num_attention_heads), the direction, and
-  // per value (in target order) whether it is permuted (its name holds one of the layer names).
+  // PermuteForRope: the heads dim 0 holds (the config's num_attention_heads), the direction (also
+  // Interleave's), and per value (in target order) whether it is permuted (its name holds one of
+  // the layer names).
   int64_t n_heads = 0;
   bool inverse = false;
   std::vector<bool> applies;

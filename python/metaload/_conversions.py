@@ -21,6 +21,8 @@ _OPS = {
     "Chunk": lambda op: {"dim": op.dim},
     "Transpose": lambda op: {"dim": op.dim0, "dim1": op.dim1,
                              "check_dims": bool(getattr(op, "check_dims", False))},
+    "Interleave": lambda op: {"dim": op.dim, "inverse": bool(op.inverse)},
+    "ErnieFuseAndSplitTextVisionExperts": lambda op: {"dim": op.stack_dim, "dim1": op.concat_dim},
 }
 
 def _permute_for_rope(op, config, targets: List[str]) -> Dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _adapters, _conversions, _dist_load, _lib, _progress, _quantized_modules
+from . import _adapters, _buffer_init, _conversions, _dist_load, _lib, _progress, _quantized_modules
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
 
 
@@ -161,7 +161,11 @@ def _computed(ops, module: torch.nn.Module, state: Dict[str, torch.Tensor],
         if n in state or id(b) in in_state:
             continue
         if b.is_meta:
-            out.values.append(ops.values_of(b))
+            values = ops.values_of(b)
+            if values is None and _is_transformers_model(module):
+                from ._mode import real
+                values = _buffer_init.values_by_init(module, n, real)
+            out.values.append(values)
         elif b.device != target_device:
             out.values.append(b)
         else:
