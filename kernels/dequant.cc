@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
+
+#include "kernels/dequant_avx2.h"
 
 namespace metaload {
 
@@ -550,13 +554,21 @@ RowsFn pick_scales(const QuantView& v) {
 
 }  // namespace
 
-void dequant_cpu(const QuantView& v, const DequantDst& d) {
-  check_dequant(v, d);
-  check_g_idx(v);
-  if (d.rows == 0 || d.cols == 0) return;
-  // GPTQ checkpoints without act order still store g_idx, as i / group_size: the kernels then
-  // take the group from i (the same group, so the same bits) and GPTQ its word-at-a-time path.
-  QuantView w = v;
+namespace {
+
+std::atomic<bool> g_vector_kernels{true};
+
+// A checked window with its kernel: what every tile of it runs.
+struct Prepared {
+  QuantView v;
+  DequantDst d;
+  RowsFn fn = nullptr;
+  int64_t grain = 8;  // rows per tile, a multiple of 8
+};
+
+// GPTQ checkpoints without act order still store g_idx, as i / group_size: the kernels then
+// take the group from i (the same group, so the same bits) and GPTQ its word-at-a-time path.
+QuantView drop_trivial_g_idx(QuantView w) {
   if (w.scheme == QuantScheme::kGptq && w.g_idx != nullptr && w.group_size >= 1) {
     bool trivial = true;
     for (int64_t i = 0; i < w.in && trivial; ++i) {
@@ -564,15 +576,99 @@ void dequant_cpu(const QuantView& v, const DequantDst& d) {
     }
     if (trivial) w.g_idx = nullptr;
   }
-  const RowsFn fn = d.format == 0   ? pick_scales<0>(w)
-                    : d.format == 1 ? pick_scales<1>(w)
-                                    : pick_scales<2>(w);
-  // Tiles of at least ~64k elements; GPTQ / AWQ rows share words 8 (4) at a time, so tiles
-  // start on multiples of 8 rows.
-  int64_t grain = std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(d.cols, 1));
-  grain = (grain + 7) / 8 * 8;
-  at::parallel_for(0, d.rows, grain, [&](int64_t r0, int64_t r1) { fn(w, d, r0, r1); });
+  return w;
 }
+
+// Rows per tile: at least ~64k elements, a multiple of 8 (GPTQ / AWQ rows share words 8 or 4 at
+// a time); GPTQ 64 and AWQ 128 rows, the tiles their kernels walk qweight's cache lines in.
+int64_t row_grain(const QuantView& v, const DequantDst& d) {
+  int64_t grain = std::max<int64_t>(8, (int64_t{1} << 16) / std::max<int64_t>(d.cols, 1));
+  if (v.scheme == QuantScheme::kGptq) grain = std::max<int64_t>(grain, 64);
+  if (v.scheme == QuantScheme::kAwq) grain = std::max<int64_t>(grain, 128);
+  return (grain + 7) / 8 * 8;
+}
+
+Prepared prepare(const QuantView& v, const DequantDst& d) {
+  check_dequant(v, d);
+  check_g_idx(v);
+  Prepared p;
+  p.v = drop_trivial_g_idx(v);
+  p.d = d;
+  if (dequant_vector_kernels()) p.fn = dq_avx2::pick(p.v, d);
+  if (p.fn == nullptr) {
+    p.fn = d.format == 0   ? pick_scales<0>(p.v)
+           : d.format == 1 ? pick_scales<1>(p.v)
+                           : pick_scales<2>(p.v);
+  }
+  p.grain = row_grain(p.v, d);
+  return p;
+}
+
+struct Tile {
+  const Prepared* p;
+  int64_t r0, r1;
+};
+
+void run_tile(const Tile& t, const DequantTouch& touch) {
+  const DequantDst& d = t.p->d;
+  if (touch) {
+    const int64_t es = d.format == 0 ? 4 : 2;
+    touch(static_cast<unsigned char*>(d.data) + t.r0 * d.ld * es,
+          static_cast<size_t>(((t.r1 - t.r0 - 1) * d.ld + d.cols) * es));
+  }
+  t.p->fn(t.p->v, d, t.r0, t.r1);
+}
+
+}  // namespace
+
+void dequant_cpu(const QuantView& v, const DequantDst& d) {
+  const Prepared p = prepare(v, d);
+  if (d.rows == 0 || d.cols == 0) return;
+  at::parallel_for(0, d.rows, p.grain, [&](int64_t r0, int64_t r1) { p.fn(p.v, p.d, r0, r1); });
+}
+
+void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads, const DequantTouch& touch) {
+  std::vector<Prepared> prepared;
+  prepared.reserve(jobs.size());
+  for (const DequantJob& j : jobs) prepared.push_back(prepare(j.view, j.dst));
+  std::vector<Tile> tiles;
+  for (const Prepared& p : prepared) {
+    if (p.d.cols == 0) continue;
+    for (int64_t r = 0; r < p.d.rows; r += p.grain) {
+      tiles.push_back({&p, r, std::min(p.d.rows, r + p.grain)});
+    }
+  }
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t n = std::min(static_cast<size_t>(threads), tiles.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < tiles.size();) run_tile(tiles[i], touch);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+void set_dequant_vector_kernels(bool on) {
+  g_vector_kernels.store(on);
+}
+
+bool dequant_vector_kernels() {
+  return g_vector_kernels.load() && dq_avx2::cpu_supported();
+}
+
+namespace dq_avx2 {
+// Here, not in dequant_avx2.cc: this must run on any x86-64 CPU.
+bool cpu_supported() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok;
+#else
+  return false;
+#endif
+}
+}  // namespace dq_avx2
 
 bool dequant_cuda_compiled() {
 #ifdef METALOAD_WITH_CUDA

@@ -6,8 +6,11 @@
 // Torch ops over these (torch.ops.metaload.dequant_*) are in dequant_ops.cc.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/convert.h"  // FloatFormat
 #include "kernels/dequant_bits.h"
@@ -28,8 +31,29 @@ void check_dequant(const QuantView& v, const DequantDst& d);
 void check_g_idx(const QuantView& v);
 
 // The window of `v` into `d` on the CPU, threaded over rows with at::parallel_for (torch's
-// intra-op threads). Calls check_dequant and, for GPTQ with g_idx, check_g_idx first.
+// intra-op threads). Calls check_dequant and, for GPTQ with g_idx, check_g_idx first. Runs the
+// AVX2 + F16C kernels (dequant_avx2.cc) where the CPU has both and they cover the case, the
+// portable ones otherwise: the same bits either way.
 void dequant_cpu(const QuantView& v, const DequantDst& d);
+
+// Several windows (a load's quantized weights) on `threads` threads of their own (a load's
+// engine threads; 0: the machine's cores), which take tiles of rows of every job in turn. When
+// `touch` is set, each thread calls it on a tile's output bytes just before writing them (the
+// caller's page policy for fresh memory, e.g. MADV_POPULATE_WRITE as the copying load does). Checks
+// every job (as dequant_cpu) before any is written.
+struct DequantJob {
+  QuantView view;
+  DequantDst dst;
+};
+using DequantTouch = std::function<void(void* data, size_t bytes)>;
+void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads,
+                      const DequantTouch& touch = nullptr);
+
+// Whether dequant_cpu may run the AVX2 kernels (on by default). Tests turn them off to compare
+// them with the portable kernels; dequant_vector_kernels() is true when they are on and this CPU
+// runs them.
+void set_dequant_vector_kernels(bool on);
+bool dequant_vector_kernels();
 
 // True when this build compiled the CUDA kernels (nvcc existed); says nothing about a GPU.
 bool dequant_cuda_compiled();

@@ -2,14 +2,20 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cerrno>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
 
+#include "base/checked.h"
 #include "base/text.h"
 #include "base/torch_library.h"
 #include "kernels/dequant.h"
+#include "loader/load/swap.h"  // arena_tensor (HostArena, resolve_slot_pages)
 
 namespace metaload {
 
@@ -587,6 +593,84 @@ DequantPlan plan_dequant(const std::vector<LoadTarget>& targets, const Checkpoin
   return plan;
 }
 
+namespace {
+
+// The kernels' view of target `d` over the parts in `host`; a g_idx naming a group that does not
+// exist is the load's DequantError (g_idx-range) naming its tensor.
+QuantView checked_view(const DequantPlan& plan, const std::vector<std::string>& files,
+                       const DequantTarget& d, const std::map<std::string, const void*>& host) {
+  const QuantView hv = with_data(d.view, host);
+  try {
+    check_g_idx(hv);
+  } catch (const ShapeError& e) {
+    for (const auto& [role, i] : d.parts) {
+      if (role == "g_idx") {
+        throw DequantError(files[plan.parts[i].file], plan.parts[i].name, "g_idx-range",
+                           e.message());
+      }
+    }
+    throw;
+  }
+  return hv;
+}
+
+DequantDst window_dst(const DequantWindow& w, int fmt, void* data) {
+  DequantDst dst;
+  dst.data = data;
+  dst.format = fmt;
+  dst.ld = w.cols;
+  dst.row0 = w.row0;
+  dst.rows = w.rows;
+  dst.col0 = w.col0;
+  dst.cols = w.cols;
+  return dst;
+}
+
+// MADV_POPULATE_WRITE (Linux 5.14) on the whole pages of [p, p + n): what the copying load does
+// to its fresh slot memory before each read where it chose 4 KiB pages (loader/engine/slots.h),
+// one call instead of a fault per page. An older kernel says EINVAL once; then pages fault in.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+void populate(void* p, size_t n) {
+  static std::atomic<bool> works{true};
+  const uintptr_t page = 4096;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+  if (b <= a || !works.load(std::memory_order_relaxed)) return;
+  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+    works.store(false, std::memory_order_relaxed);
+  }
+}
+
+// CPU: the outputs share one arena, as the copying load's slots do, with its page policy (huge
+// pages, or 4 KiB pages populated just before they are written), and the load's engine threads
+// run the kernels, taking tiles of rows of every weight in turn.
+std::vector<at::Tensor> dequant_on_cpu(const DequantPlan& plan, const std::vector<QuantView>& views,
+                                       at::ScalarType dtype, int fmt, const EngineOptions& engine) {
+  const uint64_t es = fmt == 0 ? 4 : 2;
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (const DequantTarget& d : plan.targets) {
+    offsets.push_back(total);
+    const uint64_t bytes = static_cast<uint64_t>(d.window.rows) * d.window.cols * es;
+    total = checked_add(total, (bytes + 63) / 64 * 64, "bytes of the dequantized weights");
+  }
+  const bool small = resolve_slot_pages(engine.slot_pages) == SlotPages::kSmall;
+  const std::shared_ptr<HostArena> arena = HostArena::create(total, !small);
+  std::vector<at::Tensor> out;
+  std::vector<DequantJob> jobs;
+  for (size_t k = 0; k < plan.targets.size(); ++k) {
+    const DequantWindow& w = plan.targets[k].window;
+    out.push_back(arena_tensor(arena, offsets[k], {w.rows, w.cols}, dtype));
+    jobs.push_back({views[k], window_dst(w, fmt, arena->data() + offsets[k])});
+  }
+  dequant_cpu_jobs(jobs, engine.threads, small ? DequantTouch(populate) : DequantTouch());
+  return out;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> run_dequant(const DequantPlan& plan, const std::vector<std::string>& files,
                                     const LoadOptions& opt, const EngineOptions& engine,
                                     LoadReport* report) {
@@ -607,48 +691,30 @@ std::vector<at::Tensor> run_dequant(const DequantPlan& plan, const std::vector<s
 
   const at::ScalarType dtype = *opt.dequantize;
   const int fmt = dtype == at::kFloat ? 0 : (dtype == at::kHalf ? 1 : 2);
-  const bool cuda = opt.device.is_cuda();
-  std::vector<at::Tensor> on_device;  // the parts copied to the GPU, freed on return
+  std::vector<QuantView> views;  // every target checked before any is written
   for (const DequantTarget& d : plan.targets) {
-    std::map<std::string, const void*> host, dev;
-    for (const auto& [role, i] : d.parts) {
-      host[role] = parts.tensors[i].data_ptr();
-      if (cuda) {
+    std::map<std::string, const void*> host;
+    for (const auto& [role, i] : d.parts) host[role] = parts.tensors[i].data_ptr();
+    views.push_back(checked_view(plan, files, d, host));
+  }
+  if (!opt.device.is_cuda()) {
+    out = dequant_on_cpu(plan, views, dtype, fmt, engine);
+  } else {
+    std::vector<at::Tensor> on_device;  // the parts copied to the GPU, freed on return
+    for (const DequantTarget& d : plan.targets) {
+      std::map<std::string, const void*> dev;
+      for (const auto& [role, i] : d.parts) {
         on_device.push_back(parts.tensors[i].to(opt.device));
         dev[role] = on_device.back().data_ptr();
       }
+      at::Tensor t = at::empty({d.window.rows, d.window.cols},
+                               at::TensorOptions().dtype(dtype).device(opt.device));
+      dequant_cuda(with_data(d.view, dev), window_dst(d.window, fmt, t.data_ptr()), nullptr);
+      out.push_back(std::move(t));
     }
-    const QuantView hv = with_data(d.view, host);
-    try {
-      check_g_idx(hv);
-    } catch (const ShapeError& e) {
-      for (const auto& [role, i] : d.parts) {
-        if (role == "g_idx") {
-          throw DequantError(files[plan.parts[i].file], plan.parts[i].name, "g_idx-range",
-                             e.message());
-        }
-      }
-      throw;
-    }
-    at::Tensor t = at::empty({d.window.rows, d.window.cols},
-                             at::TensorOptions().dtype(dtype).device(opt.device));
-    DequantDst dst;
-    dst.data = t.data_ptr();
-    dst.format = fmt;
-    dst.ld = d.window.cols;
-    dst.row0 = d.window.row0;
-    dst.rows = d.window.rows;
-    dst.col0 = d.window.col0;
-    dst.cols = d.window.cols;
-    if (cuda) {
-      dequant_cuda(with_data(d.view, dev), dst, nullptr);
-    } else {
-      dequant_cpu(hv, dst);
-    }
-    report->slot_bytes += t.numel() * t.element_size();
-    out.push_back(std::move(t));
+    dequant_cuda_sync(nullptr);
   }
-  if (cuda) dequant_cuda_sync(nullptr);
+  for (const at::Tensor& t : out) report->slot_bytes += t.numel() * t.element_size();
   return out;
 }
 

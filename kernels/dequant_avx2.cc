@@ -1,0 +1,639 @@
+// AVX2 + F16C dequantization kernels (see dequant_avx2.h). This translation unit alone is compiled
+// with -mavx2 -mf16c -ffp-contract=off (dequant.cmake, BUILD.bazel), never -mfma: a multiply and an
+// add round twice, as in the portable kernels and the references. Nothing here runs unless
+// dequant.cc found AVX2 and F16C on the CPU. It includes no torch header and instantiates no
+// template shared with other translation units (no std containers or algorithms): an AVX2 copy of
+// a shared inline function could otherwise be picked by the linker for code that runs anywhere.
+//
+// Vectorised with explicit intrinsics (8 f32 lanes), not left to the compiler: each kernel fills a
+// row segment of floats (kChunk) and `flush` writes them in the output format. Per element the
+// lanes do what dequant_bits.h's scalar formula does (integer unpack, int32 -> f32, one f32
+// multiply); window edges that do not fill 8 lanes take those scalar formulas themselves.
+#include "kernels/dequant_avx2.h"
+
+#if defined(__AVX2__) && defined(__F16C__)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace metaload {
+namespace dq_avx2 {
+namespace {
+
+constexpr int64_t kChunk = 512;  // input columns per pass (as dequant.cc's kColChunk)
+// The 8-row kernels (GPTQ, AWQ) read qweight down a power-of-two stride, whose lines land in a
+// few cache sets: 256 inputs a pass keep a pass's lines in L2 (and buf[8] at 8 KiB in L1).
+constexpr int64_t kChunk8 = 256;
+
+inline int64_t lo(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+constexpr int elem_size(int fmt) {
+  return fmt == 0 ? 4 : 2;
+}
+
+inline unsigned char* out_row(const DequantDst& d, int64_t r, int of) {
+  return static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(of);
+}
+
+// bits::f32_to_bf16 on 8 lanes: round to nearest even on the integer bits, NaN -> 0xFFFF. The
+// result is in the low 16 bits of each lane. (AVX512-BF16's vcvtneps2bf16 flushes denormals.)
+inline __m256i bf16x8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_or_si256(r, _mm256_and_si256(nan, _mm256_set1_epi32(0xFFFF)));
+}
+
+// bits::f32_to_f16 on 8 lanes: F16C's conversion with round-to-nearest-even is exact IEEE
+// (subnormal results kept, overflow to inf); only NaN differs (the hardware keeps the payload,
+// convert_bits.h writes 0x7E00 | sign), so NaN lanes are patched.
+inline __m128i f16x8(__m256 x) {
+  __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  const int nan = _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  if (nan != 0) {
+    uint16_t t[8];
+    float f[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(t), h);
+    _mm256_storeu_ps(f, x);
+    for (int k = 0; k < 8; ++k) {
+      if ((nan >> k) & 1) t[k] = bits::f32_to_f16(bits::f32_bits(f[k]));
+    }
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
+  }
+  return h;
+}
+
+// n floats of `buf` to `o` in format OF; the tail that does not fill a vector goes through
+// dq::store.
+template <int OF>
+inline void flush(unsigned char* o, const float* buf, int64_t n) {
+  int64_t k = 0;
+  if constexpr (OF == 0) {
+    std::memcpy(o, buf, static_cast<size_t>(n) * 4);
+    return;
+  } else if constexpr (OF == 1) {
+    for (; k + 8 <= n; k += 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * k), f16x8(_mm256_loadu_ps(buf + k)));
+    }
+  } else {
+    for (; k + 16 <= n; k += 16) {
+      // packus interleaves the two 128-bit halves; permute4x64 puts them back in order.
+      const __m256i p = _mm256_packus_epi32(bf16x8(_mm256_loadu_ps(buf + k)),
+                                            bf16x8(_mm256_loadu_ps(buf + k + 8)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * k), _mm256_permute4x64_epi64(p, 0xD8));
+    }
+  }
+  for (; k < n; ++k) dq::store(o, k, OF, buf[k]);
+}
+
+// (q - z) * s on 8 lanes, in dequant_bits.h's order: integer difference, to f32, one multiply.
+inline __m256 qzs(__m256i q, __m256i z, __m256 s) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), s);
+}
+
+// Lanes k = 0..7 of one word's fields of `bits` bits starting at field `first`.
+inline __m256i fields(uint32_t w, int bits, int first) {
+  const __m256i k = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i sh =
+      _mm256_mullo_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(first)), _mm256_set1_epi32(bits));
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh),
+                          _mm256_set1_epi32(static_cast<int>((1u << bits) - 1u)));
+}
+
+// 16-entry table lookup: entries 0-7 in t0, 8-15 in t1, index in the low 4 bits of each lane.
+inline __m256 lut16(__m256 t0, __m256 t1, __m256i idx) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, idx), _mm256_permutevar8x32_ps(t1, idx),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+// The 16 nibbles of 8 bytes at p as two vectors of indices, element order: the high nibble of
+// each byte first (HighFirst, bitsandbytes) or the low one (NVFP4).
+template <bool HighFirst>
+inline void nibbles16(const uint8_t* p, __m256i* a, __m256i* b) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i dup =
+      _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+  const __m256i sh = HighFirst ? _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0)
+                               : _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+  const __m256i m = _mm256_set1_epi32(0xF);
+  *a = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(dup), sh), m);
+  *b = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(dup, 8)), sh), m);
+}
+
+// ---- GPTQ ------------------------------------------------------------------------------------
+
+// 8 inputs i..i+7 of output row j as field lanes (i a multiple of 8 / pack's alignment).
+template <int Bits>
+inline __m256i gptq_q8(const QuantView& v, int64_t i, int64_t j) {
+  constexpr int kPack = 32 / Bits;
+  if constexpr (Bits == 8) {  // two words of 4
+    const int w0 = static_cast<int>(dq::ld32(v.q, (i / 4) * v.out + j));
+    const int w1 = static_cast<int>(dq::ld32(v.q, (i / 4 + 1) * v.out + j));
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_setr_epi32(w0, w0, w0, w0, w1, w1, w1, w1),
+                                              _mm256_setr_epi32(0, 8, 16, 24, 0, 8, 16, 24)),
+                            _mm256_set1_epi32(0xFF));
+  } else {
+    return fields(dq::ld32(v.q, (i / kPack) * v.out + j), Bits, static_cast<int>(i % kPack));
+  }
+}
+
+// GPTQ, groups of whole words, no g_idx: dequant.cc's gptq_rows_words with 8 inputs a step.
+template <int Bits, int SF, int OF>
+void gptq_words(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  constexpr int kPack = 32 / Bits;
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  const int64_t zcols = v.out / kPack;
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) float buf[kChunk];
+  for (int64_t rt = r0; rt < r1; rt += 64) {
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
+      const int64_t ie = lo(c_end, ib + kChunk);
+      for (int64_t r = rt; r < lo(r1, rt + 64); ++r) {
+        const int64_t j = d.row0 + r;
+        const int zshift = Bits * static_cast<int>(j % kPack);
+        for (int64_t i = ib; i < ie;) {
+          const int64_t g = i / v.group_size;
+          const int64_t gend = lo(ie, (g + 1) * v.group_size);
+          const float sc = dq::ldf_t<SF>(v.scales, g * v.out + j);
+          const int32_t z =
+              static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / kPack) >> zshift) & kMask) +
+              v.zero_offset;
+          const __m256 scv = _mm256_set1_ps(sc);
+          const __m256i zv = _mm256_set1_epi32(z);
+          for (; i + 8 <= gend; i += 8) {
+            _mm256_storeu_ps(buf + (i - ib), qzs(gptq_q8<Bits>(v, i, j), zv, scv));
+          }
+          for (; i < gend; ++i) {
+            const uint32_t w = dq::ld32(v.q, (i / kPack) * v.out + j);
+            const int32_t q = static_cast<int32_t>((w >> (Bits * (i % kPack))) & kMask);
+            buf[i - ib] = dq::mul(static_cast<float>(q - z), sc);
+          }
+        }
+        flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+      }
+    }
+  }
+}
+
+// GPTQ 4-bit, groups of whole words, no g_idx, 8 output rows at once: qweight's words for rows
+// j0..j0+7 of one word row are one contiguous 32-byte load, and lane k broadcast gives row
+// j0 + k's 8 inputs. Reading one row's words down a column instead strides by `out` words, a
+// power of two that maps every word row to the same few cache sets (measured 3-4x slower).
+template <int SF, int OF>
+void gptq4_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t zcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i m = _mm256_set1_epi32(0xF);
+  alignas(32) float buf[8][kChunk8];
+  for (int64_t r = r0; r + 8 <= r1; r += 8) {
+    const int64_t j0 = d.row0 + r;
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk8) {
+      const int64_t ie = lo(c_end, ib + kChunk8);
+      for (int64_t i = ib; i < ie;) {
+        const int64_t g = i / v.group_size;
+        const int64_t gend = lo(ie, (g + 1) * v.group_size);
+        float sc[8];
+        int32_t z[8];
+        for (int k = 0; k < 8; ++k) {
+          const int64_t j = j0 + k;
+          sc[k] = dq::ldf_t<SF>(v.scales, g * v.out + j);
+          z[k] =
+              static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / 8) >> (4 * (j % 8))) & 0xFu) +
+              v.zero_offset;
+        }
+        for (; i + 8 <= gend; i += 8) {
+          const __m256i w =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + ((i / 8) * v.out + j0) * 4));
+          for (int k = 0; k < 8; ++k) {
+            const __m256i q = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(k)), sh), m);
+            _mm256_storeu_ps(buf[k] + (i - ib),
+                             qzs(q, _mm256_set1_epi32(z[k]), _mm256_set1_ps(sc[k])));
+          }
+        }
+        for (; i < gend; ++i) {
+          for (int k = 0; k < 8; ++k) {
+            const uint32_t w = dq::ld32(v.q, (i / 8) * v.out + j0 + k);
+            const int32_t q = static_cast<int32_t>((w >> (4 * (i % 8))) & 0xFu);
+            buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+          }
+        }
+      }
+      for (int k = 0; k < 8; ++k) {
+        flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib);
+      }
+    }
+  }
+  const int64_t rest = r1 - (r1 - r0) % 8;
+  if (rest < r1) gptq_words<4, SF, OF>(v, d, rest, r1);
+}
+
+constexpr int64_t kMaxActGroups = 1024;  // act-order tables on the stack (8 KiB)
+
+// GPTQ 4-bit with an act-order g_idx: per output row a table of every group's scale and zero,
+// then 8 inputs a step with their groups gathered from it (the table stays in L1). Whole rows one
+// after another: the next row reads the same qweight cache lines (16 rows share each).
+template <int SF, int OF>
+void gptq4_act(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t zcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) float buf[kChunk];
+  alignas(32) float sct[kMaxActGroups];
+  alignas(32) int32_t zt[kMaxActGroups];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const int zshift = 4 * static_cast<int>(j % 8);
+    for (int64_t g = 0; g < v.groups; ++g) {
+      sct[g] = dq::ldf_t<SF>(v.scales, g * v.out + j);
+      zt[g] = static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / 8) >> zshift) & 0xFu) +
+              v.zero_offset;
+    }
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
+      const int64_t ie = lo(c_end, ib + kChunk);
+      for (int64_t i = ib; i < ie;) {
+        if (i % 8 == 0 && i + 8 <= ie) {
+          const __m256i gi = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(static_cast<const unsigned char*>(v.g_idx) + i * 4));
+          const __m256 scv = _mm256_i32gather_ps(sct, gi, 4);
+          const __m256i zv = _mm256_i32gather_epi32(zt, gi, 4);
+          _mm256_storeu_ps(buf + (i - ib), qzs(gptq_q8<4>(v, i, j), zv, scv));
+          i += 8;
+          continue;
+        }
+        const int64_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i));
+        const uint32_t w = dq::ld32(v.q, (i / 8) * v.out + j);
+        const int32_t q = static_cast<int32_t>((w >> (4 * (i % 8))) & 0xFu);
+        buf[i - ib] = dq::mul(static_cast<float>(q - zt[g]), sct[g]);
+        ++i;
+      }
+      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+    }
+  }
+}
+
+// ---- AWQ -------------------------------------------------------------------------------------
+
+// The 8 output rows of one qweight column (rows r..r+7 of the window, j0 = d.row0 + r a multiple
+// of 8), as dequant.cc's awq_rows: 8 words (inputs i..i+7) make 8 vectors, one per output row.
+template <int SF, int OF>
+void awq_rows8(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
+  const int64_t wcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  int shift[8];
+  for (int k = 0; k < 8; ++k) shift[k] = 4 * dq::awq_nibble(k);
+  alignas(32) float buf[8][kChunk8];
+  const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(static_cast<int>(wcols)));
+  const __m256i m = _mm256_set1_epi32(0xF);
+  for (int64_t rt = a; rt < b; rt += 128) {
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk8) {
+      const int64_t ie = lo(c_end, ib + kChunk8);
+      for (int64_t r = rt; r < lo(b, rt + 128); r += 8) {
+        const int64_t j0 = d.row0 + r;
+        const int64_t wc = j0 / 8;
+        for (int64_t i = ib; i < ie;) {
+          const int64_t g = i / v.group_size;
+          const int64_t gend = lo(ie, (g + 1) * v.group_size);
+          float sc[8];
+          int32_t z[8];
+          const uint32_t zw = dq::ld32(v.zeros, g * wcols + wc);
+          for (int k = 0; k < 8; ++k) {
+            sc[k] = dq::ldf_t<SF>(v.scales, g * v.out + j0 + k);
+            z[k] = static_cast<int32_t>((zw >> shift[k]) & 0xFu);
+          }
+          for (; i + 8 <= gend; i += 8) {
+            const __m256i w = _mm256_i32gather_epi32(
+                reinterpret_cast<const int*>(static_cast<const unsigned char*>(v.q) +
+                                             (i * wcols + wc) * 4),
+                stride, 4);
+            for (int k = 0; k < 8; ++k) {
+              const __m256i q =
+                  _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(shift[k])), m);
+              _mm256_storeu_ps(buf[k] + (i - ib),
+                               qzs(q, _mm256_set1_epi32(z[k]), _mm256_set1_ps(sc[k])));
+            }
+          }
+          for (; i < gend; ++i) {
+            const uint32_t w = dq::ld32(v.q, i * wcols + wc);
+            for (int k = 0; k < 8; ++k) {
+              const int32_t q = static_cast<int32_t>((w >> shift[k]) & 0xFu);
+              buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+            }
+          }
+        }
+        for (int k = 0; k < 8; ++k) {
+          flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib);
+        }
+      }
+    }
+  }
+}
+
+// Rows off the 8-row words (a window's first and last few) one at a time, scalar.
+template <int SF, int OF>
+void awq_rows_each(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t wcols = v.out / 8;
+  alignas(32) float buf[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    for (int64_t ib = d.col0; ib < d.col0 + d.cols; ib += kChunk) {
+      const int64_t ie = lo(d.col0 + d.cols, ib + kChunk);
+      const int shift = 4 * dq::awq_nibble(j & 7);
+      for (int64_t i = ib; i < ie; ++i) {
+        const int64_t g = i / v.group_size;
+        const float sc = dq::ldf_t<SF>(v.scales, g * v.out + j);
+        const int32_t z =
+            static_cast<int32_t>((dq::ld32(v.zeros, g * wcols + j / 8) >> shift) & 0xFu);
+        const int32_t q = static_cast<int32_t>((dq::ld32(v.q, i * wcols + j / 8) >> shift) & 0xFu);
+        buf[i - ib] = dq::mul(static_cast<float>(q - z), sc);
+      }
+      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+    }
+  }
+}
+
+template <int SF, int OF>
+void awq(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t a = lo(r1, r0 + (8 - (d.row0 + r0) % 8) % 8);
+  int64_t b = r1 - (d.row0 + r1) % 8;
+  b = b < a ? a : b;
+  if (r0 < a) awq_rows_each<SF, OF>(v, d, r0, a);
+  if (b < r1) awq_rows_each<SF, OF>(v, d, b, r1);
+  if (a < b) awq_rows8<SF, OF>(v, d, a, b);
+}
+
+// ---- bitsandbytes ----------------------------------------------------------------------------
+
+// 4-bit: per block a 16-entry table code[n] * absmax in two vectors, 16 elements (8 bytes) a step.
+template <int OF>
+void bnb4(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const uint8_t* q = static_cast<const uint8_t*>(v.q);
+  float code[16];
+  for (int n = 0; n < 16; ++n) code[n] = dq::ldf(v.code, n, 0);
+  const __m256 c0 = _mm256_loadu_ps(code), c1 = _mm256_loadu_ps(code + 8);
+  alignas(32) float buf[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t kr = (d.row0 + r) * v.in + d.col0, kr1 = kr + d.cols;
+    for (int64_t k0 = kr; k0 < kr1; k0 += kChunk) {
+      const int64_t k1 = lo(kr1, k0 + kChunk);
+      for (int64_t k = k0; k < k1;) {
+        const int64_t blk = k / v.group_size;
+        const int64_t end = lo(k1, (blk + 1) * v.group_size);
+        const float a = dq::bnb4_absmax(v, blk);
+        const __m256 av = _mm256_set1_ps(a);
+        const __m256 t0 = _mm256_mul_ps(c0, av), t1 = _mm256_mul_ps(c1, av);  // dq::mul(code, a)
+        if (k & 1) {
+          buf[k - k0] = dq::mul(code[q[k >> 1] & 0xF], a);
+          ++k;
+        }
+        for (; k + 16 <= end; k += 16) {
+          __m256i ia, ib;
+          nibbles16<true>(q + (k >> 1), &ia, &ib);
+          _mm256_storeu_ps(buf + (k - k0), lut16(t0, t1, ia));
+          _mm256_storeu_ps(buf + (k - k0) + 8, lut16(t0, t1, ib));
+        }
+        for (; k < end; ++k) {
+          const uint8_t byte = q[k >> 1];
+          buf[k - k0] = dq::mul(code[(k & 1) ? (byte & 0xF) : (byte >> 4)], a);
+        }
+      }
+      flush<OF>(out_row(d, r, OF) + (k0 - kr) * elem_size(OF), buf, k1 - k0);
+    }
+  }
+}
+
+// LLM.int8: (q * SCB) * (1 / 127), 8 a step.
+template <int SF, int OF>
+void bnb8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  alignas(32) float buf[kChunk];
+  const __m256 inv = _mm256_set1_ps(dq::kInv127);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const int8_t* q = static_cast<const int8_t*>(v.q) + j * v.in + d.col0;
+    const float sc = dq::ldf_t<SF>(v.scales, j);
+    const __m256 scv = _mm256_set1_ps(sc);
+    for (int64_t c0 = 0; c0 < d.cols; c0 += kChunk) {
+      const int64_t n = lo(kChunk, d.cols - c0);
+      int64_t c = 0;
+      for (; c + 8 <= n; c += 8) {
+        const __m256 x = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + c0 + c))));
+        _mm256_storeu_ps(buf + c, _mm256_mul_ps(_mm256_mul_ps(x, scv), inv));
+      }
+      for (; c < n; ++c) {
+        buf[c] = dq::mul(dq::mul(static_cast<float>(q[c0 + c]), sc), dq::kInv127);
+      }
+      flush<OF>(out_row(d, r, OF) + c0 * elem_size(OF), buf, n);
+    }
+  }
+}
+
+// ---- FP8 -------------------------------------------------------------------------------------
+
+// dq::fp8_e4m3 on 8 bytes: the exponent and mantissa shifted into place (rebias 7 -> 127),
+// subnormals as m * 2^-9, S.1111.111 -> 0x7FC00000, then the sign.
+inline __m256 fp8x8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(7))),
+                                   _mm256_set1_ps(0.001953125f));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
+  const __m256i is_nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+  __m256i r = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub), is_sub);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), is_nan);
+  r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24));
+  return _mm256_castsi256_ps(r);
+}
+
+template <int SF, int OF>
+void fp8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t scols = (v.in + v.block_in - 1) / v.block_in;
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) float buf[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const uint8_t* q = static_cast<const uint8_t*>(v.q) + j * v.in;
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
+      const int64_t ie = lo(c_end, ib + kChunk);
+      for (int64_t i = ib; i < ie;) {
+        const int64_t blk = i / v.block_in;
+        const int64_t end = lo(ie, (blk + 1) * v.block_in);
+        const float sc = dq::ldf_t<SF>(v.scales, (j / v.group_size) * scols + blk);
+        const __m256 scv = _mm256_set1_ps(sc);
+        for (; i + 8 <= end; i += 8)
+          _mm256_storeu_ps(buf + (i - ib), _mm256_mul_ps(fp8x8(q + i), scv));
+        for (; i < end; ++i) buf[i - ib] = dq::mul(dq::fp8_e4m3(q[i]), sc);
+      }
+      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+    }
+  }
+}
+
+// ---- compressed-tensors ----------------------------------------------------------------------
+
+// pack-quantized 4 or 8 bits (fields never straddle words): 8 inputs a step from one word (4 bits,
+// inputs aligned to 8) or 8 bytes of the stream (8 bits).
+template <int Bits, int SF, int OF>
+void ct(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  const int64_t words = dq::ct_words(v);
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) float buf[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const int64_t w0 = j * words;
+    const uint8_t* rowq = static_cast<const uint8_t*>(v.q) + w0 * 4;
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
+      const int64_t ie = lo(c_end, ib + kChunk);
+      for (int64_t i = ib; i < ie;) {
+        const int64_t g = i / v.group_size;
+        const int64_t end = lo(ie, (g + 1) * v.group_size);
+        const float sc = dq::ldf_t<SF>(v.scales, j * v.groups + g);
+        const int32_t z = dq::ct_zero(v, j, g);
+        const __m256 scv = _mm256_set1_ps(sc);
+        const __m256i zv = _mm256_set1_epi32(z);
+        for (; i < end;) {
+          if (i + 8 <= end && (Bits == 8 || i % 8 == 0)) {
+            __m256i qv;
+            if constexpr (Bits == 8) {
+              qv =
+                  _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rowq + i)));
+            } else {
+              qv = fields(dq::ld32(v.q, w0 + i / 8), 4, 0);
+            }
+            _mm256_storeu_ps(buf + (i - ib), qzs(qv, zv, scv));
+            i += 8;
+            continue;
+          }
+          const int64_t p = i * Bits;
+          const uint32_t q = (dq::ld32(v.q, w0 + (p >> 5)) >> (p & 31)) & kMask;
+          buf[i - ib] = dq::mul(static_cast<float>(static_cast<int32_t>(q) - z), sc);
+          ++i;
+        }
+      }
+      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+    }
+  }
+}
+
+// NVFP4: per group a 16-entry table e2m1(n) * scale, 16 elements (8 bytes) a step.
+template <int OF>
+void nvfp4(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  float code[16];
+  for (int n = 0; n < 16; ++n) code[n] = dq::e2m1(n);
+  const __m256 c0 = _mm256_loadu_ps(code), c1 = _mm256_loadu_ps(code + 8);
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) float buf[kChunk];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const uint8_t* qr = static_cast<const uint8_t*>(v.q) + j * (v.in / 2);
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
+      const int64_t ie = lo(c_end, ib + kChunk);
+      for (int64_t i = ib; i < ie;) {
+        const int64_t g = i / v.group_size;
+        const int64_t end = lo(ie, (g + 1) * v.group_size);
+        const float sc = dq::nvfp4_scale(v, j, g);
+        const __m256 scv = _mm256_set1_ps(sc);
+        const __m256 t0 = _mm256_mul_ps(c0, scv), t1 = _mm256_mul_ps(c1, scv);
+        for (; i < end;) {
+          if (i % 2 == 0 && i + 16 <= end) {
+            __m256i ia, ibx;
+            nibbles16<false>(qr + (i >> 1), &ia, &ibx);
+            _mm256_storeu_ps(buf + (i - ib), lut16(t0, t1, ia));
+            _mm256_storeu_ps(buf + (i - ib) + 8, lut16(t0, t1, ibx));
+            i += 16;
+            continue;
+          }
+          const uint8_t byte = qr[i >> 1];
+          buf[i - ib] = dq::mul(code[(i & 1) ? (byte >> 4) : (byte & 0xF)], sc);
+          ++i;
+        }
+      }
+      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+    }
+  }
+}
+
+// ---- choice ----------------------------------------------------------------------------------
+
+template <int SF, int OF>
+RowsFn pick_rows(const QuantView& v, const DequantDst& d) {
+  switch (v.scheme) {
+    case QuantScheme::kGptq: {
+      const int pack = 32 / v.bits;
+      if (v.g_idx != nullptr) {
+        return v.bits == 4 && v.groups <= kMaxActGroups ? &gptq4_act<SF, OF> : nullptr;
+      }
+      if (d.col0 % pack != 0 || v.group_size % pack != 0) return nullptr;
+      return v.bits == 2 ? &gptq_words<2, SF, OF>
+                         : (v.bits == 4 ? &gptq4_rows8<SF, OF> : &gptq_words<8, SF, OF>);
+    }
+    case QuantScheme::kAwq:
+      return &awq<SF, OF>;
+    case QuantScheme::kBnb4:
+      return &bnb4<OF>;
+    case QuantScheme::kBnb8:
+      return &bnb8<SF, OF>;
+    case QuantScheme::kCtInt:
+      return v.bits == 4 ? &ct<4, SF, OF> : (v.bits == 8 ? &ct<8, SF, OF> : nullptr);
+    case QuantScheme::kNvfp4:
+      return &nvfp4<OF>;
+    case QuantScheme::kFp8:
+      return &fp8<SF, OF>;
+  }
+  return nullptr;
+}
+
+template <int OF>
+RowsFn pick_scales(const QuantView& v, const DequantDst& d) {
+  switch (v.scales_format) {
+    case 0:
+      return pick_rows<0, OF>(v, d);
+    case 1:
+      return pick_rows<1, OF>(v, d);
+    default:
+      return pick_rows<2, OF>(v, d);
+  }
+}
+
+}  // namespace
+
+RowsFn pick(const QuantView& v, const DequantDst& d) {
+  return d.format == 0 ? pick_scales<0>(v, d)
+                       : (d.format == 1 ? pick_scales<1>(v, d) : pick_scales<2>(v, d));
+}
+
+void flush_for_test(int fmt, void* out, const float* in, int64_t n) {
+  unsigned char* o = static_cast<unsigned char*>(out);
+  if (fmt == 0) {
+    flush<0>(o, in, n);
+  } else if (fmt == 1) {
+    flush<1>(o, in, n);
+  } else {
+    flush<2>(o, in, n);
+  }
+}
+
+}  // namespace dq_avx2
+}  // namespace metaload
+
+#else  // a build without the ISA flags (not x86-64): no vector kernels, dequant.cc runs its own
+
+namespace metaload {
+namespace dq_avx2 {
+RowsFn pick(const QuantView&, const DequantDst&) {
+  return nullptr;
+}
+void flush_for_test(int, void*, const float*, int64_t) {}
+}  // namespace dq_avx2
+}  // namespace metaload
+
+#endif
