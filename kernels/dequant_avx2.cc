@@ -278,6 +278,114 @@ void gptq4_act(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) 
   }
 }
 
+// 8 x 8 int32 (or f32) transpose: lane t of r[c] after is lane c of r[t] before.
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
+// 8 consecutive scales (format SF) as f32 lanes, exactly as dq::ldf converts each.
+template <int SF>
+inline __m256 scales8(const void* p, int64_t i) {
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  if constexpr (SF == 0) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(b + i * 4));
+  } else {
+    float f[8];
+    for (int k = 0; k < 8; ++k) f[k] = dq::ldf_t<SF>(p, i + k);  // f16 subnormals / NaN exact
+    return _mm256_loadu_ps(f);
+  }
+}
+
+// Input i of 8 rows j0..j0+7 (act order) element by element, as gptq4_act's scalar path.
+inline void gptq4_act_one(const QuantView& v, float (*buf)[kChunk8], int64_t ib, int64_t i,
+                          int64_t j0, const __m256i* zt, const __m256* st) {
+  const int64_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i));
+  int32_t z[8];
+  float sc[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z), zt[g]);
+  _mm256_storeu_ps(sc, st[g]);
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t w = dq::ld32(v.q, (i / 8) * v.out + j0 + k);
+    const int32_t q = static_cast<int32_t>((w >> (4 * (i % 8))) & 0xFu);
+    buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+  }
+}
+
+// GPTQ 4-bit act order, 8 output rows at once (j0 a multiple of 8): per group a vector of the 8
+// rows' zeros (one qzeros word) and scales; per input the 8 rows' codes (one contiguous qweight
+// load for 8 inputs) minus the input's group's zeros, times its scales: a column of 8 rows, and
+// 8 columns transposed into 8 row segments. No gathers (gptq4_act's per-element ones cost 2x).
+template <int SF, int OF>
+void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t zcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+  const __m256i m = _mm256_set1_epi32(0xF);
+  alignas(32) float buf[8][kChunk8];
+  alignas(32) __m256i zt[kMaxActGroups];
+  alignas(32) __m256 st[kMaxActGroups];
+  for (int64_t r = r0; r + 8 <= r1; r += 8) {
+    const int64_t j0 = d.row0 + r;
+    for (int64_t g = 0; g < v.groups; ++g) {
+      zt[g] = _mm256_add_epi32(fields(dq::ld32(v.zeros, g * zcols + j0 / 8), 4, 0),
+                               _mm256_set1_epi32(v.zero_offset));
+      st[g] = scales8<SF>(v.scales, g * v.out + j0);
+    }
+    for (int64_t ib = d.col0; ib < c_end; ib += kChunk8) {
+      const int64_t ie = lo(c_end, ib + kChunk8);
+      int64_t i = ib;
+      for (; i < ie && i % 8 != 0; ++i) gptq4_act_one(v, buf, ib, i, j0, zt, st);
+      for (; i + 8 <= ie; i += 8) {
+        const __m256i w =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + ((i / 8) * v.out + j0) * 4));
+        __m256i col[8];
+        for (int t = 0; t < 8; ++t) {
+          const int64_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i + t));
+          const __m256i q = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(4 * t)), m);
+          col[t] = _mm256_castps_si256(qzs(q, zt[g], st[g]));
+        }
+        transpose8(col);
+        for (int k = 0; k < 8; ++k) {
+          _mm256_storeu_ps(buf[k] + (i - ib), _mm256_castsi256_ps(col[k]));
+        }
+      }
+      for (; i < ie; ++i) gptq4_act_one(v, buf, ib, i, j0, zt, st);
+      for (int k = 0; k < 8; ++k) {
+        flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib);
+      }
+    }
+  }
+}
+
+// Act-order windows: rows off the 8-row blocks one at a time (gptq4_act), the rest 8 at once.
+template <int SF, int OF>
+void gptq4_act_any(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t a = lo(r1, r0 + (8 - (d.row0 + r0) % 8) % 8);
+  int64_t b = r1 - (d.row0 + r1) % 8;
+  b = b < a ? a : b;
+  if (r0 < a) gptq4_act<SF, OF>(v, d, r0, a);
+  if (b < r1) gptq4_act<SF, OF>(v, d, b, r1);
+  if (v.groups > kMaxActGroups / 4) {  // tables of 64 bytes a group: keep them in L1 / L2
+    if (a < b) gptq4_act<SF, OF>(v, d, a, b);
+    return;
+  }
+  if (a < b) gptq4_act_rows8<SF, OF>(v, d, a, b);
+}
+
 // ---- AWQ -------------------------------------------------------------------------------------
 
 // The 8 output rows of one qweight column (rows r..r+7 of the window, j0 = d.row0 + r a multiple
@@ -570,7 +678,7 @@ RowsFn pick_rows(const QuantView& v, const DequantDst& d) {
     case QuantScheme::kGptq: {
       const int pack = 32 / v.bits;
       if (v.g_idx != nullptr) {
-        return v.bits == 4 && v.groups <= kMaxActGroups ? &gptq4_act<SF, OF> : nullptr;
+        return v.bits == 4 && v.groups <= kMaxActGroups ? &gptq4_act_any<SF, OF> : nullptr;
       }
       if (d.col0 % pack != 0 || v.group_size % pack != 0) return nullptr;
       return v.bits == 2 ? &gptq_words<2, SF, OF>
