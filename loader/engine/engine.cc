@@ -25,6 +25,7 @@
 #include "base/text.h"
 #include "base/unique_fd.h"
 #include "loader/engine/engine_device.h"
+#include "loader/engine/page_copy.h"
 #include "loader/engine/progress.h"
 #include "loader/engine/slots.h"
 
@@ -637,6 +638,30 @@ class Run : public ProgressRun {
         at += e.length;
       }
     }
+    count_read(index, start);
+  }
+
+  // A direct piece's fresh slot pages filled from the page cache (page_copy.h).
+  void copy_piece(size_t index, PageCopier& copier, const unsigned char* map) {
+    const Piece& p = pieces[index];
+    const int64_t start = now_ns();
+    const OpenFiles::Lease file(files, p.file);
+    if (!copier.fill(p.direct_dst, {file.fd(), map, p.offset}, p.length)) {
+      throw ReadError(files.path(p.file) + ": " + std::to_string(p.length) + " bytes at offset " +
+                      std::to_string(p.offset) + " could not be read into their slot (" +
+                      piece_names(p) + "): the file is shorter than when the load began");
+    }
+    // The file's pages stay in the page cache, but not in this process's page tables: peak RSS
+    // then counts the slots, as for reads, not the slots plus the whole file.
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(map) + p.offset) & ~uintptr_t{4095};
+    const uintptr_t b = reinterpret_cast<uintptr_t>(map) + p.offset + p.length;
+    ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+    reads.fetch_add(1, std::memory_order_relaxed);  // one read of the file's range, as a pread
+    count_read(index, start);
+  }
+
+  void count_read(size_t index, int64_t start) {
+    const Piece& p = pieces[index];
     const int64_t end = now_ns();
     file_bytes[p.file] += p.length;
     int64_t v = file_first[p.file].load();
@@ -767,6 +792,60 @@ std::string load_report_json(const LoadReport& r) {
       .dump();
 }
 
+namespace {
+
+// Fresh slot pages filled from the page cache (page_copy.h) instead of zeroed and then read:
+// where the caller names the fresh arena every piece writes into as it is read (no staging, no
+// extents), slot pages are 4 KiB ones pre-faulted (on huge pages the read is faster still), no
+// test hook watches the reads, and METALOAD_PAGE_COPY is not 0.
+struct PageFill {
+  struct Map {
+    void* base = MAP_FAILED;
+    uint64_t size = 0;
+    ~Map() {
+      if (base != MAP_FAILED) ::munmap(base, size);
+    }
+    const unsigned char* data() const { return static_cast<const unsigned char*>(base); }
+  };
+  std::vector<Map> maps;  // per file, read-only and shared
+  std::unique_ptr<PageCopier> copier;
+};
+
+bool copies_pages(const EngineOptions& opt, const std::vector<Piece>& pieces, bool small_pages) {
+  const char* env = std::getenv("METALOAD_PAGE_COPY");
+  if (!opt.page_copy || !small_pages || opt.fresh_slots == nullptr || opt.hooks.pread ||
+      opt.hooks.after_read || (env != nullptr && std::string(env) == "0")) {
+    return false;
+  }
+  const auto* lo = static_cast<const unsigned char*>(opt.fresh_slots);
+  for (const Piece& p : pieces) {
+    if (!p.direct || !p.extents.empty() || p.direct_dst < lo ||
+        p.direct_dst + p.length > lo + opt.fresh_slot_bytes) {
+      return false;
+    }
+  }
+  return !pieces.empty();
+}
+
+PageFill page_fill(const EngineOptions& opt, const std::vector<Piece>& pieces, OpenFiles& files,
+                   bool small_pages) {
+  PageFill fill;
+  if (!copies_pages(opt, pieces, small_pages)) return fill;
+  const std::vector<PlanFile> plan = files.plan_files();
+  fill.maps.resize(plan.size());
+  for (size_t f = 0; f < plan.size(); ++f) {
+    if (plan[f].size == 0) continue;
+    const OpenFiles::Lease file(files, f);
+    fill.maps[f].base = ::mmap(nullptr, plan[f].size, PROT_READ, MAP_SHARED, file.fd(), 0);
+    if (fill.maps[f].base == MAP_FAILED) return PageFill{};
+    fill.maps[f].size = plan[f].size;
+  }
+  fill.copier = PageCopier::open(opt.fresh_slots, opt.fresh_slot_bytes);
+  return fill;
+}
+
+}  // namespace
+
 LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vector<CopyJob>& jobs,
                           const EngineOptions& opt) {
   OpenFiles files(paths, opt.open_descriptor);
@@ -782,6 +861,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
   const uint64_t staging_size = max_staged_length(pieces);
 
   const bool fault_first = resolve_slot_pages(opt.slot_pages) == SlotPages::kSmall;
+  const PageFill fill = page_fill(opt, pieces, files, fault_first);
   Run run(opt, jobs, pieces, files);
   const int used = std::max(1, std::min<int>(threads, static_cast<int>(pieces.size())));
   run.execute(used, [&](int) {
@@ -797,7 +877,10 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
       const size_t i = run.next.fetch_add(1);
       if (i >= pieces.size()) return;
       const Piece& p = pieces[i];
-      if (p.direct) {
+      if (p.direct && fill.copier) {
+        run.copy_piece(i, *fill.copier, fill.maps[p.file].data());
+        run.direct += p.length;
+      } else if (p.direct) {
         if (fault_first) prefault(p.direct_dst, p.length);
         run.read_piece(i, p.direct_dst);
         run.direct += p.length;

@@ -79,6 +79,13 @@ struct EngineOptions {
   int streams = 2;
   // How CPU slot memory gets its pages (slots.h says how kAuto chooses).
   SlotPages slot_pages = SlotPages::kAuto;
+  // CPU: the fresh slot arena (slots.h HostArena: page-aligned, untouched, nobody else's) every
+  // job writes into, or nullptr. With 4 KiB slot pages, its pages are then filled from the page
+  // cache by the kernel (page_copy.h: no zeroing pass) where every read lands in it as it is;
+  // page_copy false (or METALOAD_PAGE_COPY=0) reads as usual.
+  void* fresh_slots = nullptr;
+  uint64_t fresh_slot_bytes = 0;
+  bool page_copy = true;
   // CPU, zero-copy: tensors stored as they are loaded (no dtype conversion, whole or a dim-0
   // slice) point into a copy-on-write mapping of the checkpoint file instead of being read into
   // fresh memory (FileMapping in slots.h). The rest goes through the engine as usual.

@@ -302,8 +302,11 @@ SlotLoad load_cpu_slots(const std::vector<std::string>& files, const std::vector
     out.tensors.push_back(arena_tensor(arena, offsets[i], plans[i].shape, specs[i].dtype));
     place(plans[i], arena->data() + offsets[i], jobs);
   }
+  EngineOptions fill = options;  // the arena is fresh: the engine may fill its pages directly
+  fill.fresh_slots = arena->data();
+  fill.fresh_slot_bytes = arena->size();
   arena.reset();
-  out.report = run_after_mapping(files, jobs, options, out.report);
+  out.report = run_after_mapping(files, jobs, fill, out.report);
   return out;
 }
 

@@ -1,5 +1,7 @@
 # Engine, slots, TP and swap tests. Included from tests/loader/CMakeLists.txt.
 metaload_test(loader_engine_test SOURCES engine_test.cc)
+# Fresh slot pages filled from the page cache (loader/engine/page_copy.h).
+metaload_test(loader_page_copy_test SOURCES page_copy_test.cc)
 metaload_test(loader_engine_swap_test SOURCES engine_swap_test.cc)
 # The zero-copy contract: mapped files truncated, overwritten, renamed (loader/engine/file_mapping.h).
 metaload_test(loader_file_mapping_test SOURCES file_mapping_test.cc)
