@@ -16,6 +16,24 @@ def lib_path():
     return os.path.abspath(path)
 
 
+def offline_worker(script, top):
+    """The JSON `script --worker top` prints on its last "RESULT " line, run in a fresh process
+    offline (hub cache and HF home under `top`, no METALOAD activation or preload inherited);
+    fails the test with the worker's output when it exits badly or prints no result."""
+    import json
+    env = dict(os.environ, METALOAD_LIB=lib_path(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_CACHE=str(top / "hub"), HF_HOME=str(top / "hf-home"),
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), HERE,
+                                           os.environ.get("PYTHONPATH", "")]))
+    for k in ("METALOAD", "LD_PRELOAD"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, script, "--worker", str(top)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, f"worker failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def import_safetensors():
     """PyPI's safetensors (its torch module imported too), or None: from this Python's
     site-packages (tools/requirements.txt pins it for the torch 2.x environment), else from the

@@ -24,7 +24,6 @@ its findings as JSON. nnsight 0.8 needs torch 2.x: skipped on Debian's torch 1.1
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -118,9 +117,13 @@ def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
         all_meta = all(p.is_meta for p in params.values()) and \
             all(b.is_meta for b in module.buffers())
         start = _rchar()
+        # read() is what rchar counts: a copying load whose pages the kernel fills straight from
+        # the page cache (loader/engine/page_copy.h, tested on its own) would read none.
+        os.environ["METALOAD_PAGE_COPY"] = "0"
         after = _trace(model)
         read = _rchar() - start
     finally:
+        os.environ.pop("METALOAD_PAGE_COPY", None)
         tf.PreTrainedModel.from_pretrained = classmethod(original)
         metaload.disable_nnsight()
     return {
@@ -269,7 +272,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
 # ---------------------------------------------------------------------------------------------
 # The tests
 
-from conftest import lib_path  # noqa: E402
+from conftest import offline_worker  # noqa: E402
 
 pytest.importorskip("nnsight", reason="nnsight 0.8 (tools/requirements.txt) is installed in the "
                     "torch 2.x environment only: it needs torch >= 2")
@@ -278,17 +281,7 @@ pytest.importorskip("nnsight", reason="nnsight 0.8 (tools/requirements.txt) is i
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory):
     top = tmp_path_factory.mktemp("nnsight")
-    env = dict(os.environ, METALOAD_LIB=lib_path(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_HUB_CACHE=str(top / "hub"), HF_HOME=str(top / "hf-home"),
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), HERE,
-                                           os.environ.get("PYTHONPATH", "")]))
-    for k in ("METALOAD", "LD_PRELOAD"):
-        env.pop(k, None)
-    r = subprocess.run([sys.executable, __file__, "--worker", str(top)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"worker failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return offline_worker(__file__, top)
 
 
 @pytest.mark.parametrize("mmap", [False, True])

@@ -12,7 +12,6 @@ global state). torch 2.x only (the libraries come from PyPI)."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -180,7 +179,7 @@ bnb = pytest.importorskip("bitsandbytes")
 pytest.importorskip("compressed_tensors")
 
 import metaload  # noqa: E402
-from conftest import lib_path  # noqa: E402
+from conftest import offline_worker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -332,17 +331,7 @@ def test_transformers_model_names_the_quantization_it_cannot_hold(dirs, dispatch
 def nnsight_findings(tmp_path_factory):
     pytest.importorskip("nnsight")
     top = tmp_path_factory.mktemp("nnsight-quantized")
-    env = dict(os.environ, METALOAD_LIB=lib_path(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_HUB_CACHE=str(top / "hub"), HF_HOME=str(top / "hf-home"),
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), HERE,
-                                           os.environ.get("PYTHONPATH", "")]))
-    for k in ("METALOAD", "LD_PRELOAD"):
-        env.pop(k, None)
-    r = subprocess.run([sys.executable, __file__, "--worker", str(top)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"worker failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return offline_worker(__file__, top)
 
 
 @pytest.mark.parametrize("preset,layer", [("bnb-nf4", "Linear4bit"), ("bnb-int8", "Linear8bitLt"),
