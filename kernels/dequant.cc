@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "kernels/dequant_avx2.h"
@@ -645,7 +646,11 @@ void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads, const De
     for (size_t i; (i = next.fetch_add(1)) < tiles.size();) run_tile(tiles[i], touch);
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  try {
+    for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No thread to be had: those started and this one take every tile between them.
+  }
   work();
   for (std::thread& t : pool) t.join();
 }
