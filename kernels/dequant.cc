@@ -610,8 +610,21 @@ struct Tile {
   int64_t r0, r1;
 };
 
-void run_tile(const Tile& t, const DequantTouch& touch) {
+void run_tile(const Tile& t, const DequantTouch& touch, const DequantSink& sink,
+              std::vector<unsigned char>& buffer) {
   const DequantDst& d = t.p->d;
+  if (sink && d.ld == d.cols) {  // rows [r0, r1) as the window rows of a buffer of their own
+    const int64_t es = d.format == 0 ? 4 : 2;
+    const size_t bytes = static_cast<size_t>((t.r1 - t.r0) * d.cols * es);
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    DequantDst b = d;
+    b.data = buffer.data();
+    b.row0 = d.row0 + t.r0;
+    b.rows = t.r1 - t.r0;
+    t.p->fn(t.p->v, b, 0, b.rows);
+    sink(static_cast<unsigned char*>(d.data) + t.r0 * d.ld * es, buffer.data(), bytes);
+    return;
+  }
   if (touch) {
     const int64_t es = d.format == 0 ? 4 : 2;
     touch(static_cast<unsigned char*>(d.data) + t.r0 * d.ld * es,
@@ -628,7 +641,8 @@ void dequant_cpu(const QuantView& v, const DequantDst& d) {
   at::parallel_for(0, d.rows, p.grain, [&](int64_t r0, int64_t r1) { p.fn(p.v, p.d, r0, r1); });
 }
 
-void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads, const DequantTouch& touch) {
+void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads, const DequantTouch& touch,
+                      const DequantSink& sink) {
   std::vector<Prepared> prepared;
   prepared.reserve(jobs.size());
   for (const DequantJob& j : jobs) prepared.push_back(prepare(j.view, j.dst));
@@ -643,7 +657,8 @@ void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads, const De
   const size_t n = std::min(static_cast<size_t>(threads), tiles.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < tiles.size();) run_tile(tiles[i], touch);
+    std::vector<unsigned char> buffer;  // this thread's tile, where a sink takes them
+    for (size_t i; (i = next.fetch_add(1)) < tiles.size();) run_tile(tiles[i], touch, sink, buffer);
   };
   std::vector<std::thread> pool;
   try {

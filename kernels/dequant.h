@@ -45,9 +45,13 @@ struct DequantJob {
   QuantView view;
   DequantDst dst;
 };
+// Or, when `sink` is set, each tile of a job whose rows are contiguous (ld == cols) is computed
+// into a buffer of the thread's and handed to sink(dst, src, bytes) with its place in the output,
+// to put there itself (a page copier filling fresh pages in one pass: loader/engine/page_copy.h).
 using DequantTouch = std::function<void(void* data, size_t bytes)>;
+using DequantSink = std::function<void(void* dst, const void* src, size_t bytes)>;
 void dequant_cpu_jobs(const std::vector<DequantJob>& jobs, int threads,
-                      const DequantTouch& touch = nullptr);
+                      const DequantTouch& touch = nullptr, const DequantSink& sink = nullptr);
 
 // Whether dequant_cpu may run the AVX2 kernels (on by default). Tests turn them off to compare
 // them with the portable kernels; dequant_vector_kernels() is true when they are on and this CPU

@@ -153,9 +153,14 @@ int64_t PageCopier::copy_pages(unsigned char* dst, const unsigned char* src, uin
 }
 
 namespace {
-// n bytes of file `fd` at `offset` into dst, with pread (a file that shrank is a short read, never
-// a SIGBUS).
-bool read_exact(int fd, unsigned char* dst, uint64_t offset, uint64_t n) {
+// n bytes of the source at `offset` into dst: from memory, or from the file with pread (a file
+// that shrank is a short read, never a SIGBUS).
+bool read_exact(const PageCopier::Source& src, unsigned char* dst, uint64_t offset, uint64_t n) {
+  if (src.fd < 0) {
+    std::memcpy(dst, src.map + offset, n);
+    return true;
+  }
+  const int fd = src.fd;
   while (n > 0) {
     const ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
@@ -172,11 +177,11 @@ bool PageCopier::fill_partial_page(unsigned char* page, unsigned char* dst, cons
                                    uint64_t n) {
   alignas(64) unsigned char bounce[kPage];
   std::memset(bounce, 0, kPage);
-  if (!read_exact(src.fd, bounce + (dst - page), src.offset, n)) return false;
+  if (!read_exact(src, bounce + (dst - page), src.offset, n)) return false;
   const int64_t got = copy_pages(page, bounce, kPage);
   if (got < 0) return false;
   // Present already (another fill placed it): a write is fine now.
-  return got > 0 || read_exact(src.fd, dst, src.offset, n);
+  return got > 0 || read_exact(src, dst, src.offset, n);
 }
 
 bool PageCopier::fill(unsigned char* dst, Source src, uint64_t n) {
@@ -194,7 +199,7 @@ bool PageCopier::fill(unsigned char* dst, Source src, uint64_t n) {
       if (got < 0) return false;
       step = static_cast<uint64_t>(got);
       if (step < whole) {  // a present page inside: written in place
-        if (!read_exact(src.fd, dst + step, src.offset + step, kPage)) return false;
+        if (!read_exact(src, dst + step, src.offset + step, kPage)) return false;
         step += kPage;
       }
     }

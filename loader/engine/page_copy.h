@@ -28,7 +28,8 @@ class PageCopier {
   PageCopier& operator=(const PageCopier&) = delete;
 
   // Where a fill's bytes come from: `offset` of the file open as `fd`, also mapped read-only
-  // (shared) at `map` (the whole file from offset 0).
+  // (shared) at `map` (the whole file from offset 0); or, with fd -1, memory at map + offset
+  // (a buffer the caller computed: dequantized rows).
   struct Source {
     int fd = -1;
     const unsigned char* map = nullptr;

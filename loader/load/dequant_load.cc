@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "base/text.h"
 #include "base/torch_library.h"
 #include "kernels/dequant.h"
+#include "loader/engine/page_copy.h"
 #include "loader/load/swap.h"  // arena_tensor (HostArena, resolve_slot_pages)
 
 namespace metaload {
@@ -665,7 +667,24 @@ std::vector<at::Tensor> dequant_on_cpu(const DequantPlan& plan, const std::vecto
     out.push_back(arena_tensor(arena, offsets[k], {w.rows, w.cols}, dtype));
     jobs.push_back({views[k], window_dst(w, fmt, arena->data() + offsets[k])});
   }
-  dequant_cpu_jobs(jobs, engine.threads, small ? DequantTouch(populate) : DequantTouch());
+  // 4 KiB pages: filled in one pass from each tile's buffer where userfaultfd allows (as the
+  // copying load fills its slots, loader/engine/page_copy.h), else populated, then written.
+  std::unique_ptr<PageCopier> copier;
+  const char* env = std::getenv("METALOAD_PAGE_COPY");
+  if (small && engine.page_copy && !(env != nullptr && std::string(env) == "0")) {
+    copier = PageCopier::open(arena->data(), arena->size());
+  }
+  if (copier) {
+    std::atomic<bool> failed{false};
+    dequant_cpu_jobs(jobs, engine.threads, nullptr, [&](void* dst, const void* src, size_t n) {
+      const PageCopier::Source from{-1, static_cast<const unsigned char*>(src), 0};
+      if (!copier->fill(static_cast<unsigned char*>(dst), from, n)) failed = true;
+    });
+    copier.reset();
+    if (failed) throw ConversionError("dequantized rows could not be placed in their slots");
+  } else {
+    dequant_cpu_jobs(jobs, engine.threads, small ? DequantTouch(populate) : DequantTouch());
+  }
   return out;
 }
 

@@ -5,6 +5,8 @@
 // difference here is a broken vector path. Skipped where the CPU has no AVX2 / F16C.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -322,6 +324,44 @@ TEST(DequantVector, JobsOnThreads) {
     EXPECT_EQ(got2, want2) << threads << " threads";
     for (size_t k = 1; k < got1.size(); ++k) ASSERT_EQ(touched1[k], 1) << "byte " << k;
     for (size_t k = 1; k < got2.size(); ++k) ASSERT_EQ(touched2[k], 1) << "byte " << k;
+  }
+}
+
+// With a sink, each tile goes through a buffer of its thread's and the sink puts it in place
+// (a page copier, in a load): the same bytes, every output byte handed over exactly once.
+TEST(DequantVector, JobsThroughASink) {
+  Data data(8);
+  const std::vector<unsigned char> scales = data.scales(2, 4 * 296);
+  QuantView v;
+  v.scheme = QuantScheme::kAwq;
+  v.out = 296;
+  v.in = 512;
+  v.q = data.words.data();
+  v.zeros = data.words.data() + 11;
+  v.scales = scales.data();
+  v.scales_format = 2;
+  v.group_size = 128;
+  v.groups = 4;
+  const DequantDst d1{nullptr, 2, 512, 3, 291, 0, 512}, d2{nullptr, 0, 100, 8, 200, 37, 100};
+  const std::vector<unsigned char> want1 = run(v, d1, true), want2 = run(v, d2, true);
+  for (int threads : {1, 3}) {
+    std::vector<unsigned char> got1(want1.size(), 0xA5), got2(want2.size(), 0xA5);
+    std::vector<std::atomic<int>> handed(got1.size() + got2.size());
+    DequantDst a = d1, b = d2;
+    a.data = got1.data() + 1;
+    b.data = got2.data() + 1;
+    dequant_cpu_jobs({{v, a}, {v, b}}, threads, nullptr, [&](void* dst, const void* src, size_t n) {
+      auto* c = static_cast<unsigned char*>(dst);
+      const bool first = c >= got1.data() && c < got1.data() + got1.size();
+      const size_t at = c - (first ? got1.data() : got2.data());
+      for (size_t k = 0; k < n; ++k) ++handed[(first ? 0 : got1.size()) + at + k];
+      std::memcpy(dst, src, n);
+    });
+    EXPECT_EQ(got1, want1) << threads << " threads";
+    EXPECT_EQ(got2, want2) << threads << " threads";
+    for (size_t k = 1; k < got1.size(); ++k) ASSERT_EQ(handed[k].load(), 1) << "byte " << k;
+    for (size_t k = 1; k < got2.size(); ++k)
+      ASSERT_EQ(handed[got1.size() + k].load(), 1) << "byte " << k;
   }
 }
 

@@ -4,8 +4,8 @@
 // this path for a fresh arena of 4 KiB pages with the same bytes as its reads.
 #include "loader/engine/page_copy.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -79,6 +79,32 @@ TEST(PageCopy, FillsRangesAtAnyAlignmentAndLeavesEveryOtherByteZero) {
   for (uint64_t k = 0; k < kArena; ++k) {
     ASSERT_EQ(arena.p[k], want[k]) << "byte " << k;
   }
+}
+
+TEST(PageCopy, FillsFromMemoryToo) {
+  // Dequantized rows: a buffer of the caller's (fd -1), ranges sharing pages from two threads.
+  const std::vector<unsigned char> bytes = random_bytes(200000, 5);
+  Arena arena;
+  auto copier = PageCopier::open(arena.p, kArena);
+  if (!copier) GTEST_SKIP() << "userfaultfd unavailable here: loads read as before";
+  const std::vector<Range> ranges{{10, 0, 70000}, {70010, 70000, 65000}, {200000, 1, 4096}};
+  std::vector<bool> ok(ranges.size());
+  auto run = [&](size_t first) {
+    for (size_t i = first; i < ranges.size(); i += 2) {
+      const Range& r = ranges[i];
+      ok[i] = copier->fill(arena.p + r.dst, {-1, bytes.data(), r.file}, r.n);
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  copier.reset();
+  std::vector<unsigned char> want(kArena, 0);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_TRUE(ok[i]) << "range " << i;
+    std::memcpy(want.data() + ranges[i].dst, bytes.data() + ranges[i].file, ranges[i].n);
+  }
+  EXPECT_EQ(std::vector<unsigned char>(arena.p, arena.p + kArena), want);
 }
 
 TEST(PageCopy, AFileThatShrankFailsTheFillWithoutACrash) {
