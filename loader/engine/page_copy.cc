@@ -11,6 +11,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
+
+#include "base/unique_fd.h"
 
 namespace metaload {
 
@@ -25,20 +28,19 @@ constexpr uint64_t kPage = 4096;
 // A userfaultfd for this process: the syscall (no privilege needed with UFFD_USER_MODE_ONLY,
 // Linux 5.11), else /dev/userfaultfd (Linux 6.1, where the device's permissions allow). -1 if
 // neither.
-int open_userfaultfd() {
+UniqueFd open_userfaultfd() {
 #ifdef SYS_userfaultfd
-  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY));
-  if (fd >= 0) return fd;
+  UniqueFd fd(static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY)));
+  if (fd) return fd;
 #endif
 #ifdef USERFAULTFD_IOC_NEW
-  const int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-  if (dev >= 0) {
-    const int fd = ::ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | UFFD_USER_MODE_ONLY);
-    ::close(dev);
-    if (fd >= 0) return fd;
+  const UniqueFd dev(::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC));
+  if (dev) {
+    UniqueFd made(::ioctl(dev.get(), USERFAULTFD_IOC_NEW, O_CLOEXEC | UFFD_USER_MODE_ONLY));
+    if (made) return made;
   }
 #endif
-  return -1;
+  return UniqueFd();
 }
 
 // The API handshake, with stores to a missing page raising SIGBUS instead of waiting for a
@@ -70,18 +72,17 @@ bool copies_unaligned_sources() {
       ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (scratch == MAP_FAILED) return false;
   bool ok = false;
-  const int fd = open_userfaultfd();
-  if (fd >= 0 && handshake_and_register(fd, scratch, kPage)) {
+  const UniqueFd fd = open_userfaultfd();
+  if (fd && handshake_and_register(fd.get(), scratch, kPage)) {
     static unsigned char source[2 * kPage];
     source[1] = 42;
     uffdio_copy c{};
     c.dst = reinterpret_cast<uintptr_t>(scratch);
     c.src = reinterpret_cast<uintptr_t>(source + 1);
     c.len = kPage;
-    ok = ::ioctl(fd, UFFDIO_COPY, &c) == 0 && static_cast<unsigned char*>(scratch)[0] == 42;
-    unregister(fd, scratch, kPage);
+    ok = ::ioctl(fd.get(), UFFDIO_COPY, &c) == 0 && static_cast<unsigned char*>(scratch)[0] == 42;
+    unregister(fd.get(), scratch, kPage);
   }
-  if (fd >= 0) ::close(fd);
   ::munmap(scratch, kPage);
   return ok;
 }
@@ -106,22 +107,17 @@ std::unique_ptr<PageCopier> PageCopier::open(void* base, uint64_t bytes) {
   }
   static const bool unaligned_ok = copies_unaligned_sources();
   if (!unaligned_ok) return nullptr;
-  const int fd = open_userfaultfd();
-  if (fd < 0) return nullptr;
+  UniqueFd fd = open_userfaultfd();
   const uint64_t len = (bytes + kPage - 1) / kPage * kPage;
-  if (!handshake_and_register(fd, base, len)) {
-    ::close(fd);
-    return nullptr;
-  }
-  return std::unique_ptr<PageCopier>(new PageCopier(fd, base, len));
+  if (!fd || !handshake_and_register(fd.get(), base, len)) return nullptr;
+  return std::unique_ptr<PageCopier>(new PageCopier(std::move(fd), base, len));
 }
 
-PageCopier::PageCopier(int fd, void* base, uint64_t bytes)
-    : fd_(fd), base_(base), bytes_(bytes), copied_(new Counter) {}
+PageCopier::PageCopier(UniqueFd fd, void* base, uint64_t bytes)
+    : fd_(std::move(fd)), base_(base), bytes_(bytes), copied_(new Counter) {}
 
 PageCopier::~PageCopier() {
-  unregister(fd_, base_, bytes_);
-  ::close(fd_);
+  unregister(fd_.get(), base_, bytes_);  // then fd_ closes
 }
 
 uint64_t PageCopier::pages_copied() const {
@@ -136,7 +132,7 @@ int64_t PageCopier::copy_pages(unsigned char* dst, const unsigned char* src, uin
     c.dst = reinterpret_cast<uintptr_t>(dst + done);
     c.src = reinterpret_cast<uintptr_t>(src + done);
     c.len = n - done;
-    const int r = ::ioctl(fd_, UFFDIO_COPY, &c);
+    const int r = ::ioctl(fd_.get(), UFFDIO_COPY, &c);
     const int64_t got = c.copy > 0 ? c.copy : 0;
     done += static_cast<uint64_t>(got);
     copied_->pages += static_cast<uint64_t>(got) / kPage;

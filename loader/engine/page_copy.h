@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "base/unique_fd.h"
+
 namespace metaload {
 
 class PageCopier {
@@ -47,13 +49,13 @@ class PageCopier {
   static uint64_t pages_copied_total();
 
  private:
-  PageCopier(int fd, void* base, uint64_t bytes);
+  PageCopier(UniqueFd fd, void* base, uint64_t bytes);
   // UFFDIO_COPY of whole pages [dst, dst + n) from src; returns bytes copied before a page that
   // was already present (EEXIST) or -1 when the source faulted without progress.
   int64_t copy_pages(unsigned char* dst, const unsigned char* src, uint64_t n);
   bool fill_partial_page(unsigned char* page, unsigned char* dst, const Source& src, uint64_t n);
 
-  int fd_;
+  UniqueFd fd_;
   void* base_;
   uint64_t bytes_;
   struct Counter;

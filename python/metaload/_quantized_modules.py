@@ -126,14 +126,19 @@ def refusing_families(ref):
     PlanError above says why instead."""
     try:
         yield
-    except (_lib.MismatchError, RuntimeError) as e:
+    except RuntimeError as e:
+        # Only the dispatch's MismatchError (raw here: typed by TransformersModel's caller); any
+        # other error, a malformed config.json's, says its own.
+        if not isinstance(e if isinstance(e, _lib.Error) else _lib.translate(e),
+                          _lib.MismatchError):
+            raise
         path = os.path.join(str(ref), "config.json")
         if not os.path.isfile(path):
             raise
         with open(path) as f:
             try:
                 config = json.load(f)
-            except ValueError:
+            except (ValueError, RecursionError):  # what the C++ reader refused is no config here
                 raise e from None
         refuse_in_families(str(ref), config)
         raise
