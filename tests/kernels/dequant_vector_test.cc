@@ -290,11 +290,9 @@ TEST(DequantVector, CompressedTensors) {
   EXPECT_GT(n, 0) << "no case reached a vector kernel";
 }
 
-// The threaded entry (a load's) writes what dequant_cpu writes, and asks `touch` for every
-// output byte of every job exactly once.
-TEST(DequantVector, JobsOnThreads) {
-  Data data(6);
-  const std::vector<unsigned char> scales = data.scales(1, 4 * 296);
+// An AWQ weight [296, 512] (groups of 128) over `data`'s words with scales in `fmt`, for the
+// threaded entry's tests; d1 a bf16 window of rows, d2 an f32 one with a column offset.
+QuantView awq_view(const Data& data, const std::vector<unsigned char>& scales, int fmt) {
   QuantView v;
   v.scheme = QuantScheme::kAwq;
   v.out = 296;
@@ -302,10 +300,19 @@ TEST(DequantVector, JobsOnThreads) {
   v.q = data.words.data();
   v.zeros = data.words.data() + 11;
   v.scales = scales.data();
-  v.scales_format = 1;
+  v.scales_format = fmt;
   v.group_size = 128;
   v.groups = 4;
-  const DequantDst d1{nullptr, 2, 512, 3, 291, 0, 512}, d2{nullptr, 0, 100, 8, 200, 37, 100};
+  return v;
+}
+const DequantDst d1{nullptr, 2, 512, 3, 291, 0, 512}, d2{nullptr, 0, 100, 8, 200, 37, 100};
+
+// The threaded entry (a load's) writes what dequant_cpu writes, and asks `touch` for every
+// output byte of every job exactly once.
+TEST(DequantVector, JobsOnThreads) {
+  Data data(6);
+  const std::vector<unsigned char> scales = data.scales(1, 4 * 296);
+  const QuantView v = awq_view(data, scales, 1);
   const std::vector<unsigned char> want1 = run(v, d1, true), want2 = run(v, d2, true);
   for (int threads : {1, 3}) {
     std::vector<unsigned char> got1(want1.size(), 0xA5), got2(want2.size(), 0xA5);
@@ -332,17 +339,7 @@ TEST(DequantVector, JobsOnThreads) {
 TEST(DequantVector, JobsThroughASink) {
   Data data(8);
   const std::vector<unsigned char> scales = data.scales(2, 4 * 296);
-  QuantView v;
-  v.scheme = QuantScheme::kAwq;
-  v.out = 296;
-  v.in = 512;
-  v.q = data.words.data();
-  v.zeros = data.words.data() + 11;
-  v.scales = scales.data();
-  v.scales_format = 2;
-  v.group_size = 128;
-  v.groups = 4;
-  const DequantDst d1{nullptr, 2, 512, 3, 291, 0, 512}, d2{nullptr, 0, 100, 8, 200, 37, 100};
+  const QuantView v = awq_view(data, scales, 2);
   const std::vector<unsigned char> want1 = run(v, d1, true), want2 = run(v, d2, true);
   for (int threads : {1, 3}) {
     std::vector<unsigned char> got1(want1.size(), 0xA5), got2(want2.size(), 0xA5);
