@@ -550,21 +550,9 @@ class OpenFiles {
   size_t open_ = 0;
 };
 
-// MADV_POPULATE_WRITE (Linux 5.14): faults the pages in with one call instead of one fault per
-// page inside the read. Pages only partly in the range are left to fault normally.
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-std::atomic<bool> g_populate_works{true};
+// Fresh 4 KiB slot pages faulted in before a read of at least 64 KiB (slots.h).
 void prefault(void* p, uint64_t n) {
-  if (!g_populate_works.load(std::memory_order_relaxed) || n < (64u << 10)) return;
-  const uintptr_t page = 4096;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
-  if (b <= a) return;
-  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
-    g_populate_works.store(false, std::memory_order_relaxed);  // older kernel: stop trying
-  }
+  if (n >= (64u << 10)) populate_pages(p, n);
 }
 
 // State shared by the reader threads of one run.
@@ -797,7 +785,7 @@ namespace {
 // Fresh slot pages filled from the page cache (page_copy.h) instead of zeroed and then read:
 // where the caller names the fresh arena every piece writes into as it is read (no staging, no
 // extents), slot pages are 4 KiB ones pre-faulted (on huge pages the read is faster still), no
-// test hook watches the reads, and METALOAD_PAGE_COPY is not 0.
+// test hook watches the reads, and copies_slot_pages (slots.h) says so.
 struct PageFill {
   struct Map {
     void* base = MAP_FAILED;
@@ -811,10 +799,9 @@ struct PageFill {
   std::unique_ptr<PageCopier> copier;
 };
 
-bool copies_pages(const EngineOptions& opt, const std::vector<Piece>& pieces, bool small_pages) {
-  const char* env = std::getenv("METALOAD_PAGE_COPY");
-  if (!opt.page_copy || !small_pages || opt.fresh_slots == nullptr || opt.hooks.pread ||
-      opt.hooks.after_read || (env != nullptr && std::string(env) == "0")) {
+bool copies_pages(const EngineOptions& opt, const std::vector<Piece>& pieces) {
+  if (!copies_slot_pages(opt) || opt.fresh_slots == nullptr || opt.hooks.pread ||
+      opt.hooks.after_read) {
     return false;
   }
   const auto* lo = static_cast<const unsigned char*>(opt.fresh_slots);
@@ -827,10 +814,9 @@ bool copies_pages(const EngineOptions& opt, const std::vector<Piece>& pieces, bo
   return !pieces.empty();
 }
 
-PageFill page_fill(const EngineOptions& opt, const std::vector<Piece>& pieces, OpenFiles& files,
-                   bool small_pages) {
+PageFill page_fill(const EngineOptions& opt, const std::vector<Piece>& pieces, OpenFiles& files) {
   PageFill fill;
-  if (!copies_pages(opt, pieces, small_pages)) return fill;
+  if (!copies_pages(opt, pieces)) return fill;
   const std::vector<PlanFile> plan = files.plan_files();
   fill.maps.resize(plan.size());
   for (size_t f = 0; f < plan.size(); ++f) {
@@ -861,7 +847,7 @@ LoadReport run_cpu_engine(const std::vector<std::string>& paths, const std::vect
   const uint64_t staging_size = max_staged_length(pieces);
 
   const bool fault_first = resolve_slot_pages(opt.slot_pages) == SlotPages::kSmall;
-  const PageFill fill = page_fill(opt, pieces, files, fault_first);
+  const PageFill fill = page_fill(opt, pieces, files);
   Run run(opt, jobs, pieces, files);
   const int used = std::max(1, std::min<int>(threads, static_cast<int>(pieces.size())));
   run.execute(used, [&](int) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -82,6 +83,26 @@ bool free_page_reporting_active() {
 SlotPages resolve_slot_pages(SlotPages requested) {
   if (requested != SlotPages::kAuto) return requested;
   return free_page_reporting_active() ? SlotPages::kSmall : SlotPages::kHuge;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+void populate_pages(void* p, uint64_t n) {
+  static std::atomic<bool> works{true};
+  const uintptr_t page = 4096;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+  if (b <= a || !works.load(std::memory_order_relaxed)) return;
+  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+    works.store(false, std::memory_order_relaxed);  // older kernel: stop trying
+  }
+}
+
+bool copies_slot_pages(const EngineOptions& opt) {
+  const char* env = std::getenv("METALOAD_PAGE_COPY");
+  return opt.page_copy && resolve_slot_pages(opt.slot_pages) == SlotPages::kSmall &&
+         !(env != nullptr && std::string(env) == "0");
 }
 
 std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uint64_t* total) {

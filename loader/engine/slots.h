@@ -70,6 +70,16 @@ bool free_page_reporting_active();
 // kAuto made concrete for this machine.
 SlotPages resolve_slot_pages(SlotPages requested);
 
+// MADV_POPULATE_WRITE (Linux 5.14) on the whole pages of [p, p + n): fresh 4 KiB slot pages
+// faulted in with one call before they are written, instead of one fault per page. Pages only
+// partly in the range fault normally; a kernel without it says EINVAL once, then nothing is tried.
+void populate_pages(void* p, uint64_t n);
+
+// Whether fresh CPU slot memory under `opt` is filled by the kernel's page copies
+// (page_copy.h) rather than populated and then written: 4 KiB slot pages, opt.page_copy, and
+// METALOAD_PAGE_COPY not 0. The copier itself may still be unavailable (PageCopier::open).
+bool copies_slot_pages(const EngineOptions& opt);
+
 std::vector<uint64_t> layout_slots(const std::vector<SlotRequest>& requests, uint64_t* total);
 
 }  // namespace metaload

@@ -2,11 +2,7 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include <sys/mman.h>
-
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -17,7 +13,7 @@
 #include "base/torch_library.h"
 #include "kernels/dequant.h"
 #include "loader/engine/page_copy.h"
-#include "loader/load/swap.h"  // arena_tensor (HostArena, resolve_slot_pages)
+#include "loader/load/swap.h"  // arena_tensor (HostArena, resolve_slot_pages, populate_pages)
 
 namespace metaload {
 
@@ -628,23 +624,6 @@ DequantDst window_dst(const DequantWindow& w, int fmt, void* data) {
   return dst;
 }
 
-// MADV_POPULATE_WRITE (Linux 5.14) on the whole pages of [p, p + n): what the copying load does
-// to its fresh slot memory before each read where it chose 4 KiB pages (loader/engine/slots.h),
-// one call instead of a fault per page. An older kernel says EINVAL once; then pages fault in.
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-void populate(void* p, size_t n) {
-  static std::atomic<bool> works{true};
-  const uintptr_t page = 4096;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
-  if (b <= a || !works.load(std::memory_order_relaxed)) return;
-  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
-    works.store(false, std::memory_order_relaxed);
-  }
-}
-
 // CPU: the outputs share one arena, as the copying load's slots do, with its page policy (huge
 // pages, or 4 KiB pages populated just before they are written), and the load's engine threads
 // run the kernels, taking tiles of rows of every weight in turn.
@@ -670,10 +649,7 @@ std::vector<at::Tensor> dequant_on_cpu(const DequantPlan& plan, const std::vecto
   // 4 KiB pages: filled in one pass from each tile's buffer where userfaultfd allows (as the
   // copying load fills its slots, loader/engine/page_copy.h), else populated, then written.
   std::unique_ptr<PageCopier> copier;
-  const char* env = std::getenv("METALOAD_PAGE_COPY");
-  if (small && engine.page_copy && !(env != nullptr && std::string(env) == "0")) {
-    copier = PageCopier::open(arena->data(), arena->size());
-  }
+  if (copies_slot_pages(engine)) copier = PageCopier::open(arena->data(), arena->size());
   if (copier) {
     std::atomic<bool> failed{false};
     dequant_cpu_jobs(jobs, engine.threads, nullptr, [&](void* dst, const void* src, size_t n) {
@@ -683,7 +659,7 @@ std::vector<at::Tensor> dequant_on_cpu(const DequantPlan& plan, const std::vecto
     copier.reset();
     if (failed) throw ConversionError("dequantized rows could not be placed in their slots");
   } else {
-    dequant_cpu_jobs(jobs, engine.threads, small ? DequantTouch(populate) : DequantTouch());
+    dequant_cpu_jobs(jobs, engine.threads, small ? DequantTouch(populate_pages) : DequantTouch());
   }
   return out;
 }
