@@ -444,6 +444,157 @@ void awq_rows8(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
   }
 }
 
+// 64 output rows (rows r..r+63 of the window, j0 = d.row0 + r a multiple of 8: qweight columns
+// j0 / 8 .. j0 / 8 + 7) at once, without awq_rows8's gather: 8 inputs' rows of those 8 words are
+// 8 contiguous 32-byte loads, transposed so that each vector holds one word column's 8 inputs,
+// then each of its 8 nibbles is a row's 8 inputs. Per group, every row's zero and scale as a
+// vector (the tables). Values are converted in registers and go to `buf` (64 rows x kChunk64
+// inputs in the output format, 16 KiB at most: output rows are a power of two apart and would
+// share one L1 set), which is then copied out a row segment at a time.
+constexpr int64_t kChunk64 = 64;
+
+struct Awq64Tables {
+  __m256i zv[64];
+  __m256 sv[64];
+  int32_t z[64];
+  float s[64];
+  bool finite;  // every scale finite: (q - z) * s is then never NaN (|q - z| <= 15)
+};
+
+template <int SF>
+void awq64_tables(const QuantView& v, int64_t g, int64_t j0, const int* shift, Awq64Tables* t) {
+  const int64_t wcols = v.out / 8;
+  t->finite = true;
+  for (int c = 0; c < 8; ++c) {
+    const uint32_t zw = dq::ld32(v.zeros, g * wcols + j0 / 8 + c);
+    for (int k = 0; k < 8; ++k) {
+      const int n = c * 8 + k;
+      t->z[n] = static_cast<int32_t>((zw >> shift[k]) & 0xFu);
+      t->s[n] = dq::ldf_t<SF>(v.scales, g * v.out + j0 + n);
+      t->finite = t->finite && (bits::f32_bits(t->s[n]) & 0x7F800000u) != 0x7F800000u;
+      t->zv[n] = _mm256_set1_epi32(t->z[n]);
+      t->sv[n] = _mm256_set1_ps(t->s[n]);
+    }
+  }
+}
+
+// bf16x8 for lanes known not to be NaN (no patch: 3 instructions fewer).
+inline __m256i bf16x8_not_nan(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd),
+                           16);
+}
+
+// Two rows' 8 values (a, b) as 8 elements of format OF each at pa and pb; NaN lanes exact unless
+// the caller knows there are none.
+template <int OF, bool MaybeNan>
+inline void store8x2(unsigned char* pa, unsigned char* pb, __m256 a, __m256 b) {
+  if constexpr (OF == 0) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(pa), a);
+    _mm256_storeu_ps(reinterpret_cast<float*>(pb), b);
+  } else if constexpr (OF == 1) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa),
+                     MaybeNan ? f16x8(a) : _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb),
+                     MaybeNan ? f16x8(b) : _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    const __m256i ra = MaybeNan ? bf16x8(a) : bf16x8_not_nan(a);
+    const __m256i rb = MaybeNan ? bf16x8(b) : bf16x8_not_nan(b);
+    // packus interleaves the halves: [a0-3 b0-3 | a4-7 b4-7]; permute4x64 makes [a | b].
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa), _mm256_castsi256_si128(p));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb), _mm256_extracti128_si256(p, 1));
+  }
+}
+
+using Awq64Buf = unsigned char[64][kChunk64 * 4];
+
+// Inputs [i, i + 8) of the 64 rows (all in one group) into buf at input offset i - ib.
+template <int OF, bool MaybeNan>
+inline void awq64_step(const unsigned char* qb, int64_t wcols, int64_t wc0, int64_t i, int64_t ib,
+                       const int* shift, const Awq64Tables& t, Awq64Buf& buf) {
+  const __m256i m = _mm256_set1_epi32(0xF);
+  __m256i w[8];
+  for (int u = 0; u < 8; ++u) {
+    w[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + ((i + u) * wcols + wc0) * 4));
+    // The next chunk's line of this input row (a stride of a whole row: no prefetcher follows).
+    _mm_prefetch(reinterpret_cast<const char*>(qb + ((i + u + kChunk64) * wcols + wc0) * 4),
+                 _MM_HINT_T0);
+  }
+  transpose8(w);  // w[c]: word column wc0 + c, inputs i..i+7
+  const int64_t at = (i - ib) * elem_size(OF);
+  for (int c = 0; c < 8; ++c) {
+    for (int k = 0; k < 8; k += 2) {
+      const int n = c * 8 + k;
+      const __m256i qa = _mm256_and_si256(_mm256_srl_epi32(w[c], _mm_cvtsi32_si128(shift[k])), m);
+      const __m256i qb2 =
+          _mm256_and_si256(_mm256_srl_epi32(w[c], _mm_cvtsi32_si128(shift[k + 1])), m);
+      store8x2<OF, MaybeNan>(buf[n] + at, buf[n + 1] + at, qzs(qa, t.zv[n], t.sv[n]),
+                             qzs(qb2, t.zv[n + 1], t.sv[n + 1]));
+    }
+  }
+}
+
+// Input i of the 64 rows, scalar (a group's last inputs that do not fill 8).
+inline void awq64_one(const QuantView& v, int64_t wc0, int64_t i, int64_t ib, int of,
+                      const int* shift, const Awq64Tables& t, Awq64Buf& buf) {
+  for (int c = 0; c < 8; ++c) {
+    const uint32_t w = dq::ld32(v.q, i * (v.out / 8) + wc0 + c);
+    for (int k = 0; k < 8; ++k) {
+      const int32_t q = static_cast<int32_t>((w >> shift[k]) & 0xFu);
+      dq::store(buf[c * 8 + k], i - ib, of,
+                dq::mul(static_cast<float>(q - t.z[c * 8 + k]), t.s[c * 8 + k]));
+    }
+  }
+}
+
+// Rows [r, r + 64) for inputs [ib, ie) into buf, then out; `t` holds group `*loaded`'s tables.
+template <int SF, int OF>
+void awq64_chunk(const QuantView& v, const DequantDst& d, int64_t r, int64_t ib, int64_t ie,
+                 const int* shift, Awq64Tables& t, int64_t* loaded, Awq64Buf& buf) {
+  const int64_t wc0 = (d.row0 + r) / 8;
+  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+  for (int64_t i = ib; i < ie;) {
+    const int64_t g = i / v.group_size;
+    const int64_t gend = lo(ie, (g + 1) * v.group_size);
+    if (g != *loaded) awq64_tables<SF>(v, g, d.row0 + r, shift, &t);
+    *loaded = g;
+    for (; i + 8 <= gend; i += 8) {
+      if (t.finite) {
+        awq64_step<OF, false>(qb, v.out / 8, wc0, i, ib, shift, t, buf);
+      } else {
+        awq64_step<OF, true>(qb, v.out / 8, wc0, i, ib, shift, t, buf);
+      }
+    }
+    for (; i < gend; ++i) awq64_one(v, wc0, i, ib, OF, shift, t, buf);
+  }
+  for (int k = 0; k < 64; ++k) {
+    std::memcpy(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k],
+                static_cast<size_t>((ie - ib) * elem_size(OF)));
+  }
+}
+
+// Rows [a, b) (a multiple of 64 of them) 128 at a time where they can: the two 64-row halves of a
+// chunk of inputs read the two halves of the same qweight lines, one after the other.
+template <int SF, int OF>
+void awq_rows64(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
+  int shift[8];
+  for (int k = 0; k < 8; ++k) shift[k] = 4 * dq::awq_nibble(k);
+  alignas(32) Awq64Buf buf;
+  alignas(32) Awq64Tables t[2];
+  for (int64_t r = a; r < b; r += 128) {
+    const int halves = r + 128 <= b ? 2 : 1;
+    int64_t loaded[2] = {-1, -1};
+    for (int64_t ib = d.col0; ib < d.col0 + d.cols; ib += kChunk64) {
+      const int64_t ie = lo(d.col0 + d.cols, ib + kChunk64);
+      for (int h = 0; h < halves; ++h) {
+        awq64_chunk<SF, OF>(v, d, r + 64 * h, ib, ie, shift, t[h], &loaded[h], buf);
+      }
+    }
+  }
+}
+
 // Rows off the 8-row words (a window's first and last few) one at a time, scalar.
 template <int SF, int OF>
 void awq_rows_each(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
@@ -474,7 +625,9 @@ void awq(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   b = b < a ? a : b;
   if (r0 < a) awq_rows_each<SF, OF>(v, d, r0, a);
   if (b < r1) awq_rows_each<SF, OF>(v, d, b, r1);
-  if (a < b) awq_rows8<SF, OF>(v, d, a, b);
+  const int64_t c = a + (b - a) / 64 * 64;  // 64-row blocks, then the last 8-row ones
+  if (a < c) awq_rows64<SF, OF>(v, d, a, c);
+  if (c < b) awq_rows8<SF, OF>(v, d, c, b);
 }
 
 // ---- bitsandbytes ----------------------------------------------------------------------------

@@ -44,11 +44,12 @@ struct Data {
                           0x00000003u, 0x80400000u, 0x00000000u, 0x7F7FFFFFu};
     return s[rng() % 8];
   }
-  std::vector<unsigned char> scales(int fmt, size_t n) {
+  // n scales in format fmt, one in 8 a special value (NaN, inf, denormal...) unless `finite`.
+  std::vector<unsigned char> scales(int fmt, size_t n, bool finite = false) {
     std::vector<unsigned char> b(n * 4 + 4);
     std::uniform_real_distribution<float> u(-0.05f, 0.05f);
     for (size_t k = 0; k < n; ++k) {
-      const uint32_t f = rng() % 8 == 0 ? special32() : bits::f32_bits(u(rng));
+      const uint32_t f = !finite && rng() % 8 == 0 ? special32() : bits::f32_bits(u(rng));
       if (fmt == 0) {
         std::memcpy(b.data() + 4 * k, &f, 4);
       } else {
@@ -165,23 +166,28 @@ TEST(DequantVector, Awq) {
   if (!vector_cpu()) GTEST_SKIP() << "no AVX2 / F16C";
   int n = 0;
   Data data(2);
-  const int64_t out = 88, in = 600;
+  // 200 rows: a 128-row block, a lone 64-row one and 8-row words after them (awq_rows64 and
+  // awq_rows8); finite scales take the kernels' path without NaN patches.
+  const int64_t out = 200, in = 600;
   for (int64_t group : {32, 40, 600}) {
     for (int sf = 0; sf < 3; ++sf) {
-      const int64_t groups = (in + group - 1) / group;
-      const std::vector<unsigned char> scales = data.scales(sf, groups * out);
-      QuantView v;
-      v.scheme = QuantScheme::kAwq;
-      v.out = out;
-      v.in = in;
-      v.q = data.words.data();
-      v.zeros = data.words.data() + 7;
-      v.scales = scales.data();
-      v.scales_format = sf;
-      v.group_size = group;
-      v.groups = groups;
-      n += compare(v, data.rng,
-                   "awq group " + std::to_string(group) + " scales " + std::to_string(sf));
+      for (bool finite : {false, true}) {
+        const int64_t groups = (in + group - 1) / group;
+        const std::vector<unsigned char> scales = data.scales(sf, groups * out, finite);
+        QuantView v;
+        v.scheme = QuantScheme::kAwq;
+        v.out = out;
+        v.in = in;
+        v.q = data.words.data();
+        v.zeros = data.words.data() + 7;
+        v.scales = scales.data();
+        v.scales_format = sf;
+        v.group_size = group;
+        v.groups = groups;
+        n += compare(v, data.rng,
+                     "awq group " + std::to_string(group) + " scales " + std::to_string(sf) +
+                         (finite ? " finite" : ""));
+      }
     }
   }
   EXPECT_GT(n, 0) << "no case reached a vector kernel";
