@@ -382,19 +382,21 @@ def _check_fit(a: _Adapter, names: Dict[str, str], expected: Dict[str, torch.Ten
         t, info = expected[n], a.tensors[f]
         if list(t.shape) != list(info["shape"]) or info["dtype"] not in _FLOAT_FILE_DTYPES:
             rank = a.config.get("r")
-            mismatched.append(f"{f}: {info['dtype']} [{', '.join(map(str, info['shape']))}] "
-                              f"in the file, the model's {n} is [{', '.join(map(str, t.shape))}]"
-                              f" (rank {rank} in {ADAPTER_CONFIG})")
+            mismatched.append((f"{f}: {info['dtype']} [{', '.join(map(str, info['shape']))}] "
+                               f"in the file, the model's {n} is [{', '.join(map(str, t.shape))}]"
+                               f" (rank {rank} in {ADAPTER_CONFIG})", f))
     if not (missing or unexpected or mismatched):
         return
-    lines = [f"\n  missing: {_file_name_of(n, a.name)} [{', '.join(map(str, expected[n].shape))}]"
-             for n in missing]
+    lost = [_file_name_of(n, a.name) for n in missing]
+    lines = [f"\n  missing: {f} [{', '.join(map(str, expected[n].shape))}]"
+             for f, n in zip(lost, missing)]
     lines += [f"\n  unexpected: {f} in {a.weights_path}" for f in unexpected]
-    lines += [f"\n  mismatched: {m}" for m in mismatched]
+    lines += [f"\n  mismatched: {m}" for m, _ in mismatched]
     raise _lib.MismatchError(
         f"adapter {_lib.quote(a.weights_path)} does not fit the model{a.made_for()}: "
         f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} mismatched"
-        + "".join(lines))
+        + "".join(lines), missing=lost, unexpected=list(unexpected),
+        mismatched=[f for _, f in mismatched])
 
 
 class _Staged:

@@ -322,7 +322,7 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
         s = next((staged[x] for x in by_id[id(t)] if x in staged), None)
         if s is None:
             if strict and n in targets.strict_names:  # strict=False: left as it is
-                missing.append(f"{n} {list(t.shape)}")
+                missing.append((n, f"{n} {list(t.shape)}"))
             continue
         if s.shape != t.shape:
             # A meta target takes its rank's shard shape (one dimension split); a real one must
@@ -330,15 +330,16 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
             differ = [d for d in range(t.dim()) if t.shape[d] != s.shape[d]] \
                 if s.dim() == t.dim() else None
             if not t.is_meta or differ is None or len(differ) > 1:
-                mismatched.append(f"{n}: shape {list(t.shape)} in the module but {where} holds "
-                                  f"{list(s.shape)}")
+                mismatched.append((n, f"{n}: shape {list(t.shape)} in the module but {where} "
+                                      f"holds {list(s.shape)}"))
                 continue
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
             # what swap_tensors would refuse after the vote, refused before it
-            mismatched.append(f"{n}: a {type(t).__name__} ({t.layout}), not a plain dense tensor")
+            mismatched.append((n, f"{n}: a {type(t).__name__} ({t.layout}), not a plain dense "
+                                  f"tensor"))
             continue
         if t.requires_grad and not s.is_floating_point():
-            mismatched.append(f"{n}: requires grad but loads as {s.dtype}")
+            mismatched.append((n, f"{n}: requires grad but loads as {s.dtype}"))
             continue
         if convert and dtype is None and t.is_floating_point() and s.is_floating_point() and \
                 s.dtype != t.dtype:
@@ -348,11 +349,13 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
     if strict:
         unexpected = [n for n, s in staged.items()
                       if n not in known and isinstance(s, torch.nn.Parameter)]
-    problems = ([f"  missing: {x}" for x in missing] + [f"  unexpected: {x}" for x in unexpected] +
-                [f"  mismatched: {x}" for x in mismatched])
+    problems = ([f"  missing: {x}" for _, x in missing] +
+                [f"  unexpected: {x}" for x in unexpected] +
+                [f"  mismatched: {x}" for _, x in mismatched])
     if problems:
         raise _lib.MismatchError(f"{where} does not fit the module: {len(problems)} problems\n" +
-                                 "\n".join(problems))
+                                 "\n".join(problems), missing=[n for n, _ in missing],
+                                 unexpected=unexpected, mismatched=[n for n, _ in mismatched])
     return list(pairs.values())
 
 
@@ -679,7 +682,7 @@ def _typed_failure(votes: List[dict], message: str, failures: Dict[int, str]):
     rule = rules.pop() if len(rules) == 1 else None
     if rule and not message.rstrip().endswith(f"(rule {rule})"):
         message += f" (rule {rule})"
-    e = _lib.DequantError(message)
+    e = _lib.DequantError(message, rule=rule)
     e.failures = dict(failures)
     return e
 

@@ -54,9 +54,10 @@ def check_utf8(kind, argument: str, values, rule: str = "") -> None:
         try:
             v.encode("utf-8")
         except UnicodeEncodeError as e:
+            fields = {"rule": rule} if rule else {}
             raise kind(f"{argument}: {quote(v)} cannot be encoded as UTF-8: character {e.start} "
                        f"is a lone surrogate \\u{ord(v[e.start]):04x} (names must be valid "
-                       f"Unicode)" + (f" (rule {rule})" if rule else "")) from None
+                       f"Unicode)" + (f" (rule {rule})" if rule else ""), **fields) from None
 
 
 def is_fake(t):
@@ -138,12 +139,17 @@ class Error(RuntimeError):
     raised carries its C++ data: its kind, its message, and the fields its class records
     (FormatError's `.file`, `.tensor`, `.rule`, `.detail`; RepoIdError's `.repo_id`, `.rule`;
     MismatchError's full `.missing`, `.unexpected`, `.mismatched`), read from the library's record
-    of it (base/error.h), never from its text. One made in Python (or whose record is long gone)
-    has what its message says: `.rule` from its "(rule ...)" ending, MismatchError's names from its
-    lines, None for the rest. Pickling keeps the data."""
+    of it (base/error.h), never from its text. One made in Python carries the fields its maker
+    passes as keywords (`metaload.FormatError(message, rule="size-mismatch", file=path)`); a field
+    nobody gave (or an error whose record is long gone) is None. Pickling keeps the data."""
 
     kind = "Error"
-    _data = None  # {field: value} from the library's record, or None
+    _data = None  # {field: value} from the library's record or the maker's keywords, or None
+
+    def __init__(self, *args, **fields):
+        super().__init__(*args)
+        if fields:
+            self._data = dict(fields)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -156,51 +162,10 @@ class Error(RuntimeError):
 Error.__module__ = "metaload"
 _classes["Error"] = Error
 
-_RULE = re.compile(r"\(rule ([A-Za-z0-9_-]+)\)\s*$")
-# The lines MismatchError's message lists its problems on (loader/errors.cc's list_block):
-#   "  missing: <module name> [<shape>]"
-#   "  unexpected: <checkpoint name>[ (as <module name>)] in <file>"
-#   "  mismatched: <module name>: <why>"
-# (model/transformers_model.cc and _dist_load.py write their TP problems as mismatched lines too.)
-_MISMATCH_LINE = re.compile(r"^  (missing|unexpected|mismatched): (.*)$", re.MULTILINE)
-
-
-def _rule_in(message):
-    m = _RULE.search(message)
-    return m.group(1) if m else None
-
-
-def _names_in(kind):
-    """The `kind` names on a MismatchError message's lines: a message made by hand (or in Python)
-    lists them all."""
-    def names(message):
-        found = []
-        for k, entry in _MISMATCH_LINE.findall(message):
-            if k != kind:
-                continue
-            if k == "missing":
-                found.append(re.sub(r" \[[-0-9, ]*\]$", "", entry))
-            elif k == "unexpected":
-                found.append(entry.split(" (as ", 1)[0] if " (as " in entry
-                             else entry.rsplit(" in ", 1)[0])
-            else:
-                found.append(entry.split(": ", 1)[0])
-        return found
-    return names
-
-
-# What an error made in Python reads from its message, per field; other fields are None then.
-_FROM_MESSAGE = {"rule": _rule_in, "missing": _names_in("missing"),
-                 "unexpected": _names_in("unexpected"), "mismatched": _names_in("mismatched")}
-
-
 def _field(name):
     def get(self):
         data = self._data
-        if data is not None and name in data:
-            return data[name]
-        from_message = _FROM_MESSAGE.get(name)
-        return from_message(str(self)) if from_message is not None else None
+        return data.get(name) if data is not None else None
 
     def set_(self, value):
         self._data = dict(self._data or {}, **{name: value})
@@ -212,8 +177,8 @@ class _DistributedError:
     """A load across ranks (metaload._dist_load) sets `.failures`: {group rank: what went wrong
     there}; every rank raises it and keeps its previous weights."""
 
-    def __init__(self, message: str = "", failures=None):
-        Error.__init__(self, message)
+    def __init__(self, message: str = "", failures=None, **fields):
+        Error.__init__(self, message, **fields)
         self.failures = dict(failures or {})
 
     def __reduce__(self):

@@ -141,7 +141,8 @@ def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str], r
         lines = "".join(f"\n  missing: {n} [{', '.join(map(str, state[n].shape))}]" for n in lost)
         raise _lib.MismatchError(f"checkpoint {_lib.quote(ref)} does not fit ({why}, leaving "
                                  f"no tensor for the module's own name): {len(lost)} missing, 0 "
-                                 f"unexpected, 0 mismatched{lines}")
+                                 f"unexpected, 0 mismatched{lines}", missing=list(lost),
+                                 unexpected=[], mismatched=[])
     return own
 
 

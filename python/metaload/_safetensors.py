@@ -116,7 +116,8 @@ def _torch_shape(dtype: str, shape: List[int], path: str, tensor: str) -> List[i
         raise _lib.FormatError(f"{path}: tensor {_lib.quote(tensor)}: {dtype} {list(shape)}, which "
                                f"torch.{row.torch} cannot hold (it packs {count} values a byte "
                                f"along the last dimension, which must be {whole}) "
-                               "(rule unsupported-dtype)")
+                               "(rule unsupported-dtype)", file=path, tensor=tensor,
+                               rule="unsupported-dtype")
     return list(shape[:-1]) + [shape[-1] // per]
 
 
@@ -166,11 +167,12 @@ def _check_for_save(fn: str, tensors, metadata) -> None:
     """What safetensors refuses, in its order and with its exception types."""
     if not isinstance(tensors, dict):
         raise FormatValueError(f"{fn}: expected a dict of {{str: torch.Tensor}}, not "
-                               f"{type(tensors).__name__} (rule not-a-dict)")
+                               f"{type(tensors).__name__} (rule not-a-dict)", rule="not-a-dict")
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise FormatValueError(f"{fn}: {_lib.quote(name)}: expected a torch.Tensor, not "
-                                   f"{type(t).__name__} (rule not-a-tensor)")
+                                   f"{type(t).__name__} (rule not-a-tensor)", tensor=name,
+                                   rule="not-a-tensor")
     for name in tensors:
         if not isinstance(name, str):
             raise TypeError(f"{fn}: {_lib.quote(name)} ({type(name).__name__}): tensor names must "
@@ -179,19 +181,22 @@ def _check_for_save(fn: str, tensors, metadata) -> None:
     if not_strided:
         raise FormatValueError(
             f"{fn}: {', '.join(map(_lib.quote, not_strided))}: only dense (strided) tensors can "
-            "be saved; make them dense with .to_dense() first (rule unsupported-layout)")
+            "be saved; make them dense with .to_dense() first (rule unsupported-layout)",
+            rule="unsupported-layout")
     shared = _shared_groups(tensors)
     if shared:
         raise _lib.FormatError(
             f"{fn}: tensors that share memory: "
             + "; ".join(", ".join(map(_lib.quote, g)) for g in shared)
             + " (each would be stored whole, and load untied): save one of each, or use "
-              "metaload.save_safetensors, which stores tied tensors (rule shared-memory)")
+              "metaload.save_safetensors, which stores tied tensors (rule shared-memory)",
+            rule="shared-memory")
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise FormatValueError(
                 f"{fn}: {_lib.quote(name)}: a non-contiguous tensor (a view of another one, or "
-                "transposed): save .contiguous() or the whole tensor (rule non-contiguous)")
+                "transposed): save .contiguous() or the whole tensor (rule non-contiguous)",
+                tensor=name, rule="non-contiguous")
     if metadata is not None and (not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
         raise TypeError(f"{fn}: metadata must be {{str: str}}")
