@@ -78,19 +78,24 @@ void Collectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* o
   fail(op, why);
 }
 
+void Collectives::run(const char* op,
+                      const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start();
+  } catch (const std::exception& e) {
+    fail(op, "failed to start: " + escape_text(message_of(e)));
+  }
+  wait(work, op);
+}
+
 void Collectives::all_reduce(at::Tensor& t) {
   const char* op = "all_reduce";
   check_usable(op);
   if (size_ == 1) return;
   // c10d needs dense contiguous tensors; a strided view is reduced through a copy.
   std::vector<at::Tensor> tensors{t.is_contiguous() ? t : t.contiguous()};
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = group_->allreduce(tensors);
-  } catch (const std::exception& e) {
-    fail(op, "failed to start: " + escape_text(message_of(e)));
-  }
-  wait(work, op);
+  run(op, [&] { return group_->allreduce(tensors); });
   if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
 }
 
@@ -101,14 +106,54 @@ std::vector<at::Tensor> Collectives::all_gather(const at::Tensor& t) {
   if (size_ == 1) return inputs;
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int i = 0; i < size_; ++i) outputs[0].push_back(at::empty_like(inputs[0]));
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = group_->allgather(outputs, inputs);
-  } catch (const std::exception& e) {
-    fail(op, "failed to start: " + escape_text(message_of(e)));
-  }
-  wait(work, op);
+  run(op, [&] { return group_->allgather(outputs, inputs); });
   return outputs[0];
+}
+
+void Collectives::check_peer(const char* op, int peer) const {
+  check_usable(op);
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    throw DistributedError(
+        fmt::format("{} on rank {} of {}: the peer must be another rank of the "
+                    "group (0..{}), got {}",
+                    op, rank_, size_, size_ - 1, peer));
+}
+
+void Collectives::send(const at::Tensor& t, int dst) {
+  const char* op = "send";
+  check_peer(op, dst);
+  std::vector<at::Tensor> tensors{t.contiguous()};
+  run(op, [&] { return group_->send(tensors, dst, /*tag=*/0); });
+}
+
+void Collectives::recv(at::Tensor& t, int src) {
+  const char* op = "recv";
+  check_peer(op, src);
+  std::vector<at::Tensor> tensors{t.is_contiguous() ? t : t.contiguous()};
+  run(op, [&] { return group_->recv(tensors, src, /*tag=*/0); });
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
+}
+
+void Collectives::send_text(const std::string& text, int dst) {
+  send(at::full({1}, static_cast<int64_t>(text.size()), at::kLong).to(scratch_), dst);
+  if (text.empty()) return;
+  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  send(bytes.to(scratch_), dst);
+}
+
+std::string Collectives::recv_text(int src) {
+  at::Tensor length = at::zeros({1}, at::kLong).to(scratch_);
+  recv(length, src);
+  const int64_t n = length.cpu().item<int64_t>();
+  if (n < 0 || n > (int64_t{1} << 40))
+    fail("recv", fmt::format("rank {} announced a text of {} bytes", src, n));
+  if (n == 0) return "";
+  at::Tensor bytes = at::zeros({n}, at::kByte).to(scratch_);
+  recv(bytes, src);
+  const at::Tensor host = bytes.cpu();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
 }
 
 std::vector<std::string> Collectives::all_gather_text(const std::string& text) {

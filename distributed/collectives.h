@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,15 @@ class Collectives {
   // Every rank's text, in rank order: lengths first, then the bytes padded to the longest.
   std::vector<std::string> all_gather_text(const std::string& text);
 
+  // Point to point, by rank in this group (not the global rank): `t` to rank `dst`; into `t`
+  // (its shape and dtype as sent) from rank `src`. DistributedError for a rank outside the group
+  // or this rank itself.
+  void send(const at::Tensor& t, int dst);
+  void recv(at::Tensor& t, int src);
+  // A text to `dst`: its length, then its bytes (none when empty); recv_text takes both.
+  void send_text(const std::string& text, int dst);
+  std::string recv_text(int src);
+
   // Where all_gather_text's scratch tensors live: the CPU (gloo) by default; NCCL groups need the
   // rank's CUDA device.
   void set_scratch_device(at::Device device) { scratch_ = device; }
@@ -50,6 +60,8 @@ class Collectives {
 
  private:
   void check_usable(const char* op) const;
+  void check_peer(const char* op, int peer) const;
+  void run(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op);
   [[noreturn]] void fail(const char* op, const std::string& why);
 

@@ -54,31 +54,48 @@ void check_tp_agreement(Collectives& group, const TpIdentity& mine) {
   throw DistributedError(message);
 }
 
-void agree_on_outcome(Collectives& group, const std::string& step, const std::string& my_failure) {
-  // "ok" or "failed: <message>": never empty, so a rank's empty text cannot read as success.
-  static const std::string kFailed = "failed: ";
-  const std::string mine = my_failure.empty() ? "ok" : kFailed + my_failure;
+std::vector<Ballot> gather_ballots(Collectives& group, const std::string& step,
+                                   const Ballot& mine) {
+  const nlohmann::json data = nlohmann::json::parse(mine.data, nullptr, false);
+  const std::string text = nlohmann::json{{"failure", mine.failure}, {"data", data}}.dump();
   std::vector<std::string> texts;
   try {
-    texts = group.all_gather_text(mine);
+    texts = group.all_gather_text(text);
   } catch (const DistributedError& e) {
     throw DistributedError(
         fmt::format("{} on rank {} of {}: the ranks could not agree that every "
                     "rank succeeded, so none goes ahead: {}",
                     step, group.rank(), group.size(), e.message()));
   }
-  std::string failures;
+  std::vector<Ballot> out;
   for (size_t r = 0; r < texts.size(); ++r) {
-    if (texts[r] == "ok") continue;
-    const std::string why = texts[r].rfind(kFailed, 0) == 0 ? texts[r].substr(kFailed.size())
-                                                            : "sent " + quote_text(texts[r]);
-    failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, why);
+    const nlohmann::json j = nlohmann::json::parse(texts[r], nullptr, false);
+    if (!j.is_object() || !j.contains("failure") || !j["failure"].is_string()) {
+      // Never read as a success: a rank that sent something else failed.
+      out.push_back({"sent " + quote_text(texts[r]), "null"});
+      continue;
+    }
+    out.push_back({j["failure"].get<std::string>(), j.value("data", nlohmann::json()).dump()});
   }
-  if (failures.empty()) return;
-  throw DistributedError(
-      fmt::format("{} on rank {} of {}: not every rank succeeded, so no rank "
-                  "goes ahead ({})",
-                  step, group.rank(), group.size(), failures));
+  return out;
+}
+
+std::string vote_failure(const std::string& step, int rank, int size,
+                         const std::vector<Ballot>& ballots) {
+  std::string failures;
+  for (size_t r = 0; r < ballots.size(); ++r) {
+    if (ballots[r].failure.empty()) continue;
+    failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, ballots[r].failure);
+  }
+  if (failures.empty()) return "";
+  return fmt::format("{} on rank {} of {}: not every rank succeeded, so no rank goes ahead ({})",
+                     step, rank, size, failures);
+}
+
+void agree_on_outcome(Collectives& group, const std::string& step, const std::string& my_failure) {
+  const std::string failed =
+      vote_failure(step, group.rank(), group.size(), gather_ballots(group, step, {my_failure}));
+  if (!failed.empty()) throw DistributedError(failed);
 }
 
 }  // namespace metaload

@@ -140,16 +140,22 @@ at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset
 
 namespace {
 
-// Python: torch.ops.metaload.swap_tensors(targets, sources). Tensor lists arrive as the very
-// TensorImpls the Python objects wrap, so the Parameters themselves change.
-void swap_tensors_op(at::TensorList targets, at::TensorList sources) {
-  swap_in(targets.vec(), sources.vec());
+// Python: torch.ops.metaload.swap_tensors(targets, sources, names, meta_takes_shape). Tensor
+// lists arrive as the very TensorImpls the Python objects wrap, so the Parameters themselves
+// change.
+void swap_tensors_op(at::TensorList targets, at::TensorList sources,
+                     c10::optional<std::vector<std::string>> names, bool meta_takes_shape) {
+  swap_in(targets.vec(), sources.vec(), names.value_or(std::vector<std::string>{}),
+          meta_takes_shape);
 }
 
 }  // namespace
 
 METALOAD_LIBRARY_FRAGMENT(m) {
-  m.def("swap_tensors(Tensor(a!)[] targets, Tensor[] sources) -> ()", &swap_tensors_op);
+  m.def(
+      "swap_tensors(Tensor(a!)[] targets, Tensor[] sources, str[]? names=None, "
+      "bool meta_takes_shape=False) -> ()",
+      &swap_tensors_op);
 }
 
 }  // namespace metaload

@@ -51,9 +51,7 @@ import torch
 from . import _lib
 from ._reports import LoadReport, _report
 
-_PROTOCOL = 1
 DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_BUFFER_BYTES = 64 << 20
 # Test hook: "RANK:POINT" kills group rank RANK with SIGKILL at POINT ("mid_load": after it has
 # staged some bytes and before the vote; a broadcast receiver after its first chunk, the source
 # after serving its first rank), makes it raise ("fail_stage": a failure while staging) or go
@@ -101,65 +99,52 @@ class _Lost(Exception):
 
 
 class _Group:
+    """The caller's group, through metaload's bounded collectives (distributed/collectives.h:
+    every wait has the timeout; after one failure the group refuses every later call)."""
+
     def __init__(self, group, timeout_s: float):
         import torch.distributed as dist
-        self.dist = dist
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        self.timeout_s = timeout_s
-        self.timeout = datetime.timedelta(seconds=timeout_s)
+        from . import _tp
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        self.c = _lib.typed_errors(torch.classes.metaload.Collectives)(_tp.box(group),
+                                                                       float(timeout_s))
+        self.rank = self.c.rank()
+        self.size = self.c.size()
 
-    def _wait(self, work, what: str):
+    def _call(self, what: str, fn, *args):
         try:
-            work.wait(self.timeout)
-        except RuntimeError as e:
-            text = str(e).split("\nException raised from")[0].strip()
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                raise _Lost(f"{what}: no answer within {self.timeout_s:g} s ({text})") from None
-            raise _Lost(f"{what}: {text}") from None
-
-    def global_rank(self, r: int) -> int:
-        if self.group is None or self.group is self.dist.group.WORLD:
-            return r
-        get = getattr(self.dist, "get_global_rank", None)  # torch 2.x
-        if get is None:
-            get = self.dist.distributed_c10d._get_global_rank  # torch 1.13
-        return get(self.group, r)
+            return _lib.typed_errors(fn)(*args)
+        except DistributedError as e:
+            raise _Lost(f"{what}: {e}") from None
 
     def all_gather_text(self, text: str, what: str) -> List[str]:
-        data = text.encode()
-        lens = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        self._wait(self.dist.all_gather(lens, torch.tensor([len(data)], dtype=torch.int64),
-                                        group=self.group, async_op=True), what)
-        longest = max(1, max(int(x) for x in lens))
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        if data:
-            mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-        out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.size)]
-        self._wait(self.dist.all_gather(out, mine, group=self.group, async_op=True), what)
-        return [bytes(out[i][:int(lens[i])].tolist()).decode() for i in range(self.size)]
+        return self._call(what, self.c.all_gather_text, text)
 
     def send(self, t: torch.Tensor, dst: int, what: str):
-        self._wait(self.dist.isend(t, self.global_rank(dst), group=self.group), what)
+        self._call(what, self.c.send, t, dst)
 
     def recv(self, t: torch.Tensor, src: int, what: str):
-        self._wait(self.dist.irecv(t, self.global_rank(src), group=self.group), what)
+        self._call(what, self.c.recv, t, src)
 
     def send_text(self, text: str, dst: int, what: str):
-        data = text.encode()
-        self.send(torch.tensor([len(data)], dtype=torch.int64), dst, what)
-        if data:
-            self.send(torch.tensor(list(data), dtype=torch.uint8), dst, what)
+        self._call(what, self.c.send_text, text, dst)
 
     def recv_text(self, src: int, what: str) -> str:
-        n = torch.zeros(1, dtype=torch.int64)
-        self.recv(n, src, what)
-        if int(n) == 0:
-            return ""
-        buf = torch.zeros(int(n), dtype=torch.uint8)
-        self.recv(buf, src, what)
-        return bytes(buf.tolist()).decode()
+        return self._call(what, self.c.recv_text, src)
+
+    def lost(self, step: str, e: BaseException) -> BaseException:
+        """The DistributedError of `step` losing contact (distributed/handshake.h)."""
+        try:
+            _lib.typed_errors(self.c.lost_contact)(step, str(e))
+        except DistributedError as lost:
+            return lost
+        raise AssertionError("lost_contact returned")
+
+
+def _default_buffer_bytes() -> int:
+    """A broadcast's transfer buffer when buffer_bytes is 0 (distributed/handshake.h)."""
+    return int(_lib.load().load_default_buffer_bytes())
 
 
 def _fault(rank: int, point: str):
@@ -360,22 +345,9 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
 
 
 def _swap(pairs: List[Tuple[torch.Tensor, torch.Tensor, str]]):
-    """All or nothing: meta targets take their shard shapes, then one swap_tensors; undone if it
-    fails."""
-    reshaped = []
-    try:
-        with torch.no_grad():
-            for t, s, _ in pairs:
-                if t.shape != s.shape:
-                    reshaped.append((t, t.data))
-                    t.data = torch.empty(s.shape, dtype=t.dtype, device="meta")
-        _lib.typed_errors(_lib.load().swap_tensors)([p[0] for p in pairs],
-                                                    [p[1] for p in pairs])
-    except BaseException:
-        with torch.no_grad():
-            for t, old in reshaped:
-                t.data = old
-        raise
+    """All or nothing (loader/load/swap.h): a meta target takes its shard's shape."""
+    _lib.typed_errors(_lib.load().swap_tensors)([p[0] for p in pairs], [p[1] for p in pairs],
+                                                [p[2] for p in pairs], True)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -536,7 +508,7 @@ def load_distributed(module: torch.nn.Module, ref: str, *, device=None, dtype=No
                      "(init_process_group) on every rank")
     own = None if dequantize is None and tp_plan is None else _OwnPlan(dequantize, tp_plan)
     job = _Job(_Group(process_group, _timeout_s(timeout)), module, ref, device, dtype, threads,
-               strict, revision, mmap, source_rank, buffer_bytes or DEFAULT_BUFFER_BYTES, own)
+               strict, revision, mmap, source_rank, buffer_bytes or _default_buffer_bytes(), own)
     size = tp_size if tp_size is not None else job.g.size
     rank = tp_rank if tp_rank is not None else (job.g.rank if size > 1 else 0)
     job.handshake(rank, size, buffer_bytes)  # 1: all agree, or all raise
@@ -567,25 +539,16 @@ class _Job:
         self.bytes_read, self.received, self.load_report = 0, 0, None
         self.progress = {"sent": 0, "buffer": 0}
 
-    def lost(self, e: _Lost, step: str) -> DistributedError:
-        return _error(f"rank {self.g.rank} of {self.g.size}: {step} failed, so nothing was "
-                      f"loaded (the weights are as before; the process group must be made "
-                      f"again): {e}")
-
     def handshake(self, rank: int, size: int, buffer_bytes: int):
+        """Every rank's hello, once they agree (distributed/load_agreement.cc); DistributedError
+        on every rank otherwise."""
         own = self.own or _OwnPlan(None, None)
-        hello = json.dumps({"protocol": _PROTOCOL, "tp_rank": rank, "tp_size": size,
+        hello = json.dumps({"tp_rank": rank, "tp_size": size,
                             "source_rank": self.source_rank, "buffer_bytes": buffer_bytes,
                             "dequantize": str(own.dequantize) if own.dequantize else None,
                             "tp_plan": sorted(own.tp_plan.items()) if own.tp_plan else None})
-        try:
-            self.peers = [json.loads(x) for x in self.g.all_gather_text(hello, "the handshake")]
-        except _Lost as e:
-            raise self.lost(e, "the handshake") from None
-        problems = _handshake_problems(self.peers, self.g.size)
-        if problems:
-            raise _error(f"the ranks of the process group disagree, nothing was loaded: "
-                         f"{'; '.join(problems)}")
+        self.peers = [json.loads(x) for x in
+                      _lib.typed_errors(self.g.c.load_handshake)(hello)]
 
     def _own_slice(self, targets, rank, size):
         _fault(self.g.rank, "fail_stage")
@@ -638,16 +601,16 @@ class _Job:
         return status
 
     def vote(self, status: Dict[str, Any]) -> List[dict]:
-        try:
-            votes = [json.loads(x) for x in self.g.all_gather_text(json.dumps(status), "the vote")]
-        except _Lost as e:
-            raise self.lost(e, "the vote") from None
-        failures = {i: v["error"] for i, v in enumerate(votes) if not v["ok"]}
-        if failures:
-            lines = "\n".join(f"  rank {i}: {m}" for i, m in sorted(failures.items()))
-            message = (f"{len(failures)} of {self.g.size} ranks failed to load "
-                       f"{_lib.quote(self.ref)} ({self.mode}); every rank keeps its previous "
-                       f"weights:\n{lines}")
+        """Every rank's status once all staged theirs; else every rank raises the same error
+        (distributed/handshake.h's vote) and keeps its weights."""
+        step = f"the vote on loading {_lib.quote(self.ref)} ({self.mode})"
+        failure = "" if status["ok"] else status["error"]
+        ballots = _lib.typed_errors(self.g.c.gather_ballots)(step, failure, json.dumps(status))
+        votes = [json.loads(b)["data"] for b in ballots]
+        message = self.g.c.vote_failure(step, ballots)
+        if message:
+            failures = {i: json.loads(b)["failure"] for i, b in enumerate(ballots)
+                        if json.loads(b)["failure"]}
             raise _typed_failure(votes, message, failures) or _error(message, failures)
         return votes
 
@@ -675,6 +638,7 @@ def _kind_of(e: BaseException) -> str:
 def _typed_failure(votes: List[dict], message: str, failures: Dict[int, str]):
     """A DequantError when every rank failed with one (a degree off the scheme's boundaries, a
     malformed quantized checkpoint: the same on every rank), else None (a DistributedError)."""
+    votes = [v if isinstance(v, dict) else {"ok": False} for v in votes]
     kinds = {v.get("kind") for v in votes}
     if any(v["ok"] for v in votes) or kinds != {"DequantError"}:
         return None
@@ -688,40 +652,8 @@ def _typed_failure(votes: List[dict], message: str, failures: Dict[int, str]):
 
 
 def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
-    def each(key):
-        return ", ".join(f"rank {i}: {p.get(key)}" for i, p in enumerate(peers))
-
-    problems = []
-    if len({p.get("protocol") for p in peers}) != 1:
-        problems.append(f"metaload versions differ (protocol {each('protocol')})")
-        return problems
-    sizes = {p["tp_size"] for p in peers}
-    if len(sizes) != 1:
-        problems.append(f"tp_size differs ({each('tp_size')})")
-    else:
-        size = sizes.pop()
-        if size not in (1, group_size):
-            problems.append(f"tp_size {size} is neither 1 nor the process group's size "
-                            f"{group_size}")
-        elif size > 1 and sorted(p["tp_rank"] for p in peers) != list(range(size)):
-            problems.append(f"tp_rank must be 0..{size - 1}, once each ({each('tp_rank')})")
-        elif size == 1 and any(p["tp_rank"] != 0 for p in peers):
-            problems.append(f"tp_size 1 has only tp_rank 0 ({each('tp_rank')})")
-    bad = [f"rank {i}: {p['buffer_bytes']}" for i, p in enumerate(peers) if p["buffer_bytes"] < 0]
-    if bad:
-        problems.append(f"buffer_bytes must be 0 (the default, {DEFAULT_BUFFER_BYTES >> 20} MiB) "
-                        f"or a positive number of bytes ({', '.join(bad)})")
-    for key, what in (("dequantize", "dequantize"), ("tp_plan", "tp_plan")):
-        if len({json.dumps(p.get(key)) for p in peers}) != 1:
-            problems.append(f"{what} differs ({each(key)})")
-    sources = {p["source_rank"] for p in peers}
-    if len(sources) != 1:
-        problems.append(f"source_rank differs ({each('source_rank')})")
-    else:
-        s = sources.pop()
-        if s is not None and not 0 <= s < group_size:
-            problems.append(f"source_rank {s} is not a rank of the group (0..{group_size - 1})")
-    return problems
+    """What the C++ handshake (distributed/load_agreement.cc) finds wrong with these hellos."""
+    return list(_lib.load().load_handshake_problems([json.dumps(p) for p in peers], group_size))
 
 
 def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
@@ -800,8 +732,7 @@ def share_config(process_group, source_rank: int, ref: str, revision, timeout) -
     try:
         texts = g.all_gather_text(mine, "sharing config.json")
     except _Lost as e:
-        raise _error(f"rank {g.rank} of {g.size}: sharing the source's config.json failed, "
-                     f"nothing was loaded: {e}") from None
+        raise g.lost("sharing the source's config.json", e) from None
     sent = json.loads(texts[source_rank])
     if "error" in sent:
         raise _error(f"the source rank {source_rank} cannot read {_lib.quote(ref)}, nothing was "
@@ -829,7 +760,7 @@ def dispatch_broadcast(model, ref: str, *, process_group, source_rank: int, buff
     device, dtype = info["device"], getattr(torch, info["dtype"])
     keep = set(model._m.parameter_names())
     job = _Job(g, None, ref, device, dtype, threads, True, revision, None, source_rank,
-               buffer_bytes or DEFAULT_BUFFER_BYTES)
+               buffer_bytes or _default_buffer_bytes())
     job.handshake(rank, size, buffer_bytes)
     t_stage = time.monotonic()
     staged: Dict[str, torch.Tensor] = {}

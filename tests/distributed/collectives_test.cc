@@ -6,11 +6,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "distributed/collectives.h"
@@ -42,6 +45,11 @@ struct Rendezvous {
   std::vector<std::function<void(const std::vector<at::Tensor>&)>> deliver;
   std::vector<c10::intrusive_ptr<ManualWork>> works;
   std::vector<at::Tensor> inputs;
+  // Point to point, by (src, dst): messages sent before their receive, receives posted before
+  // their message.
+  std::map<std::pair<int, int>, std::deque<at::Tensor>> sent;
+  std::map<std::pair<int, int>, std::deque<std::pair<at::Tensor, c10::intrusive_ptr<ManualWork>>>>
+      waiting;
 };
 
 // Rank `rank` of an in-process group: a collective's work completes when every rank has called it.
@@ -66,6 +74,33 @@ class ThreadGroup : public c10d::ProcessGroup {
     return arrive(inputs[0], [out](const std::vector<at::Tensor>& all) {
       for (size_t i = 0; i < all.size(); ++i) out[i].copy_(all[i]);
     });
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int) override {
+    auto work = c10::make_intrusive<ManualWork>();
+    std::lock_guard<std::mutex> g(r_->mu);
+    auto& w = r_->waiting[{getRank(), dst}];
+    if (w.empty()) {
+      r_->sent[{getRank(), dst}].push_back(tensors[0].clone());
+    } else {
+      w.front().first.copy_(tensors[0]);
+      w.front().second->complete();
+      w.pop_front();
+    }
+    work->complete();
+    return work;
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int) override {
+    auto work = c10::make_intrusive<ManualWork>();
+    std::lock_guard<std::mutex> g(r_->mu);
+    auto& q = r_->sent[{src, getRank()}];
+    if (q.empty()) {
+      r_->waiting[{src, getRank()}].emplace_back(tensors[0], work);
+    } else {
+      tensors[0].copy_(q.front());
+      q.pop_front();
+      work->complete();
+    }
+    return work;
   }
 
  private:
@@ -101,6 +136,9 @@ class LonelyGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>&,
                                            std::vector<at::Tensor>&,
                                            const c10d::AllgatherOptions&) override {
+    return work();
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override {
     return work();
   }
   std::vector<c10::intrusive_ptr<ManualWork>> pending;  // kept so that they never complete
@@ -219,6 +257,112 @@ TEST(Handshake, RanksThatDisagreeAllFailWithEveryRanksValues) {
     return true;
   });
   for (auto& f : agree) EXPECT_TRUE(f.get());
+}
+
+TEST(Collectives, PointToPointTensorsAndTexts) {
+  auto ranks = on_ranks<std::string>(3, [](int rank, ProcessGroupPtr g) {
+    Collectives c(g, 10s);
+    if (rank == 0) {
+      c.send(at::arange(6, at::kFloat).view({2, 3}), 2);
+      c.send_text("", 1);
+      c.send_text(std::string("h\0llo \xc3\xa9", 9), 2);
+      return std::string("sent");
+    }
+    if (rank == 1) return "[" + c.recv_text(0) + "]";
+    at::Tensor t = at::zeros({2, 3});
+    c.recv(t, 0);
+    EXPECT_TRUE(t.equal(at::arange(6, at::kFloat).view({2, 3})));
+    return c.recv_text(0);
+  });
+  EXPECT_EQ(ranks[0].get(), "sent");
+  EXPECT_EQ(ranks[1].get(), "[]");
+  EXPECT_EQ(ranks[2].get(), std::string("h\0llo \xc3\xa9", 9));
+  Collectives c(c10::make_intrusive<LonelyGroup>(false), 200ms);
+  for (int bad : {-1, 0, 2}) {  // not a rank, this rank, past the group
+    const auto e = expect_error<DistributedError>([&] { c.send(at::ones({1}), bad); });
+    EXPECT_NE(std::string(e.what()).find("the peer must be another rank of the group (0..1)"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto e = expect_error<DistributedError>([&] { c.recv_text(1); });
+  EXPECT_NE(std::string(e.what()).find("recv on rank 0 of 2 (timeout 200 ms): not every rank took "
+                                       "part within 200 ms"),
+            std::string::npos)
+      << e.what();
+}
+
+TEST(Vote, EveryRankSeesEveryBallotAndTheSameFailure) {
+  auto ranks =
+      on_ranks<std::pair<std::vector<Ballot>, std::string>>(3, [](int rank, ProcessGroupPtr g) {
+        Collectives c(g, 10s);
+        const Ballot mine{rank == 1 ? "ReadError: x" : "", fmt::format("{{\"bytes\": {}}}", rank)};
+        const std::vector<Ballot> all = gather_ballots(c, "loading 'm'", mine);
+        return std::make_pair(all, vote_failure("loading 'm'", rank, 3, all));
+      });
+  for (int r = 0; r < 3; ++r) {
+    auto [all, failure] = ranks[r].get();
+    ASSERT_EQ(all.size(), 3u);
+    EXPECT_EQ(all[2].data, "{\"bytes\":2}");
+    EXPECT_EQ(all[1].failure, "ReadError: x");
+    EXPECT_EQ(failure, fmt::format("loading 'm' on rank {} of 3: not every rank succeeded, so no "
+                                   "rank goes ahead (rank 1: ReadError: x)",
+                                   r));
+  }
+  EXPECT_EQ(vote_failure("s", 0, 2, {{"", "null"}, {"", "1"}}), "");
+  Collectives lonely(c10::make_intrusive<LonelyGroup>(true), 1s);
+  const auto e = expect_error<DistributedError>([&] { gather_ballots(lonely, "the vote", {}); });
+  EXPECT_NE(std::string(e.what()).find("the vote on rank 0 of 2: the ranks could not agree"),
+            std::string::npos)
+      << e.what();
+}
+
+TEST(LoadHandshake, NamesEveryDisagreement) {
+  auto hello = [](int rank, int size, std::string source = "null", int64_t buffer = 0,
+                  int protocol = 1) {
+    return fmt::format(
+        "{{\"protocol\": {}, \"tp_rank\": {}, \"tp_size\": {}, \"source_rank\": {}, "
+        "\"buffer_bytes\": {}, \"dequantize\": null, \"tp_plan\": null}}",
+        protocol, rank, size, source, buffer);
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(load_handshake_problems({hello(0, 2), hello(1, 2)}, 2), V{});
+  EXPECT_EQ(load_handshake_problems({hello(0, 1), hello(0, 1)}, 2), V{});  // replicas
+  EXPECT_EQ(load_handshake_problems({hello(0, 2), hello(1, 3)}, 2),
+            V{"tp_size differs (rank 0: 2, rank 1: 3)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 3), hello(1, 3)}, 2),
+            V{"tp_size 3 is neither 1 nor the process group's size 2"});
+  EXPECT_EQ(load_handshake_problems({hello(1, 2), hello(1, 2)}, 2),
+            V{"tp_rank must be 0..1, once each (rank 0: 1, rank 1: 1)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 1), hello(1, 1)}, 2),
+            V{"tp_size 1 has only tp_rank 0 (rank 0: 0, rank 1: 1)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 2, "0"), hello(1, 2, "1")}, 2),
+            V{"source_rank differs (rank 0: 0, rank 1: 1)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 2, "2"), hello(1, 2, "2")}, 2),
+            V{"source_rank 2 is not a rank of the group (0..1)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 2), hello(1, 2, "null", -1)}, 2),
+            V{"buffer_bytes must be 0 (the default, 64 MiB) or a positive number of bytes (rank "
+              "1: -1)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 2), hello(1, 2, "null", 0, 2)}, 2),
+            V{"metaload versions differ (protocol rank 0: 1, rank 1: 2)"});
+  EXPECT_EQ(load_handshake_problems({hello(0, 2), "[1]"}, 2),
+            V{"rank 1 sent \"[1]\", not a metaload load's handshake"});
+  // Over the group: the same error on every rank, before anything is read.
+  auto ranks = on_ranks<std::string>(2, [](int rank, ProcessGroupPtr g) {
+    Collectives c(g, 10s);
+    try {
+      load_handshake(c, fmt::format("{{\"tp_rank\": {}, \"tp_size\": {}, \"source_rank\": "
+                                    "null, \"buffer_bytes\": 0}}",
+                                    rank, 2 + rank));
+    } catch (const DistributedError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  });
+  for (auto& f : ranks) {
+    EXPECT_NE(f.get().find("the ranks of the process group disagree, nothing was loaded: tp_size "
+                           "differs (rank 0: 2, rank 1: 3)"),
+              std::string::npos);
+  }
 }
 
 // TransformersModel ranks over the thread group: the whole model's logits and tokens.

@@ -125,6 +125,23 @@ int compare(const QuantView& v, std::mt19937& rng, const std::string& what) {
   return vector;
 }
 
+// A GPTQ / AWQ weight [out, in] in groups of `group` over `data`'s words (qzeros from word
+// `zeros_at`) with `scales` in format sf.
+QuantView grouped_view(QuantScheme scheme, int64_t out, int64_t in, int64_t group, const Data& data,
+                       size_t zeros_at, const std::vector<unsigned char>& scales, int sf) {
+  QuantView v;
+  v.scheme = scheme;
+  v.out = out;
+  v.in = in;
+  v.q = data.words.data();
+  v.zeros = data.words.data() + zeros_at;
+  v.scales = scales.data();
+  v.scales_format = sf;
+  v.group_size = group;
+  v.groups = (in + group - 1) / group;
+  return v;
+}
+
 TEST(DequantVector, Gptq) {
   if (!vector_cpu()) GTEST_SKIP() << "no AVX2 / F16C";
   int n = 0;
@@ -139,18 +156,9 @@ TEST(DequantVector, Gptq) {
           for (int64_t i = 0; i < in; ++i) g_idx[i] = static_cast<int32_t>(i / group);
           if (act) std::shuffle(g_idx.begin(), g_idx.end(), data.rng);
           const std::vector<unsigned char> scales = data.scales(sf, groups * out);
-          QuantView v;
-          v.scheme = QuantScheme::kGptq;
-          v.out = out;
-          v.in = in;
-          v.q = data.words.data();
-          v.zeros = data.words.data() + 1000;
-          v.scales = scales.data();
-          v.scales_format = sf;
+          QuantView v = grouped_view(QuantScheme::kGptq, out, in, group, data, 1000, scales, sf);
           v.g_idx = act ? g_idx.data() : nullptr;
           v.bits = bits;
-          v.group_size = group;
-          v.groups = groups;
           v.zero_offset = act ? 0 : 1;
           n += compare(v, data.rng,
                        "gptq " + std::to_string(bits) + " bits group " + std::to_string(group) +
@@ -174,16 +182,7 @@ TEST(DequantVector, Awq) {
       for (bool finite : {false, true}) {
         const int64_t groups = (in + group - 1) / group;
         const std::vector<unsigned char> scales = data.scales(sf, groups * out, finite);
-        QuantView v;
-        v.scheme = QuantScheme::kAwq;
-        v.out = out;
-        v.in = in;
-        v.q = data.words.data();
-        v.zeros = data.words.data() + 7;
-        v.scales = scales.data();
-        v.scales_format = sf;
-        v.group_size = group;
-        v.groups = groups;
+        const QuantView v = grouped_view(QuantScheme::kAwq, out, in, group, data, 7, scales, sf);
         n += compare(v, data.rng,
                      "awq group " + std::to_string(group) + " scales " + std::to_string(sf) +
                          (finite ? " finite" : ""));
@@ -299,17 +298,7 @@ TEST(DequantVector, CompressedTensors) {
 // An AWQ weight [296, 512] (groups of 128) over `data`'s words with scales in `fmt`, for the
 // threaded entry's tests; d1 a bf16 window of rows, d2 an f32 one with a column offset.
 QuantView awq_view(const Data& data, const std::vector<unsigned char>& scales, int fmt) {
-  QuantView v;
-  v.scheme = QuantScheme::kAwq;
-  v.out = 296;
-  v.in = 512;
-  v.q = data.words.data();
-  v.zeros = data.words.data() + 11;
-  v.scales = scales.data();
-  v.scales_format = fmt;
-  v.group_size = 128;
-  v.groups = 4;
-  return v;
+  return grouped_view(QuantScheme::kAwq, 296, 512, 128, data, 11, scales, fmt);
 }
 const DequantDst d1{nullptr, 2, 512, 3, 291, 0, 512}, d2{nullptr, 0, 100, 8, 200, 37, 100};
 
