@@ -629,21 +629,34 @@ class Run : public ProgressRun {
     count_read(index, start);
   }
 
-  // A direct piece's fresh slot pages filled from the page cache (page_copy.h).
+  // A direct piece's fresh slot pages filled from the page cache (page_copy.h), a chunk at a
+  // time: each chunk's file pages leave this process's page tables once copied (they stay in
+  // the page cache), so peak RSS counts the slots plus at most a chunk of the file per thread,
+  // as reads do, not a whole piece (16 MiB) per thread.
   void copy_piece(size_t index, PageCopier& copier, const unsigned char* map) {
+    constexpr uint64_t kChunk = uint64_t{1} << 20, kPage = 4096, kFolio = uint64_t{2} << 20;
     const Piece& p = pieces[index];
     const int64_t start = now_ns();
     const OpenFiles::Lease file(files, p.file);
-    if (!copier.fill(p.direct_dst, {file.fd(), map, p.offset}, p.length)) {
-      throw ReadError(files.path(p.file) + ": " + std::to_string(p.length) + " bytes at offset " +
-                      std::to_string(p.offset) + " could not be read into their slot (" +
-                      piece_names(p) + "): the file is shorter than when the load began");
+    for (uint64_t at = 0; at < p.length;) {
+      uint64_t len = std::min(p.length - at, kChunk);
+      const uintptr_t end = reinterpret_cast<uintptr_t>(p.direct_dst + at) + len;
+      if (at + len < p.length) len -= end % kPage;  // no slot page split between two chunks
+      if (!copier.fill(p.direct_dst + at, {file.fd(), map, p.offset + at}, len)) {
+        throw ReadError(files.path(p.file) + ": " + std::to_string(p.length) + " bytes at offset " +
+                        std::to_string(p.offset) + " could not be read into their slot (" +
+                        piece_names(p) + "): the file is shorter than when the load began");
+      }
+      // From the 2 MiB boundary before the chunk (never before the mapping: the memory below it
+      // is another mapping's): a large page-cache folio is mapped whole on a fault, so the
+      // chunk's first fault maps again the tail of the folio the last chunk dropped.
+      const uintptr_t a =
+          std::max((reinterpret_cast<uintptr_t>(map) + p.offset + at) & ~(kFolio - 1),
+                   reinterpret_cast<uintptr_t>(map));
+      const uintptr_t b = reinterpret_cast<uintptr_t>(map) + p.offset + at + len;
+      ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+      at += len;
     }
-    // The file's pages stay in the page cache, but not in this process's page tables: peak RSS
-    // then counts the slots, as for reads, not the slots plus the whole file.
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(map) + p.offset) & ~uintptr_t{4095};
-    const uintptr_t b = reinterpret_cast<uintptr_t>(map) + p.offset + p.length;
-    ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
     reads.fetch_add(1, std::memory_order_relaxed);  // one read of the file's range, as a pread
     count_read(index, start);
   }
