@@ -395,8 +395,13 @@ std::optional<SlotSpec> make_assembled_spec(const LoadTarget& t, const std::stri
     return std::nullopt;
   }
   AssembledTarget out = r->second.targets[which.second];
+  const std::vector<int64_t> whole = out.shape;
   if (opt.tp_size > 1 && !rank_part(t, a, which.second, shapes, opt, bad, out)) return std::nullopt;
-  if (t.tensor.sizes().vec() != out.shape) {
+  // A meta target of the whole assembled shape takes the rank's part in the swap, as a dense
+  // one takes its shard's (takes_shard_shape); a real one must have the part's shape already.
+  const bool takes_part =
+      t.tensor.is_meta() && whole != out.shape && t.tensor.sizes().vec() == whole;
+  if (t.tensor.sizes().vec() != out.shape && !takes_part) {
     bad.mismatched.push_back({t.name, ": shape " + shape_str(t.tensor.sizes().vec()) +
                                           " in the module but " + from + " gives " +
                                           shape_str(out.shape)});
@@ -674,14 +679,32 @@ std::vector<std::string> tp_plan_styles_op() {
   return user_tp_styles();
 }
 
-// Python: the dims load_into's tp_plan (module pattern, style, module pattern, style, ...) splits
-// each of a module's state `names` on (-1: whole), for the load's tp_dims.
-std::vector<int64_t> tp_plan_dims_op(std::vector<std::string> names,
-                                     std::vector<std::string> flat) {
+// load_into's tp_plan as Python hands it over: (name pattern, style, name pattern, style, ...).
+UserTpPlan user_plan_of(const std::vector<std::string>& flat) {
   if (flat.size() % 2 != 0) throw PlanError("tp_plan must come as (module, style) pairs");
   UserTpPlan plan;
   for (size_t i = 0; i < flat.size(); i += 2) plan.emplace_back(flat[i], flat[i + 1]);
-  return user_tp_dims(plan, names);
+  return plan;
+}
+
+// The shards of load_into's tp_plan, which names modules: target names[i] matched as
+// tp_names[i] (the module's own name where a key mapping renamed it; default: names[i]).
+std::function<TpShard(const std::string&, const std::vector<int64_t>&, int, int)> plan_shards(
+    const std::vector<std::string>& flat, const std::vector<std::string>& names,
+    const c10::optional<std::vector<std::string>>& tp_names) {
+  auto shards = user_tp_shards(user_plan_of(flat));
+  if (!tp_names) return shards;
+  if (tp_names->size() != names.size()) {
+    throw PlanError(std::to_string(tp_names->size()) + " tp_names but " +
+                    std::to_string(names.size()) + " names");
+  }
+  auto as = std::make_shared<std::unordered_map<std::string, std::string>>();
+  for (size_t i = 0; i < names.size(); ++i) (*as)[names[i]] = (*tp_names)[i];
+  return
+      [shards, as](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
+        const auto it = as->find(name);
+        return shards(it == as->end() ? name : it->second, shape, rank, size);
+      };
 }
 
 // Python: torch.ops.metaload.load_into(targets, names, ref, ...) -> JSON report. The Python
@@ -697,7 +720,8 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<std::vector<std::string>> computed_names_opt,
                          const c10::optional<c10::List<c10::optional<at::Tensor>>>& values_opt,
                          c10::optional<at::ScalarType> dequantize,
-                         c10::optional<std::vector<int64_t>> tp_dims,
+                         c10::optional<std::vector<std::string>> tp_plan,
+                         c10::optional<std::vector<std::string>> tp_names,
                          c10::optional<std::string> assemblies, int64_t checkpoint,
                          c10::optional<std::string> name_mapping) {
   if (targets.size() != names.size()) {
@@ -748,7 +772,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
   if (dequantize) opt.dequantize = *dequantize;
   if (assemblies) opt.names.assemblies = parse_assemblies(*assemblies);
-  if (tp_dims) opt.names.tp_shard = even_tp_shards(names, *tp_dims);
+  if (tp_plan) opt.names.tp_shard = plan_shards(*tp_plan, names, tp_names);
   // A checkpoint the package opened for this load (open_checkpoints.h), else `ref` opened now.
   std::shared_ptr<const Checkpoint> ckpt = checkpoint != 0
                                                ? held_checkpoint(checkpoint)
@@ -756,7 +780,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                                                      ref, opt.revision, /*keep_files=*/true));
   if (name_mapping) {
     // A registered mapping (the family's names, ties and TP plan); the assemblies stay.
-    if (tp_dims) throw PlanError("name_mapping and tp_dims cannot both be given");
+    if (tp_plan) throw PlanError("name_mapping and tp_plan cannot both be given");
     std::vector<Assembly> assembled = std::move(opt.names.assemblies);
     opt.names = name_mapping_from(*name_mapping, *ckpt);
     opt.names.assemblies = std::move(assembled);
@@ -810,14 +834,14 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "Device? device=None, ScalarType? dtype=None, int tp_rank=0, int tp_size=1, int threads=0, "
       "int staging_bytes=0, bool strict=True, bool progress_bar=True, bool? map_files=None, "
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
-      "Tensor?[]? computed_values=None, ScalarType? dequantize=None, int[]? tp_dims=None, "
+      "Tensor?[]? computed_values=None, ScalarType? dequantize=None, str[]? tp_plan=None, str[]? "
+      "tp_names=None, "
       "str? assemblies=None, int checkpoint=0, str? name_mapping=None) -> str",
       &load_into_op);
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);
   m.def("load_progress(int progress_id, bool release=False) -> int[]", &load_progress_op);
   m.def("tp_plan_styles() -> str[]", &tp_plan_styles_op);
-  m.def("tp_plan_dims(str[] names, str[] plan) -> int[]", &tp_plan_dims_op);
 }
 
 }  // namespace metaload

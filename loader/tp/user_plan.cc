@@ -11,14 +11,52 @@
 namespace metaload {
 namespace {
 
-struct StyleDims {
+// A style's split of a tensor of ndim dims: weight is every leaf but a bias.
+struct Style {
   const char* name;
-  int weight;  // the dim a module's weight (and every other leaf) splits on
-  int bias;    // the dim its bias splits on; -1: whole
+  UserTpSplit (*split)(int ndim, bool bias);
 };
-constexpr StyleDims kStyles[] = {{"colwise", 0, 0}, {"experts", 0, 0}, {"rowwise", 1, -1}};
 
-const StyleDims* find_style(const std::string& style) {
+UserTpSplit whole(int, bool) {
+  return {};
+}
+UserTpSplit colwise(int ndim, bool) {
+  return {ndim >= 2 ? ndim - 2 : 0, 1};
+}
+UserTpSplit rowwise(int ndim, bool bias) {
+  return bias ? UserTpSplit{} : UserTpSplit{ndim - 1, 1};
+}
+UserTpSplit packed_colwise(int ndim, bool) {
+  return {ndim >= 2 ? ndim - 2 : 0, 2};
+}
+UserTpSplit packed_rowwise(int ndim, bool bias) {
+  return bias || ndim < 2 ? UserTpSplit{} : UserTpSplit{ndim - 1, 2};
+}
+UserTpSplit rows(int, bool) {
+  return {0, 1};
+}
+
+constexpr Style kStyles[] = {
+    {"all_reduce", whole},
+    {"colwise", colwise},
+    {"colwise_gather_output", colwise},
+    {"colwise_rep", colwise},
+    {"embedding_rowwise", rows},
+    {"ep_router", whole},
+    {"experts", rows},
+    {"grouped_gemm", rows},
+    {"moe_identity_expert", whole},
+    {"moe_tp_experts", whole},
+    {"packed_colwise", packed_colwise},
+    {"packed_rowwise", packed_rowwise},
+    {"replicated_with_grad_allreduce", whole},
+    {"rowwise", rowwise},
+    {"rowwise_rep", rowwise},
+    {"rowwise_split_input", rowwise},
+    {"sequence_parallel", whole},
+};
+
+const Style* find_style(const std::string& style) {
   for (const auto& s : kStyles) {
     if (style == s.name) return &s;
   }
@@ -71,49 +109,46 @@ void check_user_tp_plan(const UserTpPlan& plan) {
   }
 }
 
-int user_tp_dim(const UserTpPlan& plan, const std::string& name) {
+UserTpSplit user_tp_split(const UserTpPlan& plan, const std::string& name, int ndim) {
   const size_t dot = name.rfind('.');
   const std::string module = dot == std::string::npos ? "" : name.substr(0, dot);
   const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
-  const std::string pattern = generic(module);
-  for (const auto& [key, style] : plan) {
-    if (!names(key, module, pattern)) continue;
-    const StyleDims* s = find_style(style);
-    if (!s) return -1;  // checked by check_user_tp_plan before any use
-    return leaf == "bias" ? s->bias : s->weight;
-  }
-  return -1;
-}
-
-std::vector<int64_t> user_tp_dims(const UserTpPlan& plan, const std::vector<std::string>& names) {
-  check_user_tp_plan(plan);
-  std::vector<int64_t> dims;
-  dims.reserve(names.size());
-  for (const auto& n : names) dims.push_back(user_tp_dim(plan, n));
-  return dims;
-}
-
-std::function<TpShard(const std::string&, const std::vector<int64_t>&, int, int)> even_tp_shards(
-    const std::vector<std::string>& names, const std::vector<int64_t>& dims) {
-  if (dims.size() != names.size()) {
-    throw PlanError(std::to_string(dims.size()) + " TP dims but " + std::to_string(names.size()) +
-                    " names");
-  }
-  auto by_name = std::make_shared<std::unordered_map<std::string, int>>();
-  for (size_t i = 0; i < names.size(); ++i) (*by_name)[names[i]] = static_cast<int>(dims[i]);
-  return [by_name](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
-    TpShard s;
-    auto it = by_name->find(name);
-    if (it == by_name->end() || it->second < 0) return s;
-    s.dim = it->second;
-    if (s.dim >= static_cast<int>(shape.size()) || shape[s.dim] % size != 0) {
-      throw SliceError("cannot split dim " + std::to_string(s.dim) + " of " + shape_str(shape) +
-                       " into " + std::to_string(size) + " equal parts");
+  const std::string whole_pattern = generic(name), module_pattern = generic(module);
+  // The tensor named itself (fused experts' parameters), then its module.
+  for (const bool itself : {true, false}) {
+    for (const auto& [key, style] : plan) {
+      if (!(itself ? names(key, name, whole_pattern) : names(key, module, module_pattern)))
+        continue;
+      const Style* s = find_style(style);
+      if (!s) return {};  // checked by check_user_tp_plan before any use
+      return s->split(ndim, !itself && leaf == "bias");
     }
-    const int64_t chunk = shape[s.dim] / size;
-    s.ranges = {{rank * chunk, (rank + 1) * chunk}};
+  }
+  return {};
+}
+
+std::function<TpShard(const std::string&, const std::vector<int64_t>&, int, int)> user_tp_shards(
+    const UserTpPlan& plan) {
+  check_user_tp_plan(plan);
+  return [plan](const std::string& name, const std::vector<int64_t>& shape, int rank, int size) {
+    TpShard s;
+    const UserTpSplit split = user_tp_split(plan, name, static_cast<int>(shape.size()));
+    if (split.dim < 0) return s;
+    s.dim = split.dim;
+    const int64_t len = s.dim < static_cast<int>(shape.size()) ? shape[s.dim] : 0;
+    if (len == 0 || len % (int64_t{split.packs} * size) != 0) {
+      throw SliceError(name + ": cannot split dim " + std::to_string(s.dim) + " of " +
+                       shape_str(shape) + " into " + std::to_string(size) + " equal parts" +
+                       (split.packs > 1
+                            ? " of each of its " + std::to_string(split.packs) + " packed parts"
+                            : ""));
+    }
+    const int64_t part = len / split.packs, chunk = part / size;
+    for (int p = 0; p < split.packs; ++p) {
+      s.ranges.push_back({p * part + rank * chunk, p * part + (rank + 1) * chunk});
+    }
     s.shape = shape;
-    s.shape[s.dim] = chunk;
+    s.shape[s.dim] = chunk * split.packs;
     return s;
   };
 }

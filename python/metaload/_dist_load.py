@@ -48,7 +48,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _lib
+from . import _lib, _mapping
 from ._reports import LoadReport, _report
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -174,6 +174,7 @@ class _Targets(NamedTuple):
     names: List[str]  # every name (tied tensors under each of their names)
     tensors: List[torch.Tensor]
     strict_names: List[str]  # names that must be filled (state_dict's)
+    module: Any = None  # the module itself (a transformers model's conversion mapping)
 
 
 def _targets(module: torch.nn.Module) -> _Targets:
@@ -188,7 +189,7 @@ def _targets(module: torch.nn.Module) -> _Targets:
         if n not in state and id(b) not in seen:
             names.append(n)
             tensors.append(b)
-    return _Targets(names, tensors, list(state.keys()))
+    return _Targets(names, tensors, list(state.keys()), module)
 
 
 class _Staged(NamedTuple):
@@ -250,19 +251,30 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
             if n not in targets.strict_names and id(t) not in uniq]
     comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
             for n, t, v in comp if v is not None]
-    # The caller's plan by the C++ name rule (loader/tp/user_plan.h), as load_into's _tp_dims
-    tp_dims = None
-    if own.tp_plan is not None:
-        flat = [x for pair in own.tp_plan.items() for x in pair]
-        tp_dims = list(ops.tp_plan_dims(names, flat))
-    with real():
-        out = ops.load_into(shadows, names, str(ref), revision, dev, dtype, tp_rank, tp_size,
-                            threads, 0, strict, False, mmap, computed=[c[1] for c in comp],
-                            computed_names=[c[0] for c in comp],
-                            computed_values=[c[2] for c in comp], dequantize=own.dequantize,
-                            tp_dims=tp_dims)
+    handle = _lib.typed_errors(ops.checkpoint_open)(str(ref), revision)  # its headers once
+    try:
+        # A transformers model's renames and fused experts, as the single-process load applies
+        # them (_mapping): the C++ plan assembles each rank's part of a fused target.
+        renamed, assembled = {}, []
+        if _mapping._is_transformers_model(targets.module):
+            in_checkpoint = list(ops.checkpoint_names(handle, own.dequantize is not None))
+            renamed, assembled = _mapping._transformers_mapping(
+                targets.module, in_checkpoint, {}, dict(zip(names, shadows)))
+        with real():
+            out = ops.load_into(
+                shadows, [renamed.get(n, n) for n in names], str(ref), revision, dev, dtype,
+                tp_rank, tp_size, threads, 0, strict, False, mmap, computed=[c[1] for c in comp],
+                computed_names=[c[0] for c in comp], computed_values=[c[2] for c in comp],
+                dequantize=own.dequantize,
+                tp_plan=None if own.tp_plan is None else
+                [x for pair in own.tp_plan.items() for x in pair],
+                tp_names=names if own.tp_plan is not None else None,
+                assemblies=json.dumps(assembled) if assembled else None, checkpoint=handle)
+    finally:
+        ops.checkpoint_close(handle)
     rep = _report(out)
-    left = set(rep.missing_keys)  # strict=False: what the checkpoint lacks stays as it is
+    as_module = {c: m for m, c in renamed.items()}
+    left = {as_module.get(n, n) for n in rep.missing_keys}  # strict=False: what it lacks stays
     staged = {n: t for n, t in zip(names, shadows) if n not in left}
     staged.update((n, t) for n, t, _ in comp if n not in left)
     return _Staged(staged, rep.bytes, rep)

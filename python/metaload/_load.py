@@ -14,20 +14,13 @@ import datetime
 import json
 import numbers
 import os
-import re
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _adapters, _buffer_init, _conversions, _dist_load, _lib, _progress, _quantized_modules
+from . import _adapters, _buffer_init, _dist_load, _lib, _progress, _quantized_modules
+from ._mapping import _compiled_mapping, _is_transformers_model, _renames, _transformers_mapping
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
-
-
-def _is_transformers_model(module) -> bool:
-    # By the class's ancestry: asking transformers (a lazy module) for PreTrainedModel would
-    # import its modeling code into programs that only use its tokenizers.
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
-               for c in type(module).__mro__)
 
 
 def _all_found(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
@@ -38,81 +31,6 @@ def _all_found(state: Dict[str, torch.Tensor], in_checkpoint: List[str],
     found = {id(t) for n, t in state.items() if renamed.get(n, n) in present}
     computed = set(computed_names)
     return all(id(t) in found or n in computed for n, t in state.items())
-
-
-def _transformers_mapping(module, in_checkpoint: List[str], key_mapping: Dict[str, str],
-                          state: Dict[str, torch.Tensor]):
-    """What transformers does to this model's checkpoint names on load (_conversions: its own
-    matching, renames chained as from_pretrained chains them): its merges (fused experts, which
-    the C++ plan assembles) and, for every other name, key_mapping's rename where one of its
-    patterns matches, else transformers' own. Returns (renamed, assemblies)."""
-    hf_renames, assembled = _conversions.names(module, in_checkpoint, state)
-    taken = set(_conversions.leaves(assembled))
-    rest = [n for n in in_checkpoint if n not in taken]
-    return _renames(rest, key_mapping, hf_renames), assembled
-
-
-def _compiled_mapping(key_mapping: Dict[str, str]) -> List[tuple]:
-    """key_mapping's (pattern, compiled pattern, replacement), in order; a PlanError naming the
-    entry that is not a string pair or whose pattern is no regular expression."""
-    out = []
-    for pattern, replacement in key_mapping.items():
-        if not isinstance(pattern, str) or not isinstance(replacement, str):
-            raise _lib.PlanError(f"key_mapping entry {pattern!r}: {replacement!r} is not a "
-                                 "{regex: replacement} pair of strings")
-        try:
-            out.append((pattern, re.compile(pattern), replacement))
-        except re.error as e:
-            raise _lib.PlanError(f"key_mapping pattern {_lib.quote(pattern)} is not a valid "
-                                 f"regular expression: {e}") from None
-    return out
-
-
-def _renamed_by(name: str, patterns: List[tuple]):
-    """(name after the first pattern that matches it, that pattern or None)."""
-    for pattern, compiled, replacement in patterns:
-        try:
-            new, n = compiled.subn(replacement, name)
-        except (re.error, IndexError) as e:
-            raise _lib.PlanError(f"key_mapping pattern {_lib.quote(pattern)}: its replacement "
-                                 f"{_lib.quote(replacement)} cannot rename checkpoint tensor "
-                                 f"{_lib.quote(name)}: {e}") from None
-        if n:
-            return new, pattern
-    return name, None
-
-
-_BY_TRANSFORMERS = object()  # a name renamed by transformers' own mapping, not key_mapping
-
-
-def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str],
-             otherwise: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """{module name: checkpoint name} for the checkpoint names key_mapping renames (the first
-    pattern that matches, as transformers' from_pretrained(key_mapping=...) applies them), and
-    where none does, `otherwise`'s (transformers' own renames). Two checkpoint tensors that end
-    with one module name (both renamed, or one renamed onto a name another keeps) are a
-    PlanError naming both and the patterns that mapped them."""
-    patterns = _compiled_mapping(key_mapping)
-    out: Dict[str, str] = {}
-    source: Dict[str, tuple] = {}  # module name -> (checkpoint name, pattern or None)
-    for name in in_checkpoint:
-        new, pattern = _renamed_by(name, patterns)
-        if pattern is None and otherwise and name in otherwise:
-            new, pattern = otherwise[name], _BY_TRANSFORMERS
-        if new in source:
-            def how(n, p):
-                if p is _BY_TRANSFORMERS:
-                    return f"{_lib.quote(n)} by transformers' conversion mapping"
-                return (f"{_lib.quote(n)} by pattern {_lib.quote(p)}" if p is not None
-                        else f"{_lib.quote(n)} by no pattern (it keeps its name)")
-            first = source[new][0]
-            raise _lib.PlanError(f"key_mapping maps both {_lib.quote(first)} and "
-                                 f"{_lib.quote(name)} onto module name {_lib.quote(new)}: "
-                                 f"{how(*source[new])}, {how(name, pattern)}")
-        source[new] = (name, pattern)
-        if new != name:
-            out[new] = name
-    return out
 
 
 def _without_shadowed(state: Dict[str, torch.Tensor], renamed: Dict[str, str], ref: str,
@@ -184,11 +102,10 @@ def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
     return json.loads(_lib.load().quant_layout(str(ref), revision))
 
 
-def _tp_dims(names: List[str], tp_plan: Dict[str, str]) -> List[int]:
-    """Per state name, the dim tp_plan splits (-1: whole), by the C++ rule (loader/tp/user_plan.h:
-    layer numbers as "*" or a suffix of the module name; colwise, rowwise, experts)."""
-    flat = [x for pair in tp_plan.items() for x in pair]
-    return list(_lib.load().tp_plan_dims(names, flat))
+def _flat_plan(tp_plan: Optional[Dict[str, str]]) -> Optional[List[str]]:
+    """tp_plan as the library takes it, (pattern, style) pairs flattened; its styles and name rule
+    are the library's (loader/tp/user_plan.h)."""
+    return None if tp_plan is None else [x for pair in tp_plan.items() for x in pair]
 
 
 @contextlib.contextmanager
@@ -342,10 +259,13 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
     .distributed has each rank's bytes).
     dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
-    tp_plan: {module: "colwise" | "rowwise" | "experts"}: this rank's slice only, by the given
-    plan (loader/load/README.md; "experts": E / tp_size whole experts of fused experts, reading
-    only theirs); with dequantize, slices fall on pack and group boundaries (reading only theirs);
-    both load across a process group too where asked (metaload._dist_load).
+    tp_plan: {module or parameter pattern: style}, transformers' styles ("colwise", "rowwise",
+    "packed_colwise", "experts", ...; loader/tp/user_plan.h), so a model's own
+    `config.base_model_tp_plan` works as it is: this rank's slice only (a fused experts'
+    gate_up_proj its part of every expert's gate and up rows, "experts": E / tp_size whole
+    experts, each reading only its bytes); with dequantize, slices fall on pack and group
+    boundaries (reading only theirs); both load across a process group too where asked
+    (metaload._dist_load).
     """
     _check_arguments(dict(locals()))
     ref, revision = _key_checkpoint(ref, revision)
@@ -431,15 +351,15 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
         names = [renamed.get(n, n) for n in own.keys()]
         as_module.clear()
         as_module.update(zip(names, own.keys()))
-        # tp_plan names modules: the dims of the module's own names, in the order passed
-        tp_dims = _tp_dims(list(own.keys()), tp_plan) if tp_plan is not None else None
+
         args = [list(own.values()), names, str(ref), revision, dev, dtype, tp_rank, tp_size,
                 threads, staging_bytes, strict, bar, mmap]
         with real(), _progress.Watch(callback) as watch:
             return ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
                                  computed_names=computed.names,
                                  computed_values=computed.values, dequantize=dequantize,
-                                 tp_dims=tp_dims,
+                                 tp_plan=_flat_plan(tp_plan),  # it names modules:
+                                 tp_names=list(own.keys()) if tp_plan is not None else None,
                                  assemblies=json.dumps(assembled) if assembled else None,
                                  checkpoint=handle, name_mapping=name_mapping)
 

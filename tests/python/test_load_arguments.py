@@ -52,7 +52,12 @@ def untouched(model):
     (dict(buffer_bytes=None), "buffer_bytes must be an integer (0: the default), got None"),
     (dict(tp_plan=["a"]), "tp_plan must be None or a dict, got ['a']"),
     (dict(tp_plan={"a": "diagonal"}), "tp_plan style 'diagonal' of 'a' is not one of "
-                                      "['colwise', 'experts', 'rowwise']"),
+                                      "['all_reduce', 'colwise', 'colwise_gather_output', "
+                                      "'colwise_rep', 'embedding_rowwise', 'ep_router', 'experts', "
+                                      "'grouped_gemm', 'moe_identity_expert', 'moe_tp_experts', "
+                                      "'packed_colwise', 'packed_rowwise', "
+                                      "'replicated_with_grad_allreduce', 'rowwise', 'rowwise_rep', "
+                                      "'rowwise_split_input', 'sequence_parallel']"),
     (dict(key_mapping=[("a", "b")]), "key_mapping must be None or a dict, got [('a', 'b')]"),
     (dict(device="gpu0"), "device must be None, a torch.device or a device string ('cpu', "
                           "'cuda:0'), got 'gpu0'"),

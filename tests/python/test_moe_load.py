@@ -450,3 +450,97 @@ def test_expert_parallel_ranks_take_their_experts_and_read_only_theirs(tmp_path)
             if n.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 t = t[2 * rank:2 * rank + 2]
             assert torch.equal(got[n], t), (rank, n)
+
+
+def _rank_slice(t, dim, rank, size, packs=1):
+    """Rank `rank`'s part of `t` split on `dim` into `packs` packed parts, each split evenly."""
+    parts = t.chunk(packs, dim)
+    return torch.cat([p.chunk(size, dim)[rank] for p in parts], dim)
+
+
+# transformers' own Mixtral plan, tensor by tensor: (dim, packed parts) of what a rank holds.
+PLAN_SPLITS = {"q_proj.weight": (0, 1), "k_proj.weight": (0, 1), "v_proj.weight": (0, 1),
+               "o_proj.weight": (1, 1), "experts.gate_up_proj": (1, 2),
+               "experts.down_proj": (2, 1)}
+
+
+def _plan_bytes(d):
+    """(the checkpoint's bytes, the bytes of the tensors transformers' plan splits) of the
+    per-expert checkpoint in d."""
+    names = metaload.load_file(os.path.join(d, "model.safetensors"))
+    total = sum(t.numel() * t.element_size() for t in names.values())
+    split = sum(t.numel() * t.element_size() for n, t in names.items()
+                if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                               "w1.weight", "w2.weight", "w3.weight")))
+    return total, split
+
+
+def _assert_rank_holds(got, want, rank, what):
+    for n, t in want.items():
+        how = next((v for k, v in PLAN_SPLITS.items() if n.endswith(k)), None)
+        expect = t if how is None else _rank_slice(t, how[0], rank, 2, how[1])
+        assert torch.equal(got[n], expect), (what, rank, n, list(got[n].shape))
+
+
+def test_transformers_own_tp_plan_splits_fused_experts_and_reads_only_each_ranks_bytes(tmp_path):
+    """tp_plan=config.base_model_tp_plan, transformers' own plan as it is: q/k/v column-parallel,
+    o_proj row-parallel, the fused gate_up_proj [E, 2I, H] packed column-parallel (rank r: its
+    part of every expert's gate rows and of its up rows, as vLLM's merged column-parallel layer),
+    down_proj [E, H, I] row-parallel, the forward-only styles (moe_tp_experts) whole. Each rank's
+    tensors equal from_pretrained's sliced so, and it reads only those bytes of the per-expert
+    checkpoint tensors it assembles them from."""
+    cfg, _, d = mixtral(tmp_path)
+    cls = model_class(cfg)
+    plan = dict(cfg.base_model_tp_plan)
+    assert plan["layers.*.mlp.experts.gate_up_proj"] == "packed_colwise"
+    want = cls.from_pretrained(d).state_dict()
+    total, split = _plan_bytes(d)
+    for rank in range(2):
+        model = meta_build(cls, cfg)
+        report = metaload.load_into(model, d, progress=False, tp_rank=rank, tp_size=2,
+                                    tp_plan=plan)
+        assert report.bytes == total - split // 2, (report.bytes, total, split)
+        _assert_rank_holds(model.state_dict(), want, rank, "one process")
+
+
+def test_a_packed_split_that_does_not_divide_is_a_slice_error_and_changes_nothing(tmp_path):
+    cfg, _, d = mixtral(tmp_path)
+    model = meta_build(model_class(cfg), cfg)
+    with pytest.raises(metaload.SliceError, match="packed parts"):
+        metaload.load_into(model, d, progress=False, tp_rank=0, tp_size=3,
+                           tp_plan={"layers.*.mlp.experts.gate_up_proj": "packed_colwise"})
+    assert all(t.is_meta for t in model.state_dict().values())
+
+
+def test_a_process_group_loads_fused_experts_by_transformers_own_plan(tmp_path):
+    """Two gloo ranks, transformers' own tp_plan, every rank reading its own slice and then rank 0
+    serving both (source_rank=0): each rank's fused experts and attention equal from_pretrained's
+    sliced as the single-process load slices them (assembled from the per-expert checkpoint
+    tensors on the reading rank), and a reading rank reads only its slices' bytes."""
+    import socket
+    cfg, _, d = mixtral(tmp_path)
+    want = model_class(cfg).from_pretrained(d).state_dict()
+    out = tmp_path / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = os.path.join(os.path.dirname(__file__), "scripts", "dist_moe_worker.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "python"),
+         os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, worker, d, str(out), "2", str(port), str(r)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    total, split = _plan_bytes(d)
+    for rank in range(2):
+        result = json.load(open(out / f"rank{rank}.json"))
+        assert "error" not in result, (result.get("error"), logs[rank])
+        assert result["shared"]["bytes_read"] == total - split // 2, result
+        # The source reads each rank's slice in turn (the whole tensors once per rank); the
+        # other rank nothing.
+        assert result["broadcast"]["bytes_read"] == (2 * (total - split // 2) if rank == 0
+                                                     else 0), result
+        for mode in ("shared", "broadcast"):
+            _assert_rank_holds(torch.load(out / f"rank{rank}.{mode}.pt"), want, rank, mode)
