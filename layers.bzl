@@ -15,9 +15,9 @@ LAYERS = [
     ("loader", ["loader"], ["base"]),  # loader/errors.h: every loader error kind
     ("loader/format", ["loader/format"], ["loader"]),
     ("loader/engine", ["loader/engine"], ["loader", "kernels"]),
-    ("loader/tp", ["loader/tp"], ["loader/engine"]),
+    ("loader/tp", ["loader/tp"], ["loader/engine", "loader/format"]),
     ("loader/load", ["loader/load"], ["loader/format", "loader/tp"]),
-    ("identity", ["identity"], ["loader/format"]),
+    ("identity", ["identity"], ["loader/format", "loader/tp"]),
     ("estimate", ["estimate"], ["identity"]),
     ("distributed", ["distributed"], ["base"]),
     ("model", ["model", "model/families"], ["fake_mode", "loader/load", "identity", "distributed"]),

@@ -11,6 +11,7 @@
 #include "identity/dtypes.h"
 #include "identity/tp_degree.h"
 #include "loader/format/file_io.h"
+#include "loader/tp/quant_split.h"
 
 namespace metaload {
 namespace {

@@ -13,6 +13,7 @@
 #include "identity/tp_degree.h"
 #include "loader/errors.h"
 #include "loader/format/quant_layout.h"
+#include "loader/tp/quant_split.h"
 
 namespace metaload {
 namespace {

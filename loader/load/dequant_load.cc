@@ -14,6 +14,7 @@
 #include "kernels/dequant.h"
 #include "loader/engine/page_copy.h"
 #include "loader/load/swap.h"  // arena_tensor (HostArena, resolve_slot_pages, populate_pages)
+#include "loader/tp/quant_split.h"
 
 namespace metaload {
 

@@ -259,13 +259,9 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     metaload.DistributedError on every rank within `timeout` s (metaload._dist_load; the report's
     .distributed has each rank's bytes).
     dequantize: a float dtype: quantized weights load dequantized (loader/load/README.md).
-    tp_plan: {module or parameter pattern: style}, transformers' styles ("colwise", "rowwise",
-    "packed_colwise", "experts", ...; loader/tp/user_plan.h), so a model's own
-    `config.base_model_tp_plan` works as it is: this rank's slice only (a fused experts'
-    gate_up_proj its part of every expert's gate and up rows, "experts": E / tp_size whole
-    experts, each reading only its bytes); with dequantize, slices fall on pack and group
-    boundaries (reading only theirs); both load across a process group too where asked
-    (metaload._dist_load).
+    tp_plan: {module or parameter pattern: style} in transformers' styles (loader/tp/user_plan.h;
+    a model's `config.base_model_tp_plan` as it is): this rank's slice only, reading only its
+    bytes; with dequantize, on pack and group boundaries; across a process group where asked.
     """
     _check_arguments(dict(locals()))
     ref, revision = _key_checkpoint(ref, revision)

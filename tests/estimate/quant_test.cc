@@ -11,6 +11,7 @@
 #include "identity/describe.h"
 #include "loader/format/quant_layout.h"
 #include "loader/format/writer.h"
+#include "loader/tp/quant_split.h"
 #include "tests/loader/test_util.h"
 
 namespace metaload {

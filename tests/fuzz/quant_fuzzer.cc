@@ -12,10 +12,11 @@
 #include <cstdlib>
 #include <string>
 
-#include "loader/format/json_util.h"
-#include "loader/format/safetensors.h"
 #include "estimate/estimate.h"
+#include "loader/format/json_util.h"
 #include "loader/format/quant_layout.h"
+#include "loader/format/safetensors.h"
+#include "loader/tp/quant_split.h"
 
 using namespace metaload;
 

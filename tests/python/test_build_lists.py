@@ -183,8 +183,8 @@ def test_module_bazel_has_the_version_of_base_version_h():
 # source list must be exactly the sources of the CMake components it names, or a source added to
 # them breaks only tools/fuzz's link (as the reference resolver's split once did).
 FUZZ_COMPONENTS = {"base_error": "base", "loader_errors": "loader", "loader_format": "loader/format",
-                   "loader_format_quant": "loader/format", "identity": "identity",
-                   "estimate": "estimate"}
+                   "loader_format_quant": "loader/format", "loader_tp_quant": "loader/tp",
+                   "identity": "identity", "estimate": "estimate"}
 
 
 def _component_sources(folder, name):
