@@ -313,9 +313,11 @@ def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dty
     by_id: Dict[int, List[str]] = {}
     for n, t in zip(targets.names, targets.tensors):
         by_id.setdefault(id(t), []).append(n)
+    seen = set()  # a tied tensor is checked once, under its first name (as it is staged once)
     for n, t in zip(targets.names, targets.tensors):
-        if id(t) in pairs:
+        if id(t) in seen:
             continue
+        seen.add(id(t))
         s = next((staged[x] for x in by_id[id(t)] if x in staged), None)
         if s is None:
             if strict and n in targets.strict_names:  # strict=False: left as it is

@@ -374,3 +374,40 @@ def test_broadcast_from_a_model_key(tmp_path, monkeypatch):
         e = results[r][0]
         assert e["ok"], (e.get("message"), logs[r])
         assert torch.equal(torch.tensor(e["tokens"]), want), (r, e["tokens"], want)
+
+
+def test_what_a_rank_staged_must_fit_its_module_or_nothing_changes():
+    """The check between a rank's staged tensors and its module (before the vote): every module
+    tensor without a staged one (strict), a staged parameter the module lacks, a shape off by more
+    than the one split dim, a tensor subclass, a grad-requiring tensor staged as integers: one
+    MismatchError naming each, with its names as fields; a meta tensor takes its shard's shape
+    and a tie is staged once."""
+    from metaload._dist_load import _match, _targets
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.empty(4, 6, device="meta"))
+            self.b = torch.nn.Parameter(torch.empty(4, 6, device="meta"))
+            self.c = torch.nn.Parameter(torch.empty(3, device="meta"))
+            self.register_buffer("n", torch.zeros(2, dtype=torch.long))
+
+    m = Two()
+    m.tied = m.a  # a second name of one tensor
+    targets = _targets(m)
+    ok = {"a": torch.ones(2, 6), "b": torch.ones(4, 6), "c": torch.ones(3),
+          "n": torch.zeros(2, dtype=torch.long)}
+    pairs = _match(targets, ok, True, None, "rank 0 of 2")
+    assert sorted(n for _, _, n in pairs) == ["a", "b", "c", "n"]  # the tie once
+    assert [tuple(s.shape) for t, s, n in pairs if n == "a"] == [(2, 6)]  # its shard's shape
+    bad = {"a": torch.ones(2, 3), "b": torch.ones(4, 6, dtype=torch.long), "zz": torch.nn.Parameter(
+        torch.ones(1)), "n": torch.zeros(2, dtype=torch.long)}
+    with pytest.raises(metaload.MismatchError) as e:
+        _match(targets, bad, True, None, "rank 0 of 2")
+    assert e.value.missing == ["c"] and e.value.unexpected == ["zz"], str(e.value)
+    assert e.value.mismatched == ["a", "b"], str(e.value)
+    assert "  mismatched: a: shape [4, 6] in the module but rank 0 of 2 holds [2, 3]" in str(e.value)
+    assert "  mismatched: b: requires grad but loads as torch.int64" in str(e.value)
+    assert all(t.is_meta for t in m.parameters())  # nothing changed
+    # strict=False: what was not staged is left as it is, and nothing is unexpected.
+    assert len(_match(targets, {"a": torch.ones(2, 6)}, False, None, "rank 0 of 2")) == 1
