@@ -3,6 +3,7 @@
 // group (python/metaload/_dist_load.py), so that the protocol and its DistributedError rules live
 // here once, for C++ and Python callers alike.
 #include <cmath>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <torch/custom_class.h>
@@ -31,24 +32,18 @@ Holder make(c10::IValue group, double timeout_s) {
       std::make_unique<Collectives>(process_group_from_ivalue(group), ms));
 }
 
-// Every rank's ballot as {"failure": ..., "data": ...} JSON text.
-std::vector<std::string> ballots_json(const std::vector<Ballot>& ballots) {
+// A vote on a load (handshake.h): every rank's ballot as {"failure": ..., "data": ...} JSON text,
+// and the message every rank raises when not all succeeded ("" when they did).
+std::tuple<std::vector<std::string>, std::string> vote(Collectives& c, const std::string& step,
+                                                       const Ballot& mine) {
+  const std::vector<Ballot> ballots = gather_ballots(c, step, mine);
   std::vector<std::string> out;
   for (const Ballot& b : ballots) {
     out.push_back(nlohmann::json{{"failure", b.failure},
                                  {"data", nlohmann::json::parse(b.data, nullptr, false)}}
                       .dump());
   }
-  return out;
-}
-
-std::vector<Ballot> ballots_of(const std::vector<std::string>& texts) {
-  std::vector<Ballot> out;
-  for (const std::string& t : texts) {
-    const nlohmann::json j = nlohmann::json::parse(t, nullptr, false);
-    out.push_back({j.is_object() ? j.value("failure", std::string("?")) : "?", "null"});
-  }
-  return out;
+  return {out, vote_failure(step, c.rank(), c.size(), ballots)};
 }
 
 }  // namespace
@@ -70,16 +65,12 @@ METALOAD_LIBRARY_FRAGMENT(m) {
                            int64_t src) { return self->c->recv_text(static_cast<int>(src)); })
       .def("load_handshake",
            [](const Holder& self, std::string hello) { return load_handshake(*self->c, hello); })
-      .def("gather_ballots",
+      .def("vote",
            [](const Holder& self, std::string step, std::string failure, std::string data) {
-             return ballots_json(gather_ballots(*self->c, step, {failure, data}));
-           })
-      .def("vote_failure",
-           [](const Holder& self, std::string step, std::vector<std::string> ballots) {
-             return vote_failure(step, self->c->rank(), self->c->size(), ballots_of(ballots));
+             return vote(*self->c, step, {failure, data});
            })
       .def("lost_contact", [](const Holder& self, std::string step, std::string why) {
-        throw lost_contact(*self->c, step, why);
+        return std::string(lost_contact(*self->c, step, why).message());
       });
   m.def("load_handshake_problems(str[] hellos, int group_size) -> str[]",
         [](std::vector<std::string> hellos, int64_t group_size) {

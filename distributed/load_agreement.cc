@@ -4,7 +4,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <set>
 
 #include "base/text.h"
 #include "distributed/handshake.h"

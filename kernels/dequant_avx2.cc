@@ -38,15 +38,20 @@ inline unsigned char* out_row(const DequantDst& d, int64_t r, int of) {
   return static_cast<unsigned char*>(d.data) + r * d.ld * elem_size(of);
 }
 
-// bits::f32_to_bf16 on 8 lanes: round to nearest even on the integer bits, NaN -> 0xFFFF. The
-// result is in the low 16 bits of each lane. (AVX512-BF16's vcvtneps2bf16 flushes denormals.)
-inline __m256i bf16x8(__m256 x) {
+// bits::f32_to_bf16 on 8 lanes for lanes known not to be NaN: round to nearest even on the integer
+// bits. The result is in the low 16 bits of each lane. (AVX512-BF16's vcvtneps2bf16 flushes
+// denormals.)
+inline __m256i bf16x8_not_nan(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd),
+                           16);
+}
+
+// bits::f32_to_bf16 on 8 lanes: bf16x8_not_nan, NaN -> 0xFFFF.
+inline __m256i bf16x8(__m256 x) {
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  return _mm256_or_si256(r, _mm256_and_si256(nan, _mm256_set1_epi32(0xFFFF)));
+  return _mm256_or_si256(bf16x8_not_nan(x), _mm256_and_si256(nan, _mm256_set1_epi32(0xFFFF)));
 }
 
 // bits::f32_to_f16 on 8 lanes: F16C's conversion with round-to-nearest-even is exact IEEE
@@ -476,14 +481,6 @@ void awq64_tables(const QuantView& v, int64_t g, int64_t j0, const int* shift, A
       t->sv[n] = _mm256_set1_ps(t->s[n]);
     }
   }
-}
-
-// bf16x8 for lanes known not to be NaN (no patch: 3 instructions fewer).
-inline __m256i bf16x8_not_nan(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd),
-                           16);
 }
 
 // Two rows' 8 values (a, b) as 8 elements of format OF each at pa and pb; NaN lanes exact unless

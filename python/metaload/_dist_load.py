@@ -134,12 +134,8 @@ class _Group:
         return self._call(what, self.c.recv_text, src)
 
     def lost(self, step: str, e: BaseException) -> BaseException:
-        """The DistributedError of `step` losing contact (distributed/handshake.h)."""
-        try:
-            _lib.typed_errors(self.c.lost_contact)(step, str(e))
-        except DistributedError as lost:
-            return lost
-        raise AssertionError("lost_contact returned")
+        """The DistributedError of `step` losing contact (its message: distributed/handshake.h)."""
+        return _error(self.c.lost_contact(step, str(e)))
 
 
 def _default_buffer_bytes() -> int:
@@ -266,8 +262,7 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
                 tp_rank, tp_size, threads, 0, strict, False, mmap, computed=[c[1] for c in comp],
                 computed_names=[c[0] for c in comp], computed_values=[c[2] for c in comp],
                 dequantize=own.dequantize,
-                tp_plan=None if own.tp_plan is None else
-                [x for pair in own.tp_plan.items() for x in pair],
+                tp_plan=_mapping.flat_plan(own.tp_plan),
                 tp_names=names if own.tp_plan is not None else None,
                 assemblies=json.dumps(assembled) if assembled else None, checkpoint=handle)
     finally:
@@ -619,12 +614,11 @@ class _Job:
         (distributed/handshake.h's vote) and keeps its weights."""
         step = f"the vote on loading {_lib.quote(self.ref)} ({self.mode})"
         failure = "" if status["ok"] else status["error"]
-        ballots = _lib.typed_errors(self.g.c.gather_ballots)(step, failure, json.dumps(status))
-        votes = [json.loads(b)["data"] for b in ballots]
-        message = self.g.c.vote_failure(step, ballots)
+        texts, message = _lib.typed_errors(self.g.c.vote)(step, failure, json.dumps(status))
+        ballots = [json.loads(b) for b in texts]
+        votes = [b["data"] for b in ballots]
         if message:
-            failures = {i: json.loads(b)["failure"] for i, b in enumerate(ballots)
-                        if json.loads(b)["failure"]}
+            failures = {i: b["failure"] for i, b in enumerate(ballots) if b["failure"]}
             raise _typed_failure(votes, message, failures) or _error(message, failures)
         return votes
 

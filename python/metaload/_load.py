@@ -18,7 +18,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _adapters, _buffer_init, _dist_load, _lib, _progress, _quantized_modules
+from . import _adapters, _buffer_init, _dist_load, _lib, _mapping, _progress, _quantized_modules
 from ._mapping import _compiled_mapping, _is_transformers_model, _renames, _transformers_mapping
 from ._reports import FileReport, LoadReport, _report  # noqa: F401 (FileReport, as before)
 
@@ -100,12 +100,6 @@ def quant_layout(ref: str, revision: Optional[str] = None) -> Dict[str, Any]:
     "scheme": "gptq" | "awq" | "bnb4" | "bnb8" | "fp8", "shape": [out, in], "parts": {role:
     tensor name}}]}. Raises metaload.DequantError for a malformed quantized checkpoint."""
     return json.loads(_lib.load().quant_layout(str(ref), revision))
-
-
-def _flat_plan(tp_plan: Optional[Dict[str, str]]) -> Optional[List[str]]:
-    """tp_plan as the library takes it, (pattern, style) pairs flattened; its styles and name rule
-    are the library's (loader/tp/user_plan.h)."""
-    return None if tp_plan is None else [x for pair in tp_plan.items() for x in pair]
 
 
 @contextlib.contextmanager
@@ -354,7 +348,7 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
             return ops.load_into(*args, progress_id=watch.id or 0, computed=computed.tensors,
                                  computed_names=computed.names,
                                  computed_values=computed.values, dequantize=dequantize,
-                                 tp_plan=_flat_plan(tp_plan),  # it names modules:
+                                 tp_plan=_mapping.flat_plan(tp_plan),  # it names modules:
                                  tp_names=list(own.keys()) if tp_plan is not None else None,
                                  assemblies=json.dumps(assembled) if assembled else None,
                                  checkpoint=handle, name_mapping=name_mapping)

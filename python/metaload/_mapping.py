@@ -1,5 +1,6 @@
 """Checkpoint names to module names, for every loader (_load.py's load_into, _dist_load.py's rank
-staging): key_mapping's renames and transformers' own conversion mapping (_conversions)."""
+staging): key_mapping's renames and transformers' own conversion mapping (_conversions); and a
+tp_plan as both hand it to the library."""
 import re
 from typing import Dict, List, Optional
 
@@ -88,3 +89,9 @@ def _renames(in_checkpoint: List[str], key_mapping: Dict[str, str],
         if new != name:
             out[new] = name
     return out
+
+
+def flat_plan(tp_plan: Optional[Dict[str, str]]) -> Optional[List[str]]:
+    """tp_plan as the library takes it, (pattern, style) pairs flattened; its styles and name rule
+    are the library's (loader/tp/user_plan.h)."""
+    return None if tp_plan is None else [x for pair in tp_plan.items() for x in pair]
