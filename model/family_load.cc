@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/text.h"
+#include "loader/errors.h"
 #include "model/families/spec.h"
 
 namespace metaload {
@@ -59,7 +60,7 @@ ShardShapes::ShardShapes(CausalLM& module, int rank, int size, const std::string
         whole_.emplace_back(t, t.sizes().vec());
         t.set_data(at::empty(s.shape, t.options()));
       }
-    } catch (const FamilyError& e) {
+    } catch (const SliceError& e) {  // a size that does not divide
       problems.push_back({item.key(), ": " + escape_text(e.message())});
     }
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "distributed/handshake.h"
+#include "loader/errors.h"
 #include "model/families/spec.h"
 #include "model/sha256.h"
 #include "model/transformers_model.h"
@@ -19,7 +20,7 @@ bool splits_into(const FamilyConfig& config, int64_t n) {
     if (!p.tied_to.empty()) continue;
     try {
       tp_shard(tp_rule_for(plan, p.name), p.shape, 0, n);
-    } catch (const FamilyError&) {
+    } catch (const SliceError&) {
       return false;
     }
   }

@@ -1,5 +1,5 @@
 // TpShard: what one tensor-parallel rank holds of a stored tensor. The one shard type of the tree:
-// a family's TP plan computes it (model/families/spec.h, tp_shard) and the loader fills a slot
+// a family's TP plan computes it (family_plan.h, tp_shard) and the loader fills a slot
 // from it (tp.h, shard_copies). Header-only and torch-free, so the format layer's users can name
 // it without the engine.
 #pragma once

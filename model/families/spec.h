@@ -1,6 +1,7 @@
 // What the loader and the model layer need to know about a family without building it: every
 // parameter and buffer (Hugging Face names, shapes), which parameters share one tensor, how
-// checkpoint names map onto module names, and how tensor parallelism shards each parameter.
+// checkpoint names map onto module names, and the sizes tensor parallelism shards each parameter
+// by (loader/tp/family_plan.h).
 // Torch-free, computed from the FamilyConfig alone.
 #pragma once
 
@@ -10,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "loader/tp/shard.h"
+#include "loader/tp/family_plan.h"
 #include "model/families/config.h"
 
 namespace metaload {
@@ -49,44 +50,8 @@ std::vector<std::vector<std::string>> tied_parameter_groups(const FamilyConfig& 
 std::optional<std::string> map_checkpoint_name(const FamilyConfig& config, const std::string& name);
 // base_model_prefix: identity/family_shape.h ("transformer" or "model").
 
-// Tensor parallelism as vLLM / SGLang shard these models.
-enum class TPStyle {
-  kReplicated,  // every rank holds the whole tensor
-  kColumn,      // output features split across ranks (ColumnParallelLinear / QKVParallelLinear)
-  kRow,         // input features split across ranks (RowParallelLinear; outputs all-reduced)
-  kVocab,  // vocabulary rows split, padded to a multiple of lcm(64, tp) (VocabParallelEmbedding,
-           // ParallelLMHead)
-};
-const char* tp_style_name(TPStyle style);
-
-// One part of the split dimension that is sharded on its own: a fused tensor (GPT-2's c_attn,
-// [q|k|v]) has several; each rank takes its share of each part and concatenates them.
-struct TPSection {
-  int64_t size = 0;   // length along the split dimension
-  int64_t heads = 0;  // attention heads in the part (split on head boundaries), 0 = plain split
-  // For key/value heads: when the TP size exceeds the heads, ranks share (replicate) a head, as
-  // vLLM does (kv head = rank / (tp / heads)).
-  bool replicate_heads = false;
-};
-
-struct TPRule {
-  std::string pattern;  // the parameter name, "*" standing for the layer index
-  TPStyle style = TPStyle::kReplicated;
-  // The dimension of the STORED tensor that is split (-1 when replicated). GPT-2's Conv1D stores
-  // [in, out], so its column split is dim 1 and its row split dim 0; Linear stores [out, in].
-  int split_dim = -1;
-  std::vector<TPSection> sections;
-  std::string note;  // layout remarks (fused q|k|v, bias added once after the all-reduce, ...)
-};
-
-// The rules of a family, one per parameter name pattern; every parameter matches exactly one.
+// The family's tensor-parallel plan (loader/tp/family_plan.h, the one owner of the shard rules:
+// tp_rule_for, tp_shard), from the config's sizes.
 std::vector<TPRule> tp_plan(const FamilyConfig& config);
-// The rule whose pattern matches `name`; FamilyError when none does.
-const TPRule& tp_rule_for(const std::vector<TPRule>& plan, const std::string& name);
-
-// What rank `rank` of `size` holds of a tensor stored with `shape` (loader/tp/shard.h).
-// FamilyError when the shape does not fit the rule or `size` does not divide what must be divided
-// (heads, features; the padded vocabulary always divides).
-TpShard tp_shard(const TPRule& rule, const std::vector<int64_t>& shape, int64_t rank, int64_t size);
 
 }  // namespace metaload

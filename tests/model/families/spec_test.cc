@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "base/checked.h"
+#include "loader/errors.h"
 #include "model/families/config.h"
 #include "model/families/spec.h"
 
@@ -488,15 +489,15 @@ TEST(FamilySpec, EveryParameterMatchesExactlyOneTPRule) {
         try {
           tp_rule_for(one, p.name);
           ++matches;
-        } catch (const FamilyError&) {
+        } catch (const PlanError&) {
         }
       }
       EXPECT_EQ(matches, 1) << name << ": " << p.name;
     }
   }
   std::vector<TPRule> plan = tp_plan(builtin_config("gpt2"));
-  EXPECT_THROW(tp_rule_for(plan, "transformer.h.0.attn.c_attn"), FamilyError);
-  EXPECT_THROW(tp_rule_for(plan, "transformer.h..attn.c_attn.weight"), FamilyError);
+  EXPECT_THROW(tp_rule_for(plan, "transformer.h.0.attn.c_attn"), PlanError);
+  EXPECT_THROW(tp_rule_for(plan, "transformer.h..attn.c_attn.weight"), PlanError);
 }
 
 TEST(FamilySpec, TPStylesAsVllmShards) {
@@ -533,9 +534,9 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   TpShard pad_only = tp_shard(embed, {200, 48}, 2, 3);
   EXPECT_TRUE(pad_only.ranges.empty());
   EXPECT_EQ(pad_only.shape, (std::vector<int64_t>{128, 48}));
-  EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 0, 5), FamilyError);  // 12 heads, TP 5
-  EXPECT_THROW(tp_shard(c_attn, {768, 2300}, 0, 2), FamilyError);  // wrong shape
-  EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 2, 2), FamilyError);  // rank out of range
+  EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 0, 5), SliceError);  // 12 heads, TP 5
+  EXPECT_THROW(tp_shard(c_attn, {768, 2300}, 0, 2), SliceError);  // wrong shape
+  EXPECT_THROW(tp_shard(c_attn, {768, 2304}, 2, 2), SliceError);  // rank out of range
   TpShard r = tp_shard(tp_rule_for(gp, "transformer.ln_f.weight"), {768}, 1, 4);
   EXPECT_EQ(r.dim, -1);
   EXPECT_EQ(r.shape, (std::vector<int64_t>{768}));
@@ -558,10 +559,10 @@ TEST(FamilySpec, TPStylesAsVllmShards) {
   // 64 query heads do not split over 3 ranks; neither may query heads be replicated.
   EXPECT_THROW(
       tp_shard(tp_rule_for(lp, "model.layers.0.self_attn.q_proj.weight"), {8192, 8192}, 0, 3),
-      FamilyError);
+      SliceError);
   EXPECT_THROW(
       tp_shard(tp_rule_for(lp, "model.layers.0.self_attn.q_proj.weight"), {8192, 8192}, 0, 128),
-      FamilyError);
+      SliceError);
   EXPECT_EQ(tp_rule_for(lp, "model.layers.0.mlp.down_proj.weight").split_dim, 1);
   EXPECT_EQ(tp_rule_for(lp, "lm_head.weight").style, TPStyle::kVocab);
   EXPECT_EQ(std::string(tp_style_name(TPStyle::kRow)), "row");
@@ -582,7 +583,7 @@ TEST(FamilySpec, TpShardsTileEveryTensor) {
         std::vector<TpShard> shards;
         try {
           for (int64_t r = 0; r < size; ++r) shards.push_back(tp_shard(rule, p.shape, r, size));
-        } catch (const FamilyError&) {
+        } catch (const SliceError&) {
           continue;  // a size this tensor does not admit
         }
         if (rule.style == TPStyle::kReplicated) {
