@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 
 #include "base/text.h"
+#include "base/torch_library.h"
+#include "c10_ext/meta_mode.h"
 #include "loader/errors.h"
+#include "loader/load/open_checkpoints.h"
 #include "model/families/spec.h"
 
 namespace metaload {
@@ -29,22 +32,56 @@ NameMapping family_name_mapping(const FamilyConfig& config) {
 
 namespace {
 
-// load_into's name_mapping="family" (loader/load/plan.h): the family of the checkpoint's own
-// config.json.
-NameMapping checkpoint_family_mapping(const Checkpoint& c) {
+// load_into's name_mapping="family" (loader/load/plan.h) and family_buffers: the family of the
+// checkpoint's own config.json.
+FamilyConfig checkpoint_family_config(const Checkpoint& c) {
   if (!c.config_path) {
     throw PlanError(escape_path(c.ref) +
                     ": a tensor-parallel load needs the model family's TP plan (GPT-2, Llama, "
                     "Mistral, Qwen2), read from the config.json beside the weights, and there is "
                     "none (give tp_plan= for another module)");
   }
-  return family_name_mapping(load_family_config(*c.config_path));
+  return load_family_config(*c.config_path);
+}
+
+NameMapping checkpoint_family_mapping(const Checkpoint& c) {
+  return family_name_mapping(checkpoint_family_config(c));
 }
 
 [[maybe_unused]] const bool family_mapping_registered =
     (register_name_mapping_source("family", &checkpoint_family_mapping), true);
 
+std::tuple<std::vector<std::string>, std::vector<at::Tensor>> family_buffers_op(int64_t handle,
+                                                                                at::Device device) {
+  const Checkpoint& c = *held_checkpoint(handle);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> values;
+  for (auto& [name, t] : family_buffers(checkpoint_family_config(c), device)) {
+    names.push_back(name);
+    values.push_back(t);
+  }
+  return {std::move(names), std::move(values)};
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> family_buffers(const FamilyConfig& config,
+                                                               at::Device device) {
+  BuildOptions skeleton;
+  skeleton.device = at::kMeta;
+  skeleton.init_weights = false;
+  std::shared_ptr<CausalLM> module = build_causal_lm(config, skeleton);
+  RealGuard real;  // real even inside a user's metaload.meta()
+  CausalLM::apply_buffers(module->compute_nonpersistent_buffers(device));
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module->named_buffers(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def("family_buffers(int checkpoint, Device device) -> (str[], Tensor[])", &family_buffers_op);
+}
 
 ShardShapes::ShardShapes(CausalLM& module, int rank, int size, const std::string& reference) {
   if (size <= 1) return;

@@ -19,6 +19,14 @@ namespace metaload {
 // the family's plan (spec.h tp_shard, the loader's TpShard).
 NameMapping family_name_mapping(const FamilyConfig& config);
 
+// The family's computed (non-persistent) buffers of `config` by module name, made real on
+// `device` (a causal mask, rotary inv_freq: their values as an eager build's), each shared buffer
+// under each of its names. What a load by the family's plan (load_into's name_mapping="family")
+// puts into a module's buffers that were built on meta, as TransformersModel's dispatch does.
+// Python: torch.ops.metaload.family_buffers(checkpoint handle, device).
+std::vector<std::pair<std::string, at::Tensor>> family_buffers(const FamilyConfig& config,
+                                                               at::Device device);
+
 // A tensor-parallel rank's skeleton with its shard shapes, so that the loader's shape checks
 // compare like with like; undo() gives the parameters their whole shapes back (a failed load).
 class ShardShapes {

@@ -476,7 +476,8 @@ LoadPlan plan_load(const std::vector<LoadTarget>& targets, const Checkpoint& ckp
   std::map<size_t, int> spec_of_source;  // owner target -> spec
   for (size_t i = 0; i < targets.size(); ++i) {
     const LoadTarget& t = targets[i];
-    if (opt.names.skip && opt.names.skip(t.name)) continue;
+    // A name the mapping skips is in no checkpoint: left as it is, unless its values are given.
+    if (opt.names.skip && opt.names.skip(t.name) && !(t.computed && t.values.defined())) continue;
     if (!t.tensor.defined()) {
       bad.mismatched.push_back({t.name, ": undefined tensor in the module"});
       continue;

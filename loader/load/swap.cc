@@ -7,9 +7,13 @@
 #include <sstream>
 #include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/text.h"
 #include "base/torch_library.h"
+#include "loader/errors.h"
+#include "loader/format/safetensors.h"
+#include "loader/load/torch_save.h"
 
 namespace metaload {
 
@@ -130,6 +134,97 @@ void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tenso
   for (size_t i = 0; i < copied.size(); ++i) copied[i].copy_(copied_from[i]);
 }
 
+namespace {
+
+// Why staged tensor `s` cannot take target `t`'s place, or "" when it can.
+std::string pair_problem(const StagedTarget& t, const at::Tensor& s, const std::string& where) {
+  const at::Tensor& m = t.tensor;
+  if (m.sizes() != s.sizes()) {
+    // A meta target takes its rank's shard shape (one dimension split); a real one must already
+    // have it (a reload).
+    int differ = 0;
+    if (m.dim() == s.dim()) {
+      for (int64_t d = 0; d < m.dim(); ++d) differ += m.size(d) != s.size(d);
+    }
+    if (!m.is_meta() || m.dim() != s.dim() || differ > 1) {
+      return ": shape " + shape_str(m.sizes()) + " in the module but " + where + " holds " +
+             shape_str(s.sizes());
+    }
+  }
+  // What swap_in would refuse after the vote, refused before it.
+  if (!t.plain || m.layout() != at::kStrided ||
+      typeid(*m.unsafeGetTensorImpl()) != typeid(c10::TensorImpl)) {
+    return ": not a plain dense tensor";
+  }
+  if (m.requires_grad() &&
+      !(at::isFloatingType(s.scalar_type()) || at::isComplexType(s.scalar_type()))) {
+    const std::optional<DType> d = safetensors_dtype_of(s.scalar_type());
+    const char* attr = d ? dtype_torch_attr(*d) : nullptr;
+    return std::string(": requires grad but loads as ") +
+           (attr ? std::string("torch.") + attr : c10::toString(s.scalar_type()));
+  }
+  return "";
+}
+
+}  // namespace
+
+SwapPairs pair_staged(const std::vector<StagedTarget>& targets,
+                      const std::vector<std::string>& staged_names,
+                      const std::vector<at::Tensor>& staged, bool strict,
+                      const std::string& where) {
+  if (staged_names.size() != staged.size()) {
+    throw SwapError(std::to_string(staged_names.size()) + " staged names but " +
+                    std::to_string(staged.size()) + " staged tensors");
+  }
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < staged_names.size(); ++i) by_name.emplace(staged_names[i], i);
+  // Every name of each target tensor, in order: a tie is staged under any of them.
+  std::unordered_map<const c10::TensorImpl*, std::vector<size_t>> names_of;
+  std::unordered_set<std::string> known;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    names_of[targets[i].tensor.unsafeGetTensorImpl()].push_back(i);
+    known.insert(targets[i].name);
+  }
+  SwapPairs out;
+  std::vector<MismatchItem> missing, unexpected, mismatched;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const StagedTarget& t : targets) {
+    const c10::TensorImpl* impl = t.tensor.unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) continue;  // a tie is checked once, as it is staged once
+    const at::Tensor* s = nullptr;
+    for (size_t j : names_of[impl]) {
+      auto it = by_name.find(targets[j].name);
+      if (it != by_name.end()) {
+        s = &staged[it->second];
+        break;
+      }
+    }
+    if (s == nullptr) {
+      if (strict && t.required) missing.push_back({t.name, " " + shape_str(t.tensor.sizes())});
+      continue;  // strict=False: left as it is
+    }
+    const std::string problem = pair_problem(t, *s, where);
+    if (!problem.empty()) {
+      mismatched.push_back({t.name, problem});
+      continue;
+    }
+    out.targets.push_back(t.tensor);
+    out.sources.push_back(*s);
+    out.names.push_back(t.name);
+  }
+  if (strict) {
+    for (const std::string& n : staged_names)
+      if (!known.count(n)) unexpected.push_back({n, ""});
+  }
+  const size_t problems = missing.size() + unexpected.size() + mismatched.size();
+  if (problems > 0) {
+    throw MismatchError(
+        where + " does not fit the module: " + std::to_string(problems) + " problems",
+        std::move(missing), std::move(unexpected), std::move(mismatched));
+  }
+  return out;
+}
+
 at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset,
                         at::IntArrayRef sizes, at::ScalarType dtype) {
   std::shared_ptr<HostArena> keep = arena;
@@ -149,9 +244,30 @@ void swap_tensors_op(at::TensorList targets, at::TensorList sources,
           meta_takes_shape);
 }
 
+// Python: torch.ops.metaload.pair_staged(targets, names, required, plain, staged_names, staged,
+// strict, where) -> (targets, sources, names), for swap_tensors after the vote.
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<std::string>>
+pair_staged_op(at::TensorList targets, std::vector<std::string> names, c10::List<bool> required,
+               c10::List<bool> plain, std::vector<std::string> staged_names, at::TensorList staged,
+               bool strict, std::string where) {
+  if (names.size() != targets.size() || required.size() != targets.size() ||
+      plain.size() != targets.size()) {
+    throw SwapError("pair_staged: targets, names, required and plain differ in length");
+  }
+  std::vector<StagedTarget> t;
+  for (size_t i = 0; i < targets.size(); ++i)
+    t.push_back({names[i], targets[i], required[i], plain[i]});
+  SwapPairs p = pair_staged(t, staged_names, staged.vec(), strict, where);
+  return {std::move(p.targets), std::move(p.sources), std::move(p.names)};
+}
+
 }  // namespace
 
 METALOAD_LIBRARY_FRAGMENT(m) {
+  m.def(
+      "pair_staged(Tensor[] targets, str[] names, bool[] required, bool[] plain, "
+      "str[] staged_names, Tensor[] staged, bool strict, str where) -> (Tensor[], Tensor[], str[])",
+      &pair_staged_op);
   m.def(
       "swap_tensors(Tensor(a!)[] targets, Tensor[] sources, str[]? names=None, "
       "bool meta_takes_shape=False) -> ()",

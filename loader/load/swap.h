@@ -49,6 +49,32 @@ class TensorSnapshot {
 void swap_in(const std::vector<at::Tensor>& targets, const std::vector<at::Tensor>& sources,
              const std::vector<std::string>& names = {}, bool meta_takes_shape = false);
 
+// A module's tensor, as the tensors staged for it by name meet it (pair_staged).
+struct StagedTarget {
+  std::string name;  // one of its names; a tied tensor comes once under each
+  at::Tensor tensor;
+  bool required = true;  // in the module's state_dict: a strict load must fill it
+  bool plain = true;     // a torch.Tensor or Parameter, no subclass of them (Python's to know)
+};
+
+// The pairs swap_in takes: one per target tensor.
+struct SwapPairs {
+  std::vector<at::Tensor> targets, sources;
+  std::vector<std::string> names;
+};
+
+// A module's tensors paired with the tensors staged for them by name (a rank's slice of a
+// distributed load, read from the files or received from the source), before the vote and so
+// before anything changes. A tied tensor pairs once, with the first of its names that was staged.
+// MismatchError ("<where> does not fit the module: N problems", the names as fields) listing:
+// missing (strict: required and not staged; strict=False leaves it as it is), unexpected (strict:
+// a staged name no target has), mismatched (a shape that differs, except in one dim of a meta
+// target, which takes its shard's shape; a target that is not a plain dense tensor; one that
+// requires grad staged as integers).
+SwapPairs pair_staged(const std::vector<StagedTarget>& targets,
+                      const std::vector<std::string>& staged_names,
+                      const std::vector<at::Tensor>& staged, bool strict, const std::string& where);
+
 // A CPU tensor over arena bytes [offset, offset + numel * itemsize); it keeps the arena alive.
 at::Tensor arena_tensor(const std::shared_ptr<HostArena>& arena, uint64_t offset,
                         at::IntArrayRef sizes, at::ScalarType dtype);

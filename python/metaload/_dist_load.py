@@ -23,14 +23,15 @@ Every rank of the group calls load_into with the same tp_size. The steps, each b
    yes; otherwise every rank raises DistributedError naming each failed rank and its error, and
    keeps its previous weights.
 
-A rank's slice comes from the model family's TP plan (vLLM's layouts; metaload.TransformersModel's
-families: GPT-2, Llama, Mistral, Qwen2), read by a per-rank TransformersModel dispatch; tp_size 1
-(every rank a whole replica) works for any module, as load_into does. With tp_plan= (the caller's
-plan) or dequantize=, each rank's slice is the single-process load_into(tp_rank=, tp_size=,
-tp_plan=, dequantize=) of that rank into meta stand-ins of the module's tensors (the C++ plan
-slices: loader/load/dequant_load.h reads only the packed bytes and scales of the rank's window);
-dequantize= with tp_size > 1 needs tp_plan= (the families' plans do not dequantize). Those two
-load across the group only where asked (process_group=, source_rank=, distributed=True): under
+A rank's slice is the single-process load_into(tp_rank=, tp_size=, ...) of that rank into meta
+stand-ins of the module's tensors, one C++ load op: by the model family's TP plan (vLLM's layouts;
+metaload.TransformersModel's families: GPT-2, Llama, Mistral, Qwen2; loader/tp/family_plan.h), or
+by the caller's tp_plan=, or dequantized (the C++ plan slices: loader/load/dequant_load.h reads
+only the packed bytes and scales of the rank's window); tp_size 1 (every rank a whole replica)
+works for any module, as load_into does. The staged tensors meet the module's in C++ too
+(loader/load/swap.h: pair_staged, then swap_in after the vote);
+dequantize= with tp_size > 1 needs tp_plan= (the families' plans do not dequantize). tp_plan= and
+dequantize= load across the group only where asked (process_group=, source_rank=, distributed=True): under
 an initialised torch.distributed each process may be loading its own slice alone. When every rank
 fails with a DequantError (a degree off the scheme's boundaries), each raises a DequantError (its
 .rule, and .failures as a DistributedError's) instead of a DistributedError.
@@ -201,33 +202,23 @@ class _OwnPlan(NamedTuple):
     tp_plan: Optional[Dict[str, str]]
 
 
-def _main_dtype(targets: _Targets) -> Optional[torch.dtype]:
-    """The floating dtype of most of the module's elements (bf16 weights beside a float32
-    inv_freq buffer: bf16), which the slice is read in; the few others convert afterwards."""
-    count: Dict[torch.dtype, int] = {}
-    for t in {id(t): t for t in targets.tensors}.values():
-        if t.is_floating_point():
-            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
-    return max(count, key=count.get) if count else None
-
-
 def _stage_from_files(targets: _Targets, ref: str, device, dtype, tp_rank: int, tp_size: int,
                       threads: int, revision, strict: bool, mmap,
                       own: Optional[_OwnPlan] = None) -> _Staged:
-    """Rank tp_rank's tensors of `ref`, loaded into fresh tensors (the module is not touched)."""
+    """Rank tp_rank's tensors of `ref`, loaded into fresh tensors (the module is not touched): by
+    the caller's plan (own), else, for a TP slice, by the model family's (name_mapping="family",
+    model/family_load.h), through the one load op either way."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if tp_size == 1 or own is not None:
-        return _stage_plain(targets, ref, dev, dtype, tp_rank, tp_size, threads, revision, strict,
-                            mmap, own or _OwnPlan(None, None))
-    # A TP slice: the family's plan, through the single-process TP load (TransformersModel).
-    want = dtype if dtype is not None else _main_dtype(targets)
-    return _stage_family(ref, dev, want, tp_rank, tp_size, threads, revision)
+    family = "family" if tp_size > 1 and own is None else None
+    return _stage_plain(targets, ref, dev, dtype, tp_rank, tp_size, threads, revision, strict,
+                        mmap, own or _OwnPlan(None, None), family)
 
 
 def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size: int,
-                 threads: int, revision, strict: bool, mmap, own: _OwnPlan) -> _Staged:
-    """The single-process load_into of rank tp_rank (by own.tp_plan; own.dequantize) into meta
-    stand-ins of the module's tensors: any module. A stand-in of a split tensor's whole shape takes
+                 threads: int, revision, strict: bool, mmap, own: _OwnPlan,
+                 name_mapping: Optional[str] = None) -> _Staged:
+    """The single-process load_into of rank tp_rank (by own.tp_plan, or the family's plan:
+    name_mapping="family"; own.dequantize) into meta stand-ins of the module's tensors. A stand-in of a split tensor's whole shape takes
     the rank's slice (its shard's or dequantized window's shape, as the C++ plan cuts it)."""
     from ._mode import real
     ops = _lib.load()
@@ -240,19 +231,26 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
             uniq[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="meta")
         names.append(n)
         shadows.append(uniq[id(t)])
-    # Non-persistent buffers take the values their constructor computed, where known (as
-    # load_into's computed_keys); unknown ones are left as they are.
-    comp = [(n, t, ops.values_of(t) if t.is_meta else t)
-            for n, t in zip(targets.names, targets.tensors)
-            if n not in targets.strict_names and id(t) not in uniq]
-    comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"), v)
-            for n, t, v in comp if v is not None]
     handle = _lib.typed_errors(ops.checkpoint_open)(str(ref), revision)  # its headers once
     try:
+        # Non-persistent buffers take the values their constructor computed, where known (as
+        # load_into's computed_keys), else the family's (model/family_load.h: a causal mask, a
+        # rotary inv_freq); unknown ones are left as they are.
+        comp = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                 ops.values_of(t) if t.is_meta else t)
+                for n, t in zip(targets.names, targets.tensors)
+                if n not in targets.strict_names and id(t) not in uniq]
+        if name_mapping == "family":
+            with real():
+                values = _mapping.family_values(handle, [c[0] for c in comp],
+                                                [c[2] for c in comp], dev)
+            comp = [(n, t, v) for (n, t, _), v in zip(comp, values)]
+        comp = [c for c in comp if c[2] is not None]
         # A transformers model's renames and fused experts, as the single-process load applies
         # them (_mapping): the C++ plan assembles each rank's part of a fused target.
         renamed, assembled = {}, []
-        if _mapping._is_transformers_model(targets.module):
+        # (The family's mapping renames on its own, as TransformersModel does.)
+        if _mapping._is_transformers_model(targets.module) and name_mapping is None:
             in_checkpoint = list(ops.checkpoint_names(handle, own.dequantize is not None))
             renamed, assembled = _mapping._transformers_mapping(
                 targets.module, in_checkpoint, {}, dict(zip(names, shadows)))
@@ -264,7 +262,8 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
                 dequantize=own.dequantize,
                 tp_plan=_mapping.flat_plan(own.tp_plan),
                 tp_names=names if own.tp_plan is not None else None,
-                assemblies=json.dumps(assembled) if assembled else None, checkpoint=handle)
+                assemblies=json.dumps(assembled) if assembled else None, checkpoint=handle,
+                name_mapping=name_mapping)
     finally:
         ops.checkpoint_close(handle)
     rep = _report(out)
@@ -275,82 +274,25 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
     return _Staged(staged, rep.bytes, rep)
 
 
-def _stage_family(ref: str, dev, want, tp_rank: int, tp_size: int, threads: int,
-                  revision) -> _Staged:
-    """Rank tp_rank's tensors of a family checkpoint (a TransformersModel with no group)."""
-    from ._mode import real
-    ops = _lib.load()
-    with real():
-        _lib.typed_errors(ops.open_checkpoint)(str(ref), revision)  # ResolveError: nothing there
-        try:
-            m = TransformersModel(str(ref), revision=revision, device=str(dev), dtype=want,
-                                  tp_rank=tp_rank, tp_size=tp_size, threads=threads,
-                                  progress=False, process_group=False)  # the shard only
-        except _lib.Error as e:  # no config.json, or a family without a TP plan
-            raise _lib.PlanError(f"tp_size {tp_size} needs the model family's TP plan (GPT-2, "
-                                 f"Llama, Mistral, Qwen2: the checkpoint's config.json names "
-                                 f"it): {e}") from None
-        rep = m.dispatch()
-    staged = dict(m.named_parameters())
-    staged.update(m.named_buffers())
-    return _Staged(staged, rep.bytes, rep)
+def _skeleton_targets(model) -> _Targets:
+    """A TransformersModel not yet dispatched, as a broadcast stages for it: its parameters, on
+    meta in their whole shapes (a tie under each of its names)."""
+    params = model.named_parameters()
+    return _Targets(list(params), list(params.values()), list(params))
 
 
-def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool, dtype,
-           where: str, convert: bool = True) -> List[Tuple[torch.Tensor, torch.Tensor, str]]:
-    """(target, staged tensor, name) once per target tensor; MismatchError listing every problem
-    (raised before any tensor changes). convert: a floating tensor staged in another dtype takes
-    the module's (the family's slice is read in one dtype); not where the load chose each dtype
-    itself (_stage_plain: dequantized weights keep dequantize's)."""
-    missing, mismatched = [], []
-    known = set(targets.names)
-    pairs: Dict[int, Tuple[torch.Tensor, torch.Tensor, str]] = {}
-    by_id: Dict[int, List[str]] = {}
-    for n, t in zip(targets.names, targets.tensors):
-        by_id.setdefault(id(t), []).append(n)
-    seen = set()  # a tied tensor is checked once, under its first name (as it is staged once)
-    for n, t in zip(targets.names, targets.tensors):
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        s = next((staged[x] for x in by_id[id(t)] if x in staged), None)
-        if s is None:
-            if strict and n in targets.strict_names:  # strict=False: left as it is
-                missing.append((n, f"{n} {list(t.shape)}"))
-            continue
-        if s.shape != t.shape:
-            # A meta target takes its rank's shard shape (one dimension split); a real one must
-            # already have it (a reload).
-            differ = [d for d in range(t.dim()) if t.shape[d] != s.shape[d]] \
-                if s.dim() == t.dim() else None
-            if not t.is_meta or differ is None or len(differ) > 1:
-                mismatched.append((n, f"{n}: shape {list(t.shape)} in the module but {where} "
-                                      f"holds {list(s.shape)}"))
-                continue
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
-            # what swap_tensors would refuse after the vote, refused before it
-            mismatched.append((n, f"{n}: a {type(t).__name__} ({t.layout}), not a plain dense "
-                                  f"tensor"))
-            continue
-        if t.requires_grad and not s.is_floating_point():
-            mismatched.append((n, f"{n}: requires grad but loads as {s.dtype}"))
-            continue
-        if convert and dtype is None and t.is_floating_point() and s.is_floating_point() and \
-                s.dtype != t.dtype:
-            s = s.to(t.dtype)
-        pairs[id(t)] = (t, s, n)
-    unexpected = []
-    if strict:
-        unexpected = [n for n, s in staged.items()
-                      if n not in known and isinstance(s, torch.nn.Parameter)]
-    problems = ([f"  missing: {x}" for _, x in missing] +
-                [f"  unexpected: {x}" for x in unexpected] +
-                [f"  mismatched: {x}" for _, x in mismatched])
-    if problems:
-        raise _lib.MismatchError(f"{where} does not fit the module: {len(problems)} problems\n" +
-                                 "\n".join(problems), missing=[n for n, _ in missing],
-                                 unexpected=unexpected, mismatched=[n for n, _ in mismatched])
-    return list(pairs.values())
+def _match(targets: _Targets, staged: Dict[str, torch.Tensor], strict: bool,
+           where: str) -> List[Tuple[torch.Tensor, torch.Tensor, str]]:
+    """(target, staged tensor, name) once per target tensor, paired in C++
+    (loader/load/swap.h: pair_staged); MismatchError listing every problem, raised before any
+    tensor changes. Only Python knows a tensor subclass: that, and state_dict's names, go as
+    data."""
+    required = set(targets.strict_names)
+    out = _lib.typed_errors(_lib.load().pair_staged)(
+        targets.tensors, targets.names, [n in required for n in targets.names],
+        [type(t) in (torch.Tensor, torch.nn.Parameter) for t in targets.tensors], list(staged),
+        list(staged.values()), strict, where)
+    return list(zip(*out))
 
 
 def _swap(pairs: List[Tuple[torch.Tensor, torch.Tensor, str]]):
@@ -564,13 +506,8 @@ class _Job:
         mine = _stage_from_files(targets, self.ref, self.device, self.dtype, rank, size,
                                  self.threads, self.revision, self.strict, self.mmap, self.own)
         self.bytes_read, self.load_report = mine.bytes_read, mine.report
-        self.pairs = _match(targets, mine.tensors, self.strict, self.dtype,
-                            f"rank {rank} of {size}", self.converts(size))
+        self.pairs = _match(targets, mine.tensors, self.strict, f"rank {rank} of {size}")
         return mine
-
-    def converts(self, size: int) -> bool:
-        """Whether the slice is the family's (read in one dtype, converted to the module's)."""
-        return size > 1 and self.own is None
 
     def stage(self, rank: int, size: int) -> Dict[str, Any]:
         g = self.g
@@ -598,8 +535,8 @@ class _Job:
                 _fault(g.rank, "fail_stage")
                 staged, self.received, self.progress["buffer"] = _receive(
                     g, self.source_rank, self.device, g.rank, self.progress)
-                self.pairs = _match(_targets(self.module), staged, self.strict, self.dtype,
-                                    f"rank {rank} of {size}", self.converts(size))
+                self.pairs = _match(_targets(self.module), staged, self.strict,
+                                    f"rank {rank} of {size}")
             status: Dict[str, Any] = {"ok": True}
         except _Lost as e:
             status = {"ok": False, "error": f"lost contact: {e}"}
@@ -774,17 +711,18 @@ def dispatch_broadcast(model, ref: str, *, process_group, source_rank: int, buff
     staged: Dict[str, torch.Tensor] = {}
     try:
         if g.rank == source_rank:
-            own, own_error = None, None
+            own, own_error, targets = None, None, None
             try:
                 _fault(g.rank, "fail_stage")
-                own = _stage_family(ref, torch.device(device), dtype, rank, size, threads,
-                                    revision)
+                targets = _skeleton_targets(model)
+                own = _stage_from_files(targets, ref, device, None, rank, size, threads,
+                                        revision, True, None)
                 job.bytes_read, job.load_report = own.bytes_read, own.report
                 staged = own.tensors
             except Exception as e:
                 own_error = e
-            job.bytes_read += _serve_all(g, job.peers, ref, dtype, threads, revision, True, None,
-                                         None, job.buffer_bytes, job.progress, own, own_error,
+            job.bytes_read += _serve_all(g, job.peers, ref, None, threads, revision, True, None,
+                                         targets, job.buffer_bytes, job.progress, own, own_error,
                                          keep)
             if own_error is not None:
                 raise own_error

@@ -314,6 +314,9 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
     dev = torch.device(device) if device is not None else None
     with real():
         computed = _computed(ops, module, state, dev if dev is not None else torch.device("cpu"))
+        if name_mapping == "family":  # buffers built on meta: the family's values
+            computed = computed._replace(values=_mapping.family_values(
+                handle, computed.names, computed.values, dev or torch.device("cpu")))
     renamed: Dict[str, str] = {}
     assembled: List[Dict[str, Any]] = []  # fused targets the C++ plan assembles (_conversions)
     in_checkpoint: List[str] = []

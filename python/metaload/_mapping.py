@@ -95,3 +95,13 @@ def flat_plan(tp_plan: Optional[Dict[str, str]]) -> Optional[List[str]]:
     """tp_plan as the library takes it, (pattern, style) pairs flattened; its styles and name rule
     are the library's (loader/tp/user_plan.h)."""
     return None if tp_plan is None else [x for pair in tp_plan.items() for x in pair]
+
+
+def family_values(handle: int, names: List[str], values: list, device) -> list:
+    """`values` (a computed buffer's, None where unknown) with the unknown ones taken from the
+    model family's computed buffers (name_mapping="family": a causal mask, a rotary inv_freq;
+    model/family_load.h), made on `device`. Call it in a real window."""
+    if all(v is not None for v in values):
+        return list(values)
+    family = dict(zip(*_lib.typed_errors(_lib.load().family_buffers)(handle, device)))
+    return [family.get(n) if v is None else v for n, v in zip(names, values)]

@@ -4,6 +4,7 @@ plus the replicated tensors, broadcast mode serves receivers whose path does not
 that dies, fails or disagrees is a DistributedError on every survivor within 30 s with its weights
 unchanged. Every rank is a process (tests/python/scripts/dist_load_worker.py); every wait is
 bounded."""
+import json
 import os
 import shutil
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import metaload
-from dist_load_util import (GPT2_12, LLAMA_GQA, header_bytes, make_fixture, reference,
+from dist_load_util import (GPT2_12, LLAMA_GQA, WORKER, header_bytes, make_fixture, reference,
                             run_ranks, saved, skeleton_spec)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
@@ -378,7 +379,7 @@ def test_broadcast_from_a_model_key(tmp_path, monkeypatch):
 
 def test_what_a_rank_staged_must_fit_its_module_or_nothing_changes():
     """The check between a rank's staged tensors and its module (before the vote): every module
-    tensor without a staged one (strict), a staged parameter the module lacks, a shape off by more
+    tensor without a staged one (strict), a staged tensor the module lacks, a shape off by more
     than the one split dim, a tensor subclass, a grad-requiring tensor staged as integers: one
     MismatchError naming each, with its names as fields; a meta tensor takes its shard's shape
     and a tie is staged once."""
@@ -397,17 +398,54 @@ def test_what_a_rank_staged_must_fit_its_module_or_nothing_changes():
     targets = _targets(m)
     ok = {"a": torch.ones(2, 6), "b": torch.ones(4, 6), "c": torch.ones(3),
           "n": torch.zeros(2, dtype=torch.long)}
-    pairs = _match(targets, ok, True, None, "rank 0 of 2")
+    pairs = _match(targets, ok, True, "rank 0 of 2")
     assert sorted(n for _, _, n in pairs) == ["a", "b", "c", "n"]  # the tie once
     assert [tuple(s.shape) for t, s, n in pairs if n == "a"] == [(2, 6)]  # its shard's shape
     bad = {"a": torch.ones(2, 3), "b": torch.ones(4, 6, dtype=torch.long), "zz": torch.nn.Parameter(
         torch.ones(1)), "n": torch.zeros(2, dtype=torch.long)}
     with pytest.raises(metaload.MismatchError) as e:
-        _match(targets, bad, True, None, "rank 0 of 2")
+        _match(targets, bad, True, "rank 0 of 2")
     assert e.value.missing == ["c"] and e.value.unexpected == ["zz"], str(e.value)
     assert e.value.mismatched == ["a", "b"], str(e.value)
     assert "  mismatched: a: shape [4, 6] in the module but rank 0 of 2 holds [2, 3]" in str(e.value)
     assert "  mismatched: b: requires grad but loads as torch.int64" in str(e.value)
     assert all(t.is_meta for t in m.parameters())  # nothing changed
     # strict=False: what was not staged is left as it is, and nothing is unexpected.
-    assert len(_match(targets, {"a": torch.ones(2, 6)}, False, None, "rank 0 of 2")) == 1
+    assert len(_match(targets, {"a": torch.ones(2, 6)}, False, "rank 0 of 2")) == 1
+    # A tie staged under its second name pairs once; a staged buffer the module lacks is
+    # unexpected too; a tensor subclass (Python's to know) cannot take the staged data.
+
+    class Sub(torch.Tensor):
+        pass
+
+    m.register_buffer("sub", torch.zeros(2).as_subclass(Sub))
+    staged = dict(ok, tied=ok.pop("a"), sub=torch.zeros(2), extra=torch.zeros(1))
+    with pytest.raises(metaload.MismatchError) as e:
+        _match(_targets(m), staged, True, "rank 1 of 2")
+    assert e.value.missing == [] and e.value.unexpected == ["extra"], str(e.value)
+    assert e.value.mismatched == ["sub"], str(e.value)
+    assert "  mismatched: sub: not a plain dense tensor" in str(e.value)
+    del staged["extra"], staged["sub"]
+    pairs = _match(_targets(m), staged, False, "rank 1 of 2")
+    assert sorted(n for _, _, n in pairs) == ["a", "b", "c", "n"], pairs
+
+
+def test_a_family_tp_load_fills_the_buffers_a_meta_build_left_without_values(gpt2, llama):
+    """load_into(tp_size=) by the family's plan, in one process: a module whose non-persistent
+    buffers were built on meta with no values (GPT-2's causal mask and masked_bias, Llama's
+    rotary inv_freq) takes the family's computed ones, equal to TransformersModel's; every
+    parameter equals that rank's reference. (They stayed on meta before.)"""
+    import importlib.util
+    spec_ = importlib.util.spec_from_file_location("dist_load_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(worker)
+    for ckpt, spec in (gpt2, llama):
+        m = worker.skeleton(json.load(open(spec)))
+        assert any(b.is_meta for b in m.buffers())
+        metaload.load_into(m, ckpt, tp_rank=1, tp_size=2, progress=False)
+        want = reference(ckpt, 1, 2)
+        got = dict(m.named_parameters())
+        got.update(m.named_buffers())
+        assert not [n for n, t in got.items() if t.is_meta]
+        for n, t in got.items():
+            assert torch.equal(t, want[n]), n
