@@ -329,11 +329,24 @@ def _manifest(staged: Dict[str, torch.Tensor]) -> Tuple[dict, List[torch.Tensor]
     return {"tensors": list(entries.values())}, order
 
 
-def _chunks(total: int, size: int):
-    at = 0
+def _chunks(views: List[torch.Tensor], chunk: int):
+    """The transfer's chunks of `chunk` bytes over the concatenated byte views: per chunk, its
+    bytes and its spans (a view's slice, the buffer's slice it goes to or comes from). The one
+    walk of both ends: the source fills its buffer from the spans, a receiver empties it into
+    them."""
+    total = sum(v.numel() for v in views)
+    ti, off, at = 0, 0, 0  # the view and the byte within it that the next chunk starts at
     while at < total:
-        yield at, min(size, total - at)
-        at += size
+        n, spans, filled = min(chunk, total - at), [], 0
+        while filled < n:
+            v = views[ti]
+            take = min(n - filled, v.numel() - off)
+            spans.append((v[off:off + take], slice(filled, filled + take)))
+            filled, off = filled + take, off + take
+            if off == v.numel():
+                ti, off = ti + 1, 0
+        yield n, spans
+        at += n
 
 
 def _serve(g: _Group, dst: int, staged: Dict[str, torch.Tensor], buffer_bytes: int,
@@ -348,18 +361,9 @@ def _serve(g: _Group, dst: int, staged: Dict[str, torch.Tensor], buffer_bytes: i
     g.send_text(json.dumps(manifest), dst, f"sending rank {dst} its manifest")
     buf = torch.empty(chunk, dtype=torch.uint8)
     progress["buffer"] = max(progress["buffer"], chunk if total else 0)
-    views = [_as_bytes(t) for t in order]
-    ti, off = 0, 0  # the tensor and the byte within it that the next chunk starts at
-    for _, n in _chunks(total, chunk):
-        filled = 0
-        while filled < n:
-            v = views[ti]
-            take = min(n - filled, v.numel() - off)
-            buf[filled:filled + take].copy_(v[off:off + take])
-            filled += take
-            off += take
-            if off == v.numel():
-                ti, off = ti + 1, 0
+    for n, spans in _chunks([_as_bytes(t) for t in order], chunk):
+        for view, part in spans:
+            buf[part].copy_(view)
         g.send(buf[:n], dst, f"sending rank {dst} its weights")
         progress["sent"] += n
 
@@ -386,22 +390,15 @@ def _receive(g: _Group, src: int, device, rank: int,
         tensors.append(t)
         views.append(_as_bytes(t))
     total = sum(e["nbytes"] for e in manifest["tensors"])
-    chunk = int(manifest.get("chunk", 1))
+    chunk = max(1, int(manifest.get("chunk", 1)))
     buf = torch.empty(chunk if total else 0, dtype=torch.uint8)
-    ti, off, got = 0, 0, 0
-    for _, n in _chunks(total, chunk):
+    got = 0
+    for n, spans in _chunks(views, chunk):
         g.recv(buf[:n], src, f"receiving weights from rank {src}")
         got += n
         _fault(rank, "mid_load")
-        used = 0
-        while used < n:
-            v = views[ti]
-            take = min(n - used, v.numel() - off)
-            v[off:off + take].copy_(buf[used:used + take])
-            used += take
-            off += take
-            if off == v.numel():
-                ti, off = ti + 1, 0
+        for view, part in spans:
+            view.copy_(buf[part])
     for e, t in zip(manifest["tensors"], tensors):
         t = t.to(dev) if t.device != dev else t
         for n in e["names"]:
