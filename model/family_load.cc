@@ -41,7 +41,16 @@ FamilyConfig checkpoint_family_config(const Checkpoint& c) {
                     "Mistral, Qwen2), read from the config.json beside the weights, and there is "
                     "none (give tp_plan= for another module)");
   }
-  return load_family_config(*c.config_path);
+  try {
+    return load_family_config(*c.config_path);
+  } catch (const ConfigError& e) {
+    if (e.rule() != "config-unsupported") throw;  // a family's config that is broken stays so
+    throw PlanError(escape_path(c.ref) +
+                    ": a tensor-parallel load without tp_plan= takes the model family's TP plan "
+                    "(GPT-2, Llama, Mistral, Qwen2), and this is another model: " +
+                    e.message() +
+                    "; give tp_plan= (a transformers model's config.base_model_tp_plan, for one)");
+  }
 }
 
 NameMapping checkpoint_family_mapping(const Checkpoint& c) {

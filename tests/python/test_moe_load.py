@@ -512,6 +512,18 @@ def test_a_packed_split_that_does_not_divide_is_a_slice_error_and_changes_nothin
     assert all(t.is_meta for t in model.state_dict().values())
 
 
+def test_a_tp_load_of_another_model_without_a_plan_is_a_plan_error_saying_what_to_give(tmp_path):
+    """tp_size > 1 without tp_plan= takes the model family's plan; a Mixtral has none: a
+    PlanError naming the model type and tp_plan= (not the config reader's bare refusal), and
+    nothing changes."""
+    cfg, _, d = mixtral(tmp_path)
+    model = meta_build(model_class(cfg), cfg)
+    with pytest.raises(metaload.PlanError) as e:
+        metaload.load_into(model, d, progress=False, tp_rank=0, tp_size=2)
+    assert "'mixtral' is not supported" in str(e.value) and "give tp_plan=" in str(e.value)
+    assert all(t.is_meta for t in model.state_dict().values())
+
+
 def test_a_process_group_loads_fused_experts_by_transformers_own_plan(tmp_path):
     """Two gloo ranks, transformers' own tp_plan, every rank reading its own slice and then rank 0
     serving both (source_rank=0): each rank's fused experts and attention equal from_pretrained's
