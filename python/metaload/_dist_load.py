@@ -29,10 +29,10 @@ metaload.TransformersModel's families: GPT-2, Llama, Mistral, Qwen2; loader/tp/f
 by the caller's tp_plan=, or dequantized (the C++ plan slices: loader/load/dequant_load.h reads
 only the packed bytes and scales of the rank's window); tp_size 1 (every rank a whole replica)
 works for any module, as load_into does. The staged tensors meet the module's in C++ too
-(loader/load/swap.h: pair_staged, then swap_in after the vote);
-dequantize= with tp_size > 1 needs tp_plan= (the families' plans do not dequantize). tp_plan= and
-dequantize= load across the group only where asked (process_group=, source_rank=, distributed=True): under
-an initialised torch.distributed each process may be loading its own slice alone. When every rank
+(loader/load/swap.h: pair_staged, then swap_in after the vote). dequantize= with tp_size > 1
+needs tp_plan= (the families' plans do not dequantize). tp_plan= and dequantize= load across the
+group only where asked (process_group=, source_rank=, distributed=True): under an initialised
+torch.distributed each process may be loading its own slice alone. When every rank
 fails with a DequantError (a degree off the scheme's boundaries), each raises a DequantError (its
 .rule, and .failures as a DistributedError's) instead of a DistributedError.
 
@@ -218,8 +218,9 @@ def _stage_plain(targets: _Targets, ref: str, dev, dtype, tp_rank: int, tp_size:
                  threads: int, revision, strict: bool, mmap, own: _OwnPlan,
                  name_mapping: Optional[str] = None) -> _Staged:
     """The single-process load_into of rank tp_rank (by own.tp_plan, or the family's plan:
-    name_mapping="family"; own.dequantize) into meta stand-ins of the module's tensors. A stand-in of a split tensor's whole shape takes
-    the rank's slice (its shard's or dequantized window's shape, as the C++ plan cuts it)."""
+    name_mapping="family"; own.dequantize) into meta stand-ins of the module's tensors. A
+    stand-in of a split tensor's whole shape takes the rank's slice (its shard's or dequantized
+    window's shape, as the C++ plan cuts it)."""
     from ._mode import real
     ops = _lib.load()
     uniq: Dict[int, torch.Tensor] = {}
