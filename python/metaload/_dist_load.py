@@ -601,7 +601,7 @@ def _handshake_problems(peers: List[dict], group_size: int) -> List[str]:
 
 def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, targets,
                buffer_bytes, progress, own: Optional[_Staged],
-               own_error: Optional[BaseException], keep=None,
+               own_error: Optional[BaseException],
                plan: Optional[_OwnPlan] = None) -> int:
     """The source's part of a broadcast: each other rank's slice, read and sent in turn (one
     slice in memory at a time). Returns the bytes read. A failure sends the ranks not yet served
@@ -638,10 +638,8 @@ def _serve_all(g: _Group, peers, ref, dtype, threads, revision, strict, mmap, ta
                 g.send_text(json.dumps(error), r, f"telling rank {r}")
             continue
         read += staged.bytes_read
-        tensors = staged.tensors if keep is None else \
-            {n: t for n, t in staged.tensors.items() if n in keep}
         try:
-            _serve(g, r, tensors, buffer_bytes, progress,
+            _serve(g, r, staged.tensors, buffer_bytes, progress,
                    getattr(staged.report, "dequantized_keys", None) or ())
         except _Lost as e:
             error = {"error": f"serving rank {r}: {e}"}
@@ -701,7 +699,6 @@ def dispatch_broadcast(model, ref: str, *, process_group, source_rank: int, buff
     info = model.info
     rank, size = info["tp_rank"], info["tp_size"]
     device, dtype = info["device"], getattr(torch, info["dtype"])
-    keep = set(model._m.parameter_names())
     job = _Job(g, None, ref, device, dtype, threads, True, revision, None, source_rank,
                buffer_bytes or _default_buffer_bytes())
     job.handshake(rank, size, buffer_bytes)
@@ -720,15 +717,14 @@ def dispatch_broadcast(model, ref: str, *, process_group, source_rank: int, buff
             except Exception as e:
                 own_error = e
             job.bytes_read += _serve_all(g, job.peers, ref, None, threads, revision, True, None,
-                                         targets, job.buffer_bytes, job.progress, own, own_error,
-                                         keep)
+                                         targets, job.buffer_bytes, job.progress, own, own_error)
             if own_error is not None:
                 raise own_error
         else:
             _fault(g.rank, "fail_stage")
             staged, job.received, job.progress["buffer"] = _receive(g, source_rank, device,
                                                                     g.rank)
-        staged = {n: t for n, t in staged.items() if n in keep}
+        # (The source staged the skeleton's parameters only, so every rank holds just those.)
         _lib.typed_errors(model._m.dispatch_from)(list(staged), list(staged.values()), True)
         status: Dict[str, Any] = {"ok": True}
     except _Lost as e:
