@@ -24,14 +24,23 @@ std::string label(const std::vector<std::string>& names, size_t i) {
                                                : "#" + std::to_string(i);
 }
 
+// torch's own TensorImpl: subclasses (fake, batched, opaque, sparse, ...) keep state the shallow
+// copy would not update.
+bool plain_impl(const at::Tensor& t) {
+  return typeid(*t.unsafeGetTensorImpl()) == typeid(c10::TensorImpl);
+}
+
+// Whether a tensor that requires grad can hold data of this dtype.
+bool grad_dtype(at::ScalarType d) {
+  return at::isFloatingType(d) || at::isComplexType(d);
+}
+
 void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who,
                 bool meta_takes_shape) {
   if (!t.defined()) throw SwapError("target " + who + " is an undefined tensor");
   if (!s.defined()) throw SwapError("no loaded data for " + who + " (undefined source)");
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  // Subclasses (fake, batched, opaque, sparse, ...) keep state the shallow copy would not update.
-  if (typeid(*impl) != typeid(c10::TensorImpl)) {
-    throw SwapError("target " + who + " is a " + typeid(*impl).name() +
+  if (!plain_impl(t)) {
+    throw SwapError("target " + who + " is a " + typeid(*t.unsafeGetTensorImpl()).name() +
                     ", not a plain dense tensor; it cannot take loaded data in place");
   }
   if (s.layout() != at::kStrided || t.layout() != at::kStrided) {
@@ -41,8 +50,7 @@ void check_pair(const at::Tensor& t, const at::Tensor& s, const std::string& who
     throw SwapError(who + ": shape " + shape_str(t.sizes()) + " in the module but " +
                     shape_str(s.sizes()) + " loaded");
   }
-  if (t.requires_grad() &&
-      !(at::isFloatingType(s.scalar_type()) || at::isComplexType(s.scalar_type()))) {
+  if (t.requires_grad() && !grad_dtype(s.scalar_type())) {
     throw SwapError(who + " requires grad but the loaded dtype " +
                     std::string(c10::toString(s.scalar_type())) + " cannot");
   }
@@ -152,12 +160,8 @@ std::string pair_problem(const StagedTarget& t, const at::Tensor& s, const std::
     }
   }
   // What swap_in would refuse after the vote, refused before it.
-  if (!t.plain || m.layout() != at::kStrided ||
-      typeid(*m.unsafeGetTensorImpl()) != typeid(c10::TensorImpl)) {
-    return ": not a plain dense tensor";
-  }
-  if (m.requires_grad() &&
-      !(at::isFloatingType(s.scalar_type()) || at::isComplexType(s.scalar_type()))) {
+  if (!t.plain || m.layout() != at::kStrided || !plain_impl(m)) return ": not a plain dense tensor";
+  if (m.requires_grad() && !grad_dtype(s.scalar_type())) {
     const std::optional<DType> d = safetensors_dtype_of(s.scalar_type());
     const char* attr = d ? dtype_torch_attr(*d) : nullptr;
     return std::string(": requires grad but loads as ") +
