@@ -5,10 +5,14 @@
 // template shared with other translation units (no std containers or algorithms): an AVX2 copy of
 // a shared inline function could otherwise be picked by the linker for code that runs anywhere.
 //
-// Vectorised with explicit intrinsics (8 f32 lanes), not left to the compiler: each kernel fills a
-// row segment of floats (kChunk) and `flush` writes them in the output format. Per element the
+// Vectorised with explicit intrinsics (8 f32 lanes), not left to the compiler. Per element the
 // lanes do what dequant_bits.h's scalar formula does (integer unpack, int32 -> f32, one f32
-// multiply); window edges that do not fill 8 lanes take those scalar formulas themselves.
+// multiply), then convert as `flush` does (straight into the output, or through a row segment of
+// floats); window edges that do not fill 8 lanes take those scalar formulas themselves. Where a
+// 4-bit code's value is fixed within a group (bitsandbytes 4-bit, GPTQ and compressed-tensors int4,
+// NVFP4) and the output has 2 bytes, the group's 16 outputs are computed and converted that way
+// once, and every element is a byte-table lookup (ByteLut): the same bits, a few instructions per
+// 32 elements. Measured per element, one thread: bench/RESULTS.md.
 #include "kernels/dequant_avx2.h"
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -101,6 +105,55 @@ inline __m256 qzs(__m256i q, __m256i z, __m256 s) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), s);
 }
 
+// 16 floats (a, b) as f16 / bf16 bits in order in one vector, as `flush` converts them.
+template <int OF>
+inline __m256i format16(__m256 a, __m256 b, bool maybe_nan) {
+  if constexpr (OF == 1) {
+    return maybe_nan ? _mm256_set_m128i(f16x8(b), f16x8(a))
+                     : _mm256_set_m128i(_mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT),
+                                        _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    const __m256i p = maybe_nan ? _mm256_packus_epi32(bf16x8(a), bf16x8(b))
+                                : _mm256_packus_epi32(bf16x8_not_nan(a), bf16x8_not_nan(b));
+    return _mm256_permute4x64_epi64(p, 0xD8);
+  }
+}
+
+template <int OF>
+inline void to_format16(__m256 a, __m256 b, uint16_t* t) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(t), format16<OF>(a, b, true));
+}
+
+inline bool finite(float x) {
+  return (bits::f32_bits(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+// 8 or 16 floats straight into the output format at o, as `flush` converts them; MaybeNan false
+// when the caller knows no lane is NaN (the conversion then skips the NaN patch).
+template <int OF>
+inline void store8(unsigned char* o, __m256 a, bool maybe_nan) {
+  if constexpr (OF == 0) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(o), a);
+  } else if constexpr (OF == 1) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o),
+                     maybe_nan ? f16x8(a) : _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    const __m256i r = maybe_nan ? bf16x8(a) : bf16x8_not_nan(a);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm256_castsi256_si128(p));
+  }
+}
+
+template <int OF>
+inline void store16(unsigned char* o, __m256 a, __m256 b, bool maybe_nan) {
+  if constexpr (OF == 0) {
+    store8<OF>(o, a, maybe_nan);
+    store8<OF>(o + 32, b, maybe_nan);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), format16<OF>(a, b, maybe_nan));
+  }
+}
+
 // Lanes k = 0..7 of one word's fields of `bits` bits starting at field `first`.
 inline __m256i fields(uint32_t w, int bits, int first) {
   const __m256i k = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -128,6 +181,87 @@ inline void nibbles16(const uint8_t* p, __m256i* a, __m256i* b) {
   const __m256i m = _mm256_set1_epi32(0xF);
   *a = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(dup), sh), m);
   *b = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(dup, 8)), sh), m);
+}
+
+// 16 two-byte outputs (f16 / bf16 bits) as a table for _mm256_shuffle_epi8: their low bytes and
+// their high bytes, each in both lanes. A kernel whose value depends only on a 4-bit code within a
+// block (bitsandbytes 4-bit) converts the block's 16 values once, as `flush` does (so the bits are
+// those of the per-element path), and then looks every element up: 2 shuffles for 32 outputs.
+struct ByteLut {
+  __m256i lo, hi;
+};
+
+inline ByteLut byte_lut(const uint16_t* t) {
+  const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m128i a =
+      _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)), even_odd);
+  const __m128i b =
+      _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 8)), even_odd);
+  return {_mm256_broadcastsi128_si256(_mm_unpacklo_epi64(a, b)),
+          _mm256_broadcastsi128_si256(_mm_unpackhi_epi64(a, b))};
+}
+
+// 64 elements from 32 bytes of 4-bit codes at p, through the table, as 2-byte outputs at o.
+// Element 2b is byte b's high nibble (HighFirst, bitsandbytes) or its low one.
+template <bool HighFirst>
+inline void lut_nibbles64(__m256i q, const ByteLut& t, unsigned char* o) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(q, m);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
+  const __m256i e0 = HighFirst ? hi : lo, e1 = HighFirst ? lo : hi;
+  const __m256i i0 = _mm256_unpacklo_epi8(e0, e1);  // per lane, the codes of bytes 0-7 in order
+  const __m256i i1 = _mm256_unpackhi_epi8(e0, e1);  // and of bytes 8-15
+  const __m256i l0 = _mm256_shuffle_epi8(t.lo, i0), h0 = _mm256_shuffle_epi8(t.hi, i0);
+  const __m256i l1 = _mm256_shuffle_epi8(t.lo, i1), h1 = _mm256_shuffle_epi8(t.hi, i1);
+  const __m256i a0 = _mm256_unpacklo_epi8(l0, h0), b0 = _mm256_unpackhi_epi8(l0, h0);
+  const __m256i a1 = _mm256_unpacklo_epi8(l1, h1), b1 = _mm256_unpackhi_epi8(l1, h1);
+  // Lane 0 holds elements 0-31 (a0 0-7, b0 8-15, a1 16-23, b1 24-31), lane 1 elements 32-63.
+  __m256i* out = reinterpret_cast<__m256i*>(o);
+  _mm256_storeu_si256(out, _mm256_permute2x128_si256(a0, b0, 0x20));
+  _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(a1, b1, 0x20));
+  _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(a0, b0, 0x31));
+  _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(a1, b1, 0x31));
+}
+
+template <bool HighFirst>
+inline void lut_nibbles64(const uint8_t* p, const ByteLut& t, unsigned char* o) {
+  lut_nibbles64<HighFirst>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), t, o);
+}
+
+// A group's table of (q - z) * s for q = 0..15 (qzs's bits, then `flush`'s conversion).
+template <int OF>
+inline void qzs_table(int32_t z, float s, uint16_t* t) {
+  const __m256i zv = _mm256_set1_epi32(z);
+  const __m256 sv = _mm256_set1_ps(s);
+  to_format16<OF>(qzs(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), zv, sv),
+                  qzs(_mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15), zv, sv), t);
+}
+
+// lut_nibbles64 on 16 bytes: 32 elements.
+template <bool HighFirst>
+inline void lut_nibbles32(const uint8_t* p, const ByteLut& t, unsigned char* o) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(q, m);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+  const __m128i e0 = HighFirst ? hi : lo, e1 = HighFirst ? lo : hi;
+  const __m128i i0 = _mm_unpacklo_epi8(e0, e1), i1 = _mm_unpackhi_epi8(e0, e1);
+  const __m128i tl = _mm256_castsi256_si128(t.lo), th = _mm256_castsi256_si128(t.hi);
+  const __m128i l0 = _mm_shuffle_epi8(tl, i0), h0 = _mm_shuffle_epi8(th, i0);
+  const __m128i l1 = _mm_shuffle_epi8(tl, i1), h1 = _mm_shuffle_epi8(th, i1);
+  __m128i* out = reinterpret_cast<__m128i*>(o);
+  _mm_storeu_si128(out, _mm_unpacklo_epi8(l0, h0));
+  _mm_storeu_si128(out + 1, _mm_unpackhi_epi8(l0, h0));
+  _mm_storeu_si128(out + 2, _mm_unpacklo_epi8(l1, h1));
+  _mm_storeu_si128(out + 3, _mm_unpackhi_epi8(l1, h1));
+}
+
+// One element k through the table (the 2-byte outputs in memory, as ByteLut's source).
+template <bool HighFirst>
+inline void lut_nibble1(const uint8_t* q, int64_t k, const uint16_t* t, unsigned char* o) {
+  const uint8_t byte = q[k >> 1];
+  const bool high = ((k & 1) == 0) == HighFirst;
+  std::memcpy(o, t + (high ? byte >> 4 : byte & 0xF), 2);
 }
 
 // ---- GPTQ ------------------------------------------------------------------------------------
@@ -299,6 +433,99 @@ inline void transpose8(__m256i r[8]) {
   for (int k = 0; k < 4; ++k) {
     r[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
     r[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
+// GPTQ 4-bit into f16 / bf16, groups of whole 64-input steps, no g_idx: per row and group a table
+// of the 16 outputs (qzs_table), then 64 inputs of up to 64 rows a step: qweight's words for rows
+// j0..j0+7 of 8 word rows are 8 contiguous 32-byte loads, which transpose8 turns into each row's
+// 32 bytes of codes in input order (GPTQ packs a word's inputs from the low nibble up), each then
+// looked up (lut_nibbles64). A step reads 8 whole 256-byte runs of qweight (64 rows' words), which
+// are `out` words apart: the hardware prefetchers do not follow that stride, so the step fetches
+// the runs of kAhead steps later itself (qweight comes from memory: the load's output writes have
+// long evicted it from the caches).
+constexpr int kGptqRows = 64;
+
+template <int SF, int OF>
+void gptq4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  constexpr int64_t kAhead = 4;
+  const int64_t zcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+  alignas(32) uint16_t table[kGptqRows][16];
+  ByteLut lut[kGptqRows];
+  for (int64_t r = r0; r + 8 <= r1; r += kGptqRows) {
+    const int rows = static_cast<int>(lo(kGptqRows, (r1 - r) / 8 * 8));
+    const int64_t j0 = d.row0 + r;
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      const int64_t gend = lo(c_end, (g + 1) * v.group_size);
+      for (int k = 0; k < rows; ++k) {
+        const int64_t j = j0 + k;
+        const int32_t z =
+            static_cast<int32_t>((dq::ld32(v.zeros, g * zcols + j / 8) >> (4 * (j % 8))) & 0xFu) +
+            v.zero_offset;
+        qzs_table<OF>(z, dq::ldf_t<SF>(v.scales, g * v.out + j), table[k]);
+        lut[k] = byte_lut(table[k]);
+      }
+      for (; i < gend;) {
+        if (i % 64 == 0 && i + 64 <= gend) {
+          if (i + 64 * kAhead + 64 <= c_end) {
+            for (int u = 0; u < 8; ++u) {
+              const unsigned char* run = qb + ((i / 8 + 8 * kAhead + u) * v.out + j0) * 4;
+              for (int l = 0; l < rows * 4; l += 64) {
+                _mm_prefetch(reinterpret_cast<const char*>(run + l), _MM_HINT_T0);
+              }
+            }
+          }
+          for (int h = 0; h < rows; h += 8) {
+            __m256i w[8];
+            for (int u = 0; u < 8; ++u) {
+              w[u] = _mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(qb + ((i / 8 + u) * v.out + j0 + h) * 4));
+            }
+            transpose8(w);  // w[k]: row j0 + h + k's words for inputs i..i+63
+            for (int k = 0; k < 8; ++k) {
+              lut_nibbles64<false>(w[k], lut[h + k], out_row(d, r + h + k, OF) + (i - d.col0) * 2);
+            }
+          }
+          i += 64;
+          continue;
+        }
+        for (int k = 0; k < rows; ++k) {
+          const uint32_t w = dq::ld32(v.q, (i / 8) * v.out + j0 + k);
+          std::memcpy(out_row(d, r + k, OF) + (i - d.col0) * 2,
+                      table[k] + ((w >> (4 * (i % 8))) & 0xFu), 2);
+        }
+        ++i;
+      }
+    }
+  }
+  const int64_t rest = r1 - (r1 - r0) % 8;
+  if (rest < r1) gptq_words<4, SF, OF>(v, d, rest, r1);
+}
+
+// compressed-tensors pack-quantized 4-bit into f16 / bf16: a row's words are its codes in input
+// order (from the low nibble up), so per group a table (qzs_table) and 64 inputs a lookup.
+template <int SF, int OF>
+void ct4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  const int64_t words = dq::ct_words(v);
+  const int64_t c_end = d.col0 + d.cols;
+  alignas(32) uint16_t table[16];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t j = d.row0 + r;
+    const uint8_t* rowq = static_cast<const uint8_t*>(v.q) + j * words * 4;
+    unsigned char* o = out_row(d, r, OF) - d.col0 * 2;  // input i at o + 2 i
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      const int64_t end = lo(c_end, (g + 1) * v.group_size);
+      qzs_table<OF>(dq::ct_zero(v, j, g), dq::ldf_t<SF>(v.scales, j * v.groups + g), table);
+      const ByteLut lut = byte_lut(table);
+      if (i & 1) lut_nibble1<false>(rowq, i, table, o + 2 * i), ++i;
+      for (; i + 64 <= end; i += 64) lut_nibbles64<false>(rowq + (i >> 1), lut, o + 2 * i);
+      for (; i + 32 <= end; i += 32) lut_nibbles32<false>(rowq + (i >> 1), lut, o + 2 * i);
+      for (; i < end; ++i) lut_nibble1<false>(rowq, i, table, o + 2 * i);
+    }
   }
 }
 
@@ -667,28 +894,64 @@ void bnb4(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   }
 }
 
-// LLM.int8: (q * SCB) * (1 / 127), 8 a step.
+// 4-bit into f16 / bf16: per block the 16 outputs (bnb4's table, converted as `flush` does), then
+// every element looked up (lut_nibbles64): no per-element multiply or rounding.
+template <int OF>
+void bnb4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  static_assert(OF != 0, "f32 outputs take bnb4");
+  const uint8_t* q = static_cast<const uint8_t*>(v.q);
+  float code[16];
+  for (int n = 0; n < 16; ++n) code[n] = dq::ldf(v.code, n, 0);
+  const __m256 c0 = _mm256_loadu_ps(code), c1 = _mm256_loadu_ps(code + 8);
+  alignas(32) uint16_t table[16];
+  ByteLut lut{};
+  int64_t loaded = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t kr = (d.row0 + r) * v.in + d.col0, kr1 = kr + d.cols;
+    unsigned char* o = out_row(d, r, OF) - kr * 2;  // element k at o + 2 k
+    for (int64_t k = kr; k < kr1;) {
+      const int64_t blk = k / v.group_size;
+      const int64_t end = lo(kr1, (blk + 1) * v.group_size);
+      if (blk != loaded) {
+        const __m256 av = _mm256_set1_ps(dq::bnb4_absmax(v, blk));
+        to_format16<OF>(_mm256_mul_ps(c0, av), _mm256_mul_ps(c1, av), table);  // as bnb4's
+        lut = byte_lut(table);
+        loaded = blk;
+      }
+      if (k & 1) lut_nibble1<true>(q, k, table, o + 2 * k), ++k;
+      for (; k + 64 <= end; k += 64) lut_nibbles64<true>(q + (k >> 1), lut, o + 2 * k);
+      for (; k + 32 <= end; k += 32) lut_nibbles32<true>(q + (k >> 1), lut, o + 2 * k);
+      for (; k < end; ++k) lut_nibble1<true>(q, k, table, o + 2 * k);
+    }
+  }
+}
+
+// LLM.int8: (q * SCB) * (1 / 127), 16 a step, written straight in the output format (no lane is
+// NaN unless SCB is not finite).
+inline __m256 bnb8x8(const int8_t* q, __m256 scv, __m256 inv) {
+  const __m256 x = _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  return _mm256_mul_ps(_mm256_mul_ps(x, scv), inv);
+}
+
 template <int SF, int OF>
 void bnb8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
-  alignas(32) float buf[kChunk];
+  constexpr int es = elem_size(OF);
   const __m256 inv = _mm256_set1_ps(dq::kInv127);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t j = d.row0 + r;
     const int8_t* q = static_cast<const int8_t*>(v.q) + j * v.in + d.col0;
+    unsigned char* o = out_row(d, r, OF);
     const float sc = dq::ldf_t<SF>(v.scales, j);
     const __m256 scv = _mm256_set1_ps(sc);
-    for (int64_t c0 = 0; c0 < d.cols; c0 += kChunk) {
-      const int64_t n = lo(kChunk, d.cols - c0);
-      int64_t c = 0;
-      for (; c + 8 <= n; c += 8) {
-        const __m256 x = _mm256_cvtepi32_ps(
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + c0 + c))));
-        _mm256_storeu_ps(buf + c, _mm256_mul_ps(_mm256_mul_ps(x, scv), inv));
-      }
-      for (; c < n; ++c) {
-        buf[c] = dq::mul(dq::mul(static_cast<float>(q[c0 + c]), sc), dq::kInv127);
-      }
-      flush<OF>(out_row(d, r, OF) + c0 * elem_size(OF), buf, n);
+    const bool nan_scale = !finite(sc);
+    int64_t c = 0;
+    for (; c + 16 <= d.cols; c += 16) {
+      store16<OF>(o + es * c, bnb8x8(q + c, scv, inv), bnb8x8(q + c + 8, scv, inv), nan_scale);
+    }
+    for (; c + 8 <= d.cols; c += 8) store8<OF>(o + es * c, bnb8x8(q + c, scv, inv), nan_scale);
+    for (; c < d.cols; ++c) {
+      dq::store(o, c, OF, dq::mul(dq::mul(static_cast<float>(q[c]), sc), dq::kInv127));
     }
   }
 }
@@ -711,26 +974,55 @@ inline __m256 fp8x8(const uint8_t* p) {
   return _mm256_castsi256_ps(r);
 }
 
+// 16 e4m3 bytes at p, none a NaN code (S.1111.111), exactly: the exponent and mantissa fields
+// shifted into an f16's (whose value is then the e4m3 value / 256, subnormals included), F16C's
+// exact conversion, times 256 (exact). Fewer steps than fp8x8, which also makes NaN.
+inline bool fp8_nan_in16(const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x7F);
+  return _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(x, m), m)) != 0;
+}
+
+inline void fp8x16_no_nan(const uint8_t* p, __m256* a, __m256* b) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h =
+      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7),
+                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  const __m256 k = _mm256_set1_ps(256.0f);
+  *a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k);
+  *b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), k);
+}
+
+// Per block scale, 16 inputs a step (fp8x16_no_nan, or fp8x8 where the 16 hold a NaN code),
+// written straight in the output format: no lane is NaN unless a code is or the scale is not
+// finite.
 template <int SF, int OF>
 void fp8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   const int64_t scols = (v.in + v.block_in - 1) / v.block_in;
   const int64_t c_end = d.col0 + d.cols;
-  alignas(32) float buf[kChunk];
+  constexpr int es = elem_size(OF);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t j = d.row0 + r;
     const uint8_t* q = static_cast<const uint8_t*>(v.q) + j * v.in;
-    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
-      const int64_t ie = lo(c_end, ib + kChunk);
-      for (int64_t i = ib; i < ie;) {
-        const int64_t blk = i / v.block_in;
-        const int64_t end = lo(ie, (blk + 1) * v.block_in);
-        const float sc = dq::ldf_t<SF>(v.scales, (j / v.group_size) * scols + blk);
-        const __m256 scv = _mm256_set1_ps(sc);
-        for (; i + 8 <= end; i += 8)
-          _mm256_storeu_ps(buf + (i - ib), _mm256_mul_ps(fp8x8(q + i), scv));
-        for (; i < end; ++i) buf[i - ib] = dq::mul(dq::fp8_e4m3(q[i]), sc);
+    unsigned char* o = out_row(d, r, OF) - d.col0 * es;  // input i at o + es * i
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t blk = i / v.block_in;
+      const int64_t end = lo(c_end, (blk + 1) * v.block_in);
+      const float sc = dq::ldf_t<SF>(v.scales, (j / v.group_size) * scols + blk);
+      const __m256 scv = _mm256_set1_ps(sc);
+      const bool nan_scale = !finite(sc);  // inf * 0 is NaN
+      for (; i + 16 <= end; i += 16) {
+        if (fp8_nan_in16(q + i)) {
+          store8<OF>(o + es * i, _mm256_mul_ps(fp8x8(q + i), scv), true);
+          store8<OF>(o + es * (i + 8), _mm256_mul_ps(fp8x8(q + i + 8), scv), true);
+          continue;
+        }
+        __m256 a, b;
+        fp8x16_no_nan(q + i, &a, &b);
+        store16<OF>(o + es * i, _mm256_mul_ps(a, scv), _mm256_mul_ps(b, scv), nan_scale);
       }
-      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+      for (; i + 8 <= end; i += 8) store8<OF>(o + es * i, _mm256_mul_ps(fp8x8(q + i), scv), true);
+      for (; i < end; ++i) dq::store(o, i, OF, dq::mul(dq::fp8_e4m3(q[i]), sc));
     }
   }
 }
@@ -782,40 +1074,114 @@ void ct(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   }
 }
 
-// NVFP4: per group a 16-entry table e2m1(n) * scale, 16 elements (8 bytes) a step.
+// NVFP4 group scales g0 .. g0 + n - 1 of row j (dq::nvfp4_scale's: e4m3 over the global scale),
+// 8 at a time: one division per group was most of a group's time.
+constexpr int64_t kScaleRun = 256;
+
+inline void nvfp4_scales(const QuantView& v, int64_t j, int64_t g0, int64_t n, float* out) {
+  const uint8_t* s = static_cast<const uint8_t*>(v.scales) + j * v.groups + g0;
+  const float global = dq::ldf(v.global_scale, 0, 0);
+  const __m256 gv = _mm256_set1_ps(global);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) _mm256_storeu_ps(out + k, _mm256_div_ps(fp8x8(s + k), gv));
+  for (; k < n; ++k) out[k] = dq::fdiv(dq::fp8_e4m3(s[k]), global);
+}
+
+// NVFP4: per group a 16-entry table e2m1(n) * scale, 16 elements (8 bytes) a step, written
+// straight in the output format (no lane is NaN unless the scale is not finite: e2m1 is).
+struct Nvfp4Codes {
+  __m256 c0, c1;
+  float code[16];
+  Nvfp4Codes() {
+    for (int n = 0; n < 16; ++n) code[n] = dq::e2m1(n);
+    c0 = _mm256_loadu_ps(code);
+    c1 = _mm256_loadu_ps(code + 8);
+  }
+};
+
+// Inputs [i, end) of one group (scale sc) of row qr into o (input i at o + es * i).
+template <int OF>
+inline void nvfp4_group(const Nvfp4Codes& k, const uint8_t* qr, float sc, int64_t i, int64_t end,
+                        unsigned char* o) {
+  constexpr int es = elem_size(OF);
+  const __m256 scv = _mm256_set1_ps(sc);
+  const __m256 t0 = _mm256_mul_ps(k.c0, scv), t1 = _mm256_mul_ps(k.c1, scv);
+  const bool nan_scale = !finite(sc);
+  for (; i < end;) {
+    if (i % 2 == 0 && i + 16 <= end) {
+      __m256i ia, ibx;
+      nibbles16<false>(qr + (i >> 1), &ia, &ibx);
+      store16<OF>(o + es * i, lut16(t0, t1, ia), lut16(t0, t1, ibx), nan_scale);
+      i += 16;
+      continue;
+    }
+    const uint8_t byte = qr[i >> 1];
+    dq::store(o, i, OF, dq::mul(k.code[(i & 1) ? (byte >> 4) : (byte & 0xF)], sc));
+    ++i;
+  }
+}
+
+// 2-byte outputs of two groups of 16 (scales sa, sb: the tables' f32 products as nvfp4_group's)
+// as one ByteLut: lane 0 group a's table, lane 1 group b's.
+template <int OF>
+inline ByteLut nvfp4_lut2(const Nvfp4Codes& k, float sa, float sb) {
+  const __m256 va = _mm256_set1_ps(sa), vb = _mm256_set1_ps(sb);
+  const bool maybe_nan = !finite(sa) || !finite(sb);
+  const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4,
+                                      6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  // Per table: [low bytes 0-7, high bytes 0-7 | low bytes 8-15, high bytes 8-15].
+  const __m256i a = _mm256_shuffle_epi8(
+      format16<OF>(_mm256_mul_ps(k.c0, va), _mm256_mul_ps(k.c1, va), maybe_nan), eo);
+  const __m256i b = _mm256_shuffle_epi8(
+      format16<OF>(_mm256_mul_ps(k.c0, vb), _mm256_mul_ps(k.c1, vb), maybe_nan), eo);
+  const __m256i p20 = _mm256_permute2x128_si256(a, b, 0x20),
+                p31 = _mm256_permute2x128_si256(a, b, 0x31);
+  return {_mm256_unpacklo_epi64(p20, p31), _mm256_unpackhi_epi64(p20, p31)};
+}
+
+// The 32 inputs of two groups of 16 (16 bytes at p, low nibble first) through nvfp4_lut2's table.
+inline void nvfp4_pair(const uint8_t* p, const ByteLut& t, unsigned char* o) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i y = _mm256_permute4x64_epi64(_mm256_castsi128_si256(x), 0x50);  // lane g: 8 bytes
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  const __m256i idx =
+      _mm256_unpacklo_epi8(_mm256_and_si256(y, m), _mm256_and_si256(_mm256_srli_epi16(y, 4), m));
+  const __m256i l = _mm256_shuffle_epi8(t.lo, idx), h = _mm256_shuffle_epi8(t.hi, idx);
+  const __m256i a = _mm256_unpacklo_epi8(l, h), b = _mm256_unpackhi_epi8(l, h);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm256_permute2x128_si256(a, b, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Two-byte outputs with groups of 16 (the format's): two whole groups a step by one table lookup
+// (nvfp4_pair); a window's partial groups and a lone last one as nvfp4_group.
 template <int OF>
 void nvfp4(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
-  float code[16];
-  for (int n = 0; n < 16; ++n) code[n] = dq::e2m1(n);
-  const __m256 c0 = _mm256_loadu_ps(code), c1 = _mm256_loadu_ps(code + 8);
+  const Nvfp4Codes k;
   const int64_t c_end = d.col0 + d.cols;
-  alignas(32) float buf[kChunk];
+  constexpr int es = elem_size(OF);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t j = d.row0 + r;
     const uint8_t* qr = static_cast<const uint8_t*>(v.q) + j * (v.in / 2);
-    for (int64_t ib = d.col0; ib < c_end; ib += kChunk) {
-      const int64_t ie = lo(c_end, ib + kChunk);
-      for (int64_t i = ib; i < ie;) {
-        const int64_t g = i / v.group_size;
-        const int64_t end = lo(ie, (g + 1) * v.group_size);
-        const float sc = dq::nvfp4_scale(v, j, g);
-        const __m256 scv = _mm256_set1_ps(sc);
-        const __m256 t0 = _mm256_mul_ps(c0, scv), t1 = _mm256_mul_ps(c1, scv);
-        for (; i < end;) {
-          if (i % 2 == 0 && i + 16 <= end) {
-            __m256i ia, ibx;
-            nibbles16<false>(qr + (i >> 1), &ia, &ibx);
-            _mm256_storeu_ps(buf + (i - ib), lut16(t0, t1, ia));
-            _mm256_storeu_ps(buf + (i - ib) + 8, lut16(t0, t1, ibx));
-            i += 16;
-            continue;
-          }
-          const uint8_t byte = qr[i >> 1];
-          buf[i - ib] = dq::mul(code[(i & 1) ? (byte >> 4) : (byte & 0xF)], sc);
-          ++i;
+    unsigned char* o = out_row(d, r, OF) - d.col0 * es;  // input i at o + es * i
+    float sc_run[kScaleRun];  // groups [g_run, g_run + kScaleRun)' scales
+    int64_t g_run = -kScaleRun;
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      if (g + 1 >= g_run + kScaleRun) {
+        g_run = g;
+        nvfp4_scales(v, j, g, lo(kScaleRun, v.groups - g), sc_run);
+      }
+      if constexpr (OF != 0) {
+        if (v.group_size == 16 && i % 16 == 0 && i + 32 <= c_end) {
+          nvfp4_pair(qr + (i >> 1), nvfp4_lut2<OF>(k, sc_run[g - g_run], sc_run[g + 1 - g_run]),
+                     o + es * i);
+          i += 32;
+          continue;
         }
       }
-      flush<OF>(out_row(d, r, OF) + (ib - d.col0) * elem_size(OF), buf, ie - ib);
+      const int64_t end = lo(c_end, (g + 1) * v.group_size);
+      nvfp4_group<OF>(k, qr, sc_run[g - g_run], i, end, o);
+      i = end;
     }
   }
 }
@@ -831,16 +1197,23 @@ RowsFn pick_rows(const QuantView& v, const DequantDst& d) {
         return v.bits == 4 && v.groups <= kMaxActGroups ? &gptq4_act_any<SF, OF> : nullptr;
       }
       if (d.col0 % pack != 0 || v.group_size % pack != 0) return nullptr;
+      if constexpr (OF != 0) {
+        if (v.bits == 4 && v.group_size % 64 == 0) return &gptq4_lut<SF, OF>;
+      }
       return v.bits == 2 ? &gptq_words<2, SF, OF>
                          : (v.bits == 4 ? &gptq4_rows8<SF, OF> : &gptq_words<8, SF, OF>);
     }
     case QuantScheme::kAwq:
       return &awq<SF, OF>;
     case QuantScheme::kBnb4:
+      if constexpr (OF != 0) return &bnb4_lut<OF>;
       return &bnb4<OF>;
     case QuantScheme::kBnb8:
       return &bnb8<SF, OF>;
     case QuantScheme::kCtInt:
+      if constexpr (OF != 0) {
+        if (v.bits == 4) return &ct4_lut<SF, OF>;
+      }
       return v.bits == 4 ? &ct<4, SF, OF> : (v.bits == 8 ? &ct<8, SF, OF> : nullptr);
     case QuantScheme::kNvfp4:
       return &nvfp4<OF>;

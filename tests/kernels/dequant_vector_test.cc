@@ -148,7 +148,7 @@ TEST(DequantVector, Gptq) {
   Data data(1);
   const int64_t out = 80, in = 1056;  // three column chunks; 80 rows: 8-row blocks and a rest
   for (int bits : {2, 4, 8}) {
-    for (int64_t group : {32, 48, 1056}) {
+    for (int64_t group : {32, 48, 64, 128, 1056}) {  // 64, 128: gptq4_lut's 64-input steps
       for (bool act : {false, true}) {
         for (int sf = 0; sf < 3; ++sf) {
           const int64_t groups = (in + group - 1) / group;
@@ -259,7 +259,7 @@ TEST(DequantVector, CompressedTensors) {
   const int64_t out = 41, in = 1064;
   for (int bits : {3, 4, 8}) {
     for (bool symmetric : {true, false}) {
-      for (int64_t group : {32, 56}) {
+      for (int64_t group : {32, 56, 128}) {
         const int64_t groups = (in + group - 1) / group;
         const std::vector<unsigned char> scales = data.scales(2, out * groups);
         QuantView v;
