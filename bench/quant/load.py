@@ -7,10 +7,12 @@ the same run: load_into of a bf16 checkpoint of the same LAYERS x [D, D] weights
 nn.Linear layers (mmap=False: copied into fresh memory, as the engine does for every copying
 load), so both write as many output bytes, with the same (default) threads. Each case runs in its
 own process (so peak RSS is that case's), median of ROUNDS loads after one warm-up (page cache
-warm). Columns: output GB/s (bf16 bytes written per second) of the dequantizing load and of the
-anchor, their ratio (the issue's target: >= 0.8), the file bytes read, peak RSS of each process.
+warm), PAIRS times alternating with the anchor. Columns: output GB/s (bf16 bytes written per
+second) of the dequantizing load and of the anchor (medians over the pairs), their ratio (the
+median of the pairs' ratios, and their range; the issue's target: >= 0.8), the file bytes read,
+peak RSS of each process.
 
-    python bench/quant/load.py [--layers 4] [--dim 4096] [--rounds 5]
+    python bench/quant/load.py [--layers 4] [--dim 4096] [--rounds 5] [--pairs 3] [--schemes a,b]
 """
 import argparse
 import json
@@ -131,11 +133,27 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def run_child(args, case, path):
+    out = subprocess.run([sys.executable, __file__, "--case", case, "--path", path,
+                          "--rounds", str(args.rounds), "--layers", str(args.layers),
+                          "--dim", str(args.dim)], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{case}: {out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ratio(anchor, case):
+    """Output bytes per second of `case` over the anchor's, from each one's median load."""
+    return (case["slot_bytes"] / statistics.median(case["seconds"])) / (
+        anchor["slot_bytes"] / statistics.median(anchor["seconds"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--case")
     ap.add_argument("--path")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
@@ -145,10 +163,11 @@ def main():
     import torch
     print(f"bench/quant/load: {args.layers} x Linear [{args.dim}, {args.dim}] -> bfloat16 on the "
           f"CPU, torch {torch.__version__}, median of {args.rounds} warm loads, each case in its "
-          f"own process, load average {os.getloadavg()[0]:.2f} at the start")
+          f"own process, {args.pairs} anchor / case pairs (x anchor: the pairs' median ratio, "
+          f"their range in brackets), load average {os.getloadavg()[0]:.2f} at the start")
     print()
     print("| scheme | file MB | ms | output GB/s | anchor ms | anchor output GB/s | x anchor "
-          "| peak RSS MiB (anchor) |")
+          "(range) | peak RSS MiB (anchor) |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="metaload_bench_quant_") as tmp:
         anchor = os.path.join(tmp, "anchor")
@@ -156,21 +175,25 @@ def main():
         for scheme in args.schemes.split(","):
             path = os.path.join(tmp, scheme)
             write_case(path, scheme, args.layers, args.dim)
-            res = {}
-            # The anchor runs next to each scheme: the machine's load drifts between cases.
-            for case, p in (("anchor", anchor), (scheme, path)):
-                out = subprocess.run([sys.executable, __file__, "--case", case, "--path", p,
-                                      "--rounds", str(args.rounds), "--layers", str(args.layers),
-                                      "--dim", str(args.dim)], capture_output=True, text=True)
-                if out.returncode:
-                    sys.exit(f"{case}: {out.stderr}")
-                res[case] = json.loads(out.stdout.strip().splitlines()[-1])
-            a, r = res["anchor"], res[scheme]
+            # The anchor and the scheme alternate, PAIRS times, each in a fresh process: the
+            # machine's speed drifts by tens of percent within minutes, so each pair's ratio is
+            # taken, and the median of those is the table's.
+            pairs = []
+            for _ in range(args.pairs):
+                pairs.append({case: run_child(args, case, p)
+                              for case, p in (("anchor", anchor), (scheme, path))})
+            ratios = sorted(ratio(pr["anchor"], pr[scheme]) for pr in pairs)
+            a = {"seconds": [statistics.median(pr["anchor"]["seconds"]) for pr in pairs]}
+            r = {"seconds": [statistics.median(pr[scheme]["seconds"]) for pr in pairs]}
             a_s, s = statistics.median(a["seconds"]), statistics.median(r["seconds"])
-            a_gbs, gbs = a["slot_bytes"] / a_s / 1e9, r["slot_bytes"] / s / 1e9
-            print(f"| {scheme} | {r['bytes'] / 1e6:.0f} | {s * 1e3:.1f} | {gbs:.2f} | "
-                  f"{a_s * 1e3:.1f} | {a_gbs:.2f} | {gbs / a_gbs:.2f} | "
-                  f"{r['rss_mib']:.0f} ({a['rss_mib']:.0f}) |", flush=True)
+            last = pairs[-1]
+            a_gbs = last["anchor"]["slot_bytes"] / a_s / 1e9
+            gbs = last[scheme]["slot_bytes"] / s / 1e9
+            spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+            print(f"| {scheme} | {last[scheme]['bytes'] / 1e6:.0f} | {s * 1e3:.1f} | {gbs:.2f} | "
+                  f"{a_s * 1e3:.1f} | {a_gbs:.2f} | {statistics.median(ratios):.2f}{spread} | "
+                  f"{max(pr[scheme]['rss_mib'] for pr in pairs):.0f} "
+                  f"({max(pr['anchor']['rss_mib'] for pr in pairs):.0f}) |", flush=True)
     print()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
