@@ -974,28 +974,22 @@ inline __m256 fp8x8(const uint8_t* p) {
   return _mm256_castsi256_ps(r);
 }
 
-// 16 e4m3 bytes at p, none a NaN code (S.1111.111), exactly: the exponent and mantissa fields
-// shifted into an f16's (whose value is then the e4m3 value / 256, subnormals included), F16C's
-// exact conversion, times 256 (exact). Fewer steps than fp8x8, which also makes NaN.
-inline bool fp8_nan_in16(const uint8_t* p) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x7F);
-  return _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(x, m), m)) != 0;
-}
-
-inline void fp8x16_no_nan(const uint8_t* p, __m256* a, __m256* b) {
+// 16 e4m3 bytes at p as f16 bits in h, exactly: the exponent and mantissa fields shifted into an
+// f16's, whose value is then the e4m3 value / 256 (subnormals included; F16C converts it
+// exactly). False, h unset, where one of them is a NaN code (S.1111.111): fp8x8 makes those.
+inline bool fp8x16_f16(const uint8_t* p, __m256i* h) {
   const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i h =
-      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7),
-                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
-  const __m256 k = _mm256_set1_ps(256.0f);
-  *a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k);
-  *b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), k);
+  const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7F));
+  if (_mm256_movemask_epi8(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F))) != 0) return false;
+  *h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  return true;
 }
 
-// Per block scale, 16 inputs a step (fp8x16_no_nan, or fp8x8 where the 16 hold a NaN code),
-// written straight in the output format: no lane is NaN unless a code is or the scale is not
-// finite.
+// Per block scale, 16 inputs a step (fp8x16_f16, or fp8x8 where the 16 hold a NaN code), written
+// straight in the output format: no lane is NaN unless a code is or the scale is not finite. The
+// f16 values are multiplied by 256 * scale at once where that product is finite: it is exact (a
+// power of two), so the one rounding is of the same real number as fp8 * scale's.
 template <int SF, int OF>
 void fp8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   const int64_t scols = (v.in + v.block_in - 1) / v.block_in;
@@ -1010,16 +1004,19 @@ void fp8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
       const int64_t end = lo(c_end, (blk + 1) * v.block_in);
       const float sc = dq::ldf_t<SF>(v.scales, (j / v.group_size) * scols + blk);
       const __m256 scv = _mm256_set1_ps(sc);
-      const bool nan_scale = !finite(sc);  // inf * 0 is NaN
+      const bool fold = finite(sc * 256.0f);  // then sc is finite too: no lane can be NaN
+      const __m256 kv = _mm256_set1_ps(fold ? sc * 256.0f : 256.0f);
       for (; i + 16 <= end; i += 16) {
-        if (fp8_nan_in16(q + i)) {
+        __m256i h;
+        if (!fp8x16_f16(q + i, &h)) {
           store8<OF>(o + es * i, _mm256_mul_ps(fp8x8(q + i), scv), true);
           store8<OF>(o + es * (i + 8), _mm256_mul_ps(fp8x8(q + i + 8), scv), true);
           continue;
         }
-        __m256 a, b;
-        fp8x16_no_nan(q + i, &a, &b);
-        store16<OF>(o + es * i, _mm256_mul_ps(a, scv), _mm256_mul_ps(b, scv), nan_scale);
+        __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), kv);
+        __m256 b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), kv);
+        if (!fold) a = _mm256_mul_ps(a, scv), b = _mm256_mul_ps(b, scv);
+        store16<OF>(o + es * i, a, b, !fold);
       }
       for (; i + 8 <= end; i += 8) store8<OF>(o + es * i, _mm256_mul_ps(fp8x8(q + i), scv), true);
       for (; i < end; ++i) dq::store(o, i, OF, dq::mul(dq::fp8_e4m3(q[i]), sc));

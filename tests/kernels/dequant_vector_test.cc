@@ -40,9 +40,10 @@ struct Data {
     for (auto& w : words) w = rng();
   }
   uint32_t special32() {
-    const uint32_t s[] = {0x7FC00001u, 0xFFA00000u, 0x7F800000u, 0xFF800000u,
-                          0x00000003u, 0x80400000u, 0x00000000u, 0x7F7FFFFFu};
-    return s[rng() % 8];
+    // 0x7FFFFFFF: a NaN whose rounding to bf16 without the NaN patch would carry into -0.
+    const uint32_t s[] = {0x7FC00001u, 0xFFA00000u, 0x7F800000u, 0xFF800000u, 0x00000003u,
+                          0x80400000u, 0x00000000u, 0x7F7FFFFFu, 0x7FFFFFFFu};
+    return s[rng() % 9];
   }
   // n scales in format fmt, one in 8 a special value (NaN, inf, denormal...) unless `finite`.
   std::vector<unsigned char> scales(int fmt, size_t n, bool finite = false) {
@@ -242,12 +243,28 @@ TEST(DequantVector, Bnb8AndFp8) {
     v.scales = scb.data();
     v.scales_format = sf;
     n += compare(v, data.rng, "bnb8 scales " + std::to_string(sf));
+    if (sf == 0) {  // every scale the NaN 0x7FFFFFFF: rounded without the NaN patch it is -0
+      const std::vector<uint32_t> nan(out, 0x7FFFFFFFu);
+      v.scales = nan.data();
+      n += compare(v, data.rng, "bnb8 NaN scales");
+    }
     const std::vector<unsigned char> s = data.scales(sf, 3 * 28);  // blocks of 16 x 40
     v.scheme = QuantScheme::kFp8;                                  // every byte, NaN codes included
     v.scales = s.data();
     v.group_size = 16;
     v.block_in = 40;
     n += compare(v, data.rng, "fp8 scales " + std::to_string(sf));
+    if (sf != 1) {  // scales whose 256-fold overflows: the kernel's unfolded path, finite outputs
+      std::vector<unsigned char> big(3 * 28 * 4);
+      for (size_t k = 0; k < 3 * 28; ++k) {
+        const uint32_t f = 0x7C000000u;  // 2^121
+        const uint16_t h = bits::f32_to_bf16(f);
+        if (sf == 0) std::memcpy(big.data() + 4 * k, &f, 4);
+        if (sf == 2) std::memcpy(big.data() + 2 * k, &h, 2);
+      }
+      v.scales = big.data();
+      n += compare(v, data.rng, "fp8 scales " + std::to_string(sf) + " of 2^121");
+    }
   }
   EXPECT_GT(n, 0) << "no case reached a vector kernel";
 }
