@@ -77,35 +77,14 @@ inline __m128i f16x8(__m256 x) {
   return h;
 }
 
-// n floats of `buf` to `o` in format OF; the tail that does not fill a vector goes through
-// dq::store.
-template <int OF>
-inline void flush(unsigned char* o, const float* buf, int64_t n) {
-  int64_t k = 0;
-  if constexpr (OF == 0) {
-    std::memcpy(o, buf, static_cast<size_t>(n) * 4);
-    return;
-  } else if constexpr (OF == 1) {
-    for (; k + 8 <= n; k += 8) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * k), f16x8(_mm256_loadu_ps(buf + k)));
-    }
-  } else {
-    for (; k + 16 <= n; k += 16) {
-      // packus interleaves the two 128-bit halves; permute4x64 puts them back in order.
-      const __m256i p = _mm256_packus_epi32(bf16x8(_mm256_loadu_ps(buf + k)),
-                                            bf16x8(_mm256_loadu_ps(buf + k + 8)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * k), _mm256_permute4x64_epi64(p, 0xD8));
-    }
-  }
-  for (; k < n; ++k) dq::store(o, k, OF, buf[k]);
-}
-
 // (q - z) * s on 8 lanes, in dequant_bits.h's order: integer difference, to f32, one multiply.
 inline __m256 qzs(__m256i q, __m256i z, __m256 s) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), s);
 }
 
-// 16 floats (a, b) as f16 / bf16 bits in order in one vector, as `flush` converts them.
+// 16 floats (a, b) as f16 / bf16 bits in order in one vector: the rounding of every kernel's
+// 2-byte outputs (bits::f32_to_f16 / f32_to_bf16 on 8 lanes, NaN patched when maybe_nan).
+// packus interleaves the halves ([a0-3 b0-3 | a4-7 b4-7]); permute4x64 makes [a | b].
 template <int OF>
 inline __m256i format16(__m256 a, __m256 b, bool maybe_nan) {
   if constexpr (OF == 1) {
@@ -128,7 +107,7 @@ inline bool finite(float x) {
   return (bits::f32_bits(x) & 0x7F800000u) != 0x7F800000u;
 }
 
-// 8 or 16 floats straight into the output format at o, as `flush` converts them; MaybeNan false
+// 8 or 16 floats straight into the output format at o, as format16 converts them; maybe_nan false
 // when the caller knows no lane is NaN (the conversion then skips the NaN patch).
 template <int OF>
 inline void store8(unsigned char* o, __m256 a, bool maybe_nan) {
@@ -152,6 +131,24 @@ inline void store16(unsigned char* o, __m256 a, __m256 b, bool maybe_nan) {
   } else {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), format16<OF>(a, b, maybe_nan));
   }
+}
+
+// n floats of `buf` to `o` in format OF (store8 / store16 with the NaN patch); the tail that does
+// not fill a vector goes through dq::store.
+template <int OF>
+inline void flush(unsigned char* o, const float* buf, int64_t n) {
+  int64_t k = 0;
+  if constexpr (OF == 0) {
+    std::memcpy(o, buf, static_cast<size_t>(n) * 4);
+    return;
+  } else if constexpr (OF == 1) {
+    for (; k + 8 <= n; k += 8) store8<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), true);
+  } else {
+    for (; k + 16 <= n; k += 16) {
+      store16<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), _mm256_loadu_ps(buf + k + 8), true);
+    }
+  }
+  for (; k < n; ++k) dq::store(o, k, OF, buf[k]);
 }
 
 // Lanes k = 0..7 of one word's fields of `bits` bits starting at field `first`.
@@ -262,6 +259,17 @@ inline void lut_nibble1(const uint8_t* q, int64_t k, const uint16_t* t, unsigned
   const uint8_t byte = q[k >> 1];
   const bool high = ((k & 1) == 0) == HighFirst;
   std::memcpy(o, t + (high ? byte >> 4 : byte & 0xF), 2);
+}
+
+// Elements [k, end) of codes q through one group's table (t, and lut made from it), element k at
+// o + 2 k: 64 and 32 at a time, odd edges one by one.
+template <bool HighFirst>
+inline void lut_range(const uint8_t* q, int64_t k, int64_t end, const uint16_t* t,
+                      const ByteLut& lut, unsigned char* o) {
+  if (k & 1) lut_nibble1<HighFirst>(q, k, t, o + 2 * k), ++k;
+  for (; k + 64 <= end; k += 64) lut_nibbles64<HighFirst>(q + (k >> 1), lut, o + 2 * k);
+  for (; k + 32 <= end; k += 32) lut_nibbles32<HighFirst>(q + (k >> 1), lut, o + 2 * k);
+  for (; k < end; ++k) lut_nibble1<HighFirst>(q, k, t, o + 2 * k);
 }
 
 // ---- GPTQ ------------------------------------------------------------------------------------
@@ -520,11 +528,8 @@ void ct4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
       const int64_t g = i / v.group_size;
       const int64_t end = lo(c_end, (g + 1) * v.group_size);
       qzs_table<OF>(dq::ct_zero(v, j, g), dq::ldf_t<SF>(v.scales, j * v.groups + g), table);
-      const ByteLut lut = byte_lut(table);
-      if (i & 1) lut_nibble1<false>(rowq, i, table, o + 2 * i), ++i;
-      for (; i + 64 <= end; i += 64) lut_nibbles64<false>(rowq + (i >> 1), lut, o + 2 * i);
-      for (; i + 32 <= end; i += 32) lut_nibbles32<false>(rowq + (i >> 1), lut, o + 2 * i);
-      for (; i < end; ++i) lut_nibble1<false>(rowq, i, table, o + 2 * i);
+      lut_range<false>(rowq, i, end, table, byte_lut(table), o);
+      i = end;
     }
   }
 }
@@ -703,7 +708,7 @@ void awq64_tables(const QuantView& v, int64_t g, int64_t j0, const int* shift, A
       const int n = c * 8 + k;
       t->z[n] = static_cast<int32_t>((zw >> shift[k]) & 0xFu);
       t->s[n] = dq::ldf_t<SF>(v.scales, g * v.out + j0 + n);
-      t->finite = t->finite && (bits::f32_bits(t->s[n]) & 0x7F800000u) != 0x7F800000u;
+      t->finite = t->finite && finite(t->s[n]);
       t->zv[n] = _mm256_set1_epi32(t->z[n]);
       t->sv[n] = _mm256_set1_ps(t->s[n]);
     }
@@ -717,16 +722,8 @@ inline void store8x2(unsigned char* pa, unsigned char* pb, __m256 a, __m256 b) {
   if constexpr (OF == 0) {
     _mm256_storeu_ps(reinterpret_cast<float*>(pa), a);
     _mm256_storeu_ps(reinterpret_cast<float*>(pb), b);
-  } else if constexpr (OF == 1) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa),
-                     MaybeNan ? f16x8(a) : _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb),
-                     MaybeNan ? f16x8(b) : _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT));
   } else {
-    const __m256i ra = MaybeNan ? bf16x8(a) : bf16x8_not_nan(a);
-    const __m256i rb = MaybeNan ? bf16x8(b) : bf16x8_not_nan(b);
-    // packus interleaves the halves: [a0-3 b0-3 | a4-7 b4-7]; permute4x64 makes [a | b].
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xD8);
+    const __m256i p = format16<OF>(a, b, MaybeNan);  // [a | b]
     _mm_storeu_si128(reinterpret_cast<__m128i*>(pa), _mm256_castsi256_si128(p));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(pb), _mm256_extracti128_si256(p, 1));
   }
@@ -918,10 +915,8 @@ void bnb4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
         lut = byte_lut(table);
         loaded = blk;
       }
-      if (k & 1) lut_nibble1<true>(q, k, table, o + 2 * k), ++k;
-      for (; k + 64 <= end; k += 64) lut_nibbles64<true>(q + (k >> 1), lut, o + 2 * k);
-      for (; k + 32 <= end; k += 32) lut_nibbles32<true>(q + (k >> 1), lut, o + 2 * k);
-      for (; k < end; ++k) lut_nibble1<true>(q, k, table, o + 2 * k);
+      lut_range<true>(q, k, end, table, lut, o);
+      k = end;
     }
   }
 }
