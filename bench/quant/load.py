@@ -183,9 +183,8 @@ def main():
                 pairs.append({case: run_child(args, case, p)
                               for case, p in (("anchor", anchor), (scheme, path))})
             ratios = sorted(ratio(pr["anchor"], pr[scheme]) for pr in pairs)
-            a = {"seconds": [statistics.median(pr["anchor"]["seconds"]) for pr in pairs]}
-            r = {"seconds": [statistics.median(pr[scheme]["seconds"]) for pr in pairs]}
-            a_s, s = statistics.median(a["seconds"]), statistics.median(r["seconds"])
+            a_s = statistics.median(statistics.median(pr["anchor"]["seconds"]) for pr in pairs)
+            s = statistics.median(statistics.median(pr[scheme]["seconds"]) for pr in pairs)
             last = pairs[-1]
             a_gbs = last["anchor"]["slot_bytes"] / a_s / 1e9
             gbs = last[scheme]["slot_bytes"] / s / 1e9
