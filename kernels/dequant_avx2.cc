@@ -25,6 +25,10 @@ namespace metaload {
 namespace dq_avx2 {
 namespace {
 
+// The small vector helpers below are forced inline: GCC otherwise leaves some out of line, and a
+// call costs a vzeroupper and a round trip of the vectors through memory at every step.
+#define METALOAD_VEC_INLINE inline __attribute__((always_inline))
+
 constexpr int64_t kChunk = 512;  // input columns per pass (as dequant.cc's kColChunk)
 // The 8-row kernels (GPTQ, AWQ) read qweight down a power-of-two stride, whose lines land in a
 // few cache sets: 256 inputs a pass keep a pass's lines in L2 (and buf[8] at 8 KiB in L1).
@@ -45,7 +49,7 @@ inline unsigned char* out_row(const DequantDst& d, int64_t r, int of) {
 // bits::f32_to_bf16 on 8 lanes for lanes known not to be NaN: round to nearest even on the integer
 // bits. The result is in the low 16 bits of each lane. (AVX512-BF16's vcvtneps2bf16 flushes
 // denormals.)
-inline __m256i bf16x8_not_nan(__m256 x) {
+METALOAD_VEC_INLINE __m256i bf16x8_not_nan(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd),
@@ -53,7 +57,7 @@ inline __m256i bf16x8_not_nan(__m256 x) {
 }
 
 // bits::f32_to_bf16 on 8 lanes: bf16x8_not_nan, NaN -> 0xFFFF.
-inline __m256i bf16x8(__m256 x) {
+METALOAD_VEC_INLINE __m256i bf16x8(__m256 x) {
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   return _mm256_or_si256(bf16x8_not_nan(x), _mm256_and_si256(nan, _mm256_set1_epi32(0xFFFF)));
 }
@@ -78,7 +82,7 @@ inline __m128i f16x8(__m256 x) {
 }
 
 // (q - z) * s on 8 lanes, in dequant_bits.h's order: integer difference, to f32, one multiply.
-inline __m256 qzs(__m256i q, __m256i z, __m256 s) {
+METALOAD_VEC_INLINE __m256 qzs(__m256i q, __m256i z, __m256 s) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), s);
 }
 
@@ -86,7 +90,7 @@ inline __m256 qzs(__m256i q, __m256i z, __m256 s) {
 // 2-byte outputs (bits::f32_to_f16 / f32_to_bf16 on 8 lanes, NaN patched when maybe_nan).
 // packus interleaves the halves ([a0-3 b0-3 | a4-7 b4-7]); permute4x64 makes [a | b].
 template <int OF>
-inline __m256i format16(__m256 a, __m256 b, bool maybe_nan) {
+METALOAD_VEC_INLINE __m256i format16(__m256 a, __m256 b, bool maybe_nan) {
   if constexpr (OF == 1) {
     return maybe_nan ? _mm256_set_m128i(f16x8(b), f16x8(a))
                      : _mm256_set_m128i(_mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT),
@@ -107,10 +111,16 @@ inline bool finite(float x) {
   return (bits::f32_bits(x) & 0x7F800000u) != 0x7F800000u;
 }
 
+inline bool all_finite(__m256 x) {
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  return _mm256_movemask_ps(
+             _mm256_cmp_ps(magnitude, _mm256_set1_ps(__builtin_inff()), _CMP_LT_OQ)) == 0xFF;
+}
+
 // 8 or 16 floats straight into the output format at o, as format16 converts them; maybe_nan false
 // when the caller knows no lane is NaN (the conversion then skips the NaN patch).
 template <int OF>
-inline void store8(unsigned char* o, __m256 a, bool maybe_nan) {
+METALOAD_VEC_INLINE void store8(unsigned char* o, __m256 a, bool maybe_nan) {
   if constexpr (OF == 0) {
     _mm256_storeu_ps(reinterpret_cast<float*>(o), a);
   } else if constexpr (OF == 1) {
@@ -124,7 +134,7 @@ inline void store8(unsigned char* o, __m256 a, bool maybe_nan) {
 }
 
 template <int OF>
-inline void store16(unsigned char* o, __m256 a, __m256 b, bool maybe_nan) {
+METALOAD_VEC_INLINE void store16(unsigned char* o, __m256 a, __m256 b, bool maybe_nan) {
   if constexpr (OF == 0) {
     store8<OF>(o, a, maybe_nan);
     store8<OF>(o + 32, b, maybe_nan);
@@ -133,19 +143,33 @@ inline void store16(unsigned char* o, __m256 a, __m256 b, bool maybe_nan) {
   }
 }
 
+// Two rows' 8 values (a, b) as 8 elements of format OF each at pa and pb; NaN lanes exact unless
+// the caller knows there are none.
+template <int OF, bool MaybeNan>
+METALOAD_VEC_INLINE void store8x2(unsigned char* pa, unsigned char* pb, __m256 a, __m256 b) {
+  if constexpr (OF == 0) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(pa), a);
+    _mm256_storeu_ps(reinterpret_cast<float*>(pb), b);
+  } else {
+    const __m256i p = format16<OF>(a, b, MaybeNan);  // [a | b]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa), _mm256_castsi256_si128(p));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb), _mm256_extracti128_si256(p, 1));
+  }
+}
+
 // n floats of `buf` to `o` in format OF (store8 / store16 with the NaN patch); the tail that does
 // not fill a vector goes through dq::store.
 template <int OF>
-inline void flush(unsigned char* o, const float* buf, int64_t n) {
+inline void flush(unsigned char* o, const float* buf, int64_t n, bool maybe_nan = true) {
   int64_t k = 0;
   if constexpr (OF == 0) {
     std::memcpy(o, buf, static_cast<size_t>(n) * 4);
     return;
   } else if constexpr (OF == 1) {
-    for (; k + 8 <= n; k += 8) store8<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), true);
+    for (; k + 8 <= n; k += 8) store8<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), maybe_nan);
   } else {
     for (; k + 16 <= n; k += 16) {
-      store16<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), _mm256_loadu_ps(buf + k + 8), true);
+      store16<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), _mm256_loadu_ps(buf + k + 8), maybe_nan);
     }
   }
   for (; k < n; ++k) dq::store(o, k, OF, buf[k]);
@@ -201,7 +225,7 @@ inline ByteLut byte_lut(const uint16_t* t) {
 // 64 elements from 32 bytes of 4-bit codes at p, through the table, as 2-byte outputs at o.
 // Element 2b is byte b's high nibble (HighFirst, bitsandbytes) or its low one.
 template <bool HighFirst>
-inline void lut_nibbles64(__m256i q, const ByteLut& t, unsigned char* o) {
+METALOAD_VEC_INLINE void lut_nibbles64(__m256i q, const ByteLut& t, unsigned char* o) {
   const __m256i m = _mm256_set1_epi8(0x0F);
   const __m256i lo = _mm256_and_si256(q, m);
   const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
@@ -426,7 +450,7 @@ void gptq4_act(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) 
 }
 
 // 8 x 8 int32 (or f32) transpose: lane t of r[c] after is lane c of r[t] before.
-inline void transpose8(__m256i r[8]) {
+METALOAD_VEC_INLINE void transpose8(__m256i r[8]) {
   __m256i t[8], u[8];
   for (int k = 0; k < 8; k += 2) {
     t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
@@ -451,7 +475,9 @@ inline void transpose8(__m256i r[8]) {
 // looked up (lut_nibbles64). A step reads 8 whole 256-byte runs of qweight (64 rows' words), which
 // are `out` words apart: the hardware prefetchers do not follow that stride, so the step fetches
 // the runs of kAhead steps later itself (qweight comes from memory: the load's output writes have
-// long evicted it from the caches).
+// long evicted it from the caches), into L2: lines a power of two apart share a few L1 sets, where
+// lines fetched ahead evict each other (in a load, T1 took 10-20% fewer of the kernel's samples
+// than T0, in GPTQ and AWQ alike).
 constexpr int kGptqRows = 64;
 
 template <int SF, int OF>
@@ -482,7 +508,7 @@ void gptq4_lut(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) 
             for (int u = 0; u < 8; ++u) {
               const unsigned char* run = qb + ((i / 8 + 8 * kAhead + u) * v.out + j0) * 4;
               for (int l = 0; l < rows * 4; l += 64) {
-                _mm_prefetch(reinterpret_cast<const char*>(run + l), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(run + l), _MM_HINT_T1);
               }
             }
           }
@@ -577,10 +603,12 @@ void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_
   alignas(32) __m256 st[kMaxActGroups];
   for (int64_t r = r0; r + 8 <= r1; r += 8) {
     const int64_t j0 = d.row0 + r;
+    bool maybe_nan = false;  // (q - z) * s is NaN only where s is not finite (|q - z| <= 15)
     for (int64_t g = 0; g < v.groups; ++g) {
       zt[g] = _mm256_add_epi32(fields(dq::ld32(v.zeros, g * zcols + j0 / 8), 4, 0),
                                _mm256_set1_epi32(v.zero_offset));
       st[g] = scales8<SF>(v.scales, g * v.out + j0);
+      maybe_nan = maybe_nan || !all_finite(st[g]);
     }
     for (int64_t ib = d.col0; ib < c_end; ib += kChunk8) {
       const int64_t ie = lo(c_end, ib + kChunk8);
@@ -602,7 +630,8 @@ void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_
       }
       for (; i < ie; ++i) gptq4_act_one(v, buf, ib, i, j0, zt, st);
       for (int k = 0; k < 8; ++k) {
-        flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib);
+        flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib,
+                  maybe_nan);
       }
     }
   }
@@ -715,20 +744,6 @@ void awq64_tables(const QuantView& v, int64_t g, int64_t j0, const int* shift, A
   }
 }
 
-// Two rows' 8 values (a, b) as 8 elements of format OF each at pa and pb; NaN lanes exact unless
-// the caller knows there are none.
-template <int OF, bool MaybeNan>
-inline void store8x2(unsigned char* pa, unsigned char* pb, __m256 a, __m256 b) {
-  if constexpr (OF == 0) {
-    _mm256_storeu_ps(reinterpret_cast<float*>(pa), a);
-    _mm256_storeu_ps(reinterpret_cast<float*>(pb), b);
-  } else {
-    const __m256i p = format16<OF>(a, b, MaybeNan);  // [a | b]
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa), _mm256_castsi256_si128(p));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb), _mm256_extracti128_si256(p, 1));
-  }
-}
-
 using Awq64Buf = unsigned char[64][kChunk64 * 4];
 
 // Inputs [i, i + 8) of the 64 rows (all in one group) into buf at input offset i - ib.
@@ -816,6 +831,124 @@ void awq_rows64(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
   }
 }
 
+// AWQ 4-bit into f16 / bf16, groups of whole 64-input steps: as gptq4_lut, a table per row and
+// group (qzs_table) and each row's 64 inputs a lookup (lut_nibbles64). AWQ packs a word with one
+// input's 8 rows, so a step first turns the codes around: 8 inputs' rows of 8 word columns (8
+// contiguous 32-byte loads) hold, per lane, an 8 x 8 matrix of nibbles, which nibble_transpose8
+// turns into each row's 8 codes as one word (as GPTQ packs them); a step's 8 such words of a row
+// are then gathered by transpose8 through a 2 KiB scratch into its 32 bytes of codes. A tile's two
+// 64-row halves read the two halves of the same qweight lines one after the other.
+constexpr int kAwqRows = 64;
+
+// One round of an 8 x 8 transpose of 4-bit fields held a matrix row per register (per lane, its
+// own matrix): in every 2 x 2 block of D x D-field blocks, the two off-diagonal blocks swap.
+template <int D>
+METALOAD_VEC_INLINE void nibble_swap(__m256i w[8], __m256i mask) {
+  for (int u = 0; u < 8; ++u) {
+    if ((u & D) != 0) continue;
+    const __m256i t =
+        _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(w[u], 4 * D), w[u + D]), mask);
+    w[u + D] = _mm256_xor_si256(w[u + D], t);
+    w[u] = _mm256_xor_si256(w[u], _mm256_slli_epi32(t, 4 * D));
+  }
+}
+
+// Nibble p of w[u] after is nibble u of w[p] before, in every lane.
+METALOAD_VEC_INLINE void nibble_transpose8(__m256i w[8]) {
+  nibble_swap<1>(w, _mm256_set1_epi32(0x0F0F0F0F));
+  nibble_swap<2>(w, _mm256_set1_epi32(0x00FF00FF));
+  nibble_swap<4>(w, _mm256_set1_epi32(0x0000FFFF));
+}
+
+struct AwqLut {
+  alignas(32) uint16_t table[kAwqRows][16];
+  ByteLut lut[kAwqRows];
+};
+
+// Rows j0.. j0 + 63's tables for group g.
+template <int SF, int OF>
+void awq4_tables(const QuantView& v, int64_t g, int64_t j0, AwqLut* t) {
+  for (int n = 0; n < kAwqRows; ++n) {
+    const int64_t j = j0 + n;
+    const uint32_t zw = dq::ld32(v.zeros, g * (v.out / 8) + j / 8);
+    const int32_t z = static_cast<int32_t>((zw >> (4 * dq::awq_nibble(j % 8))) & 0xFu);
+    qzs_table<OF>(z, dq::ldf_t<SF>(v.scales, g * v.out + j), t->table[n]);
+    t->lut[n] = byte_lut(t->table[n]);
+  }
+}
+
+// Inputs [i, i + 64) of the 64 rows whose words start at word column wc0, row n's outputs at
+// o + n * ld bytes.
+inline void awq4_step(const unsigned char* qb, int64_t wcols, int64_t wc0, int64_t i,
+                      const AwqLut& t, const int* row_of_nibble, unsigned char* o, int64_t ld) {
+  alignas(32) __m256i codes[8][8];  // [nibble][8 inputs]: lane c the word column's row's codes
+  for (int s = 0; s < 8; ++s) {
+    __m256i w[8];
+    for (int u = 0; u < 8; ++u) {
+      w[u] = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(qb + ((i + 8 * s + u) * wcols + wc0) * 4));
+    }
+    nibble_transpose8(w);  // w[p] lane c: inputs i + 8s.. of row 8c + row_of_nibble[p]
+    for (int p = 0; p < 8; ++p) codes[p][s] = w[p];
+  }
+  for (int p = 0; p < 8; ++p) {
+    __m256i r[8];
+    for (int s = 0; s < 8; ++s) r[s] = codes[p][s];
+    transpose8(r);  // r[c]: row 8c + row_of_nibble[p]'s codes for inputs i..i+63
+    for (int c = 0; c < 8; ++c) {
+      const int n = 8 * c + row_of_nibble[p];
+      lut_nibbles64<false>(r[c], t.lut[n], o + n * ld);
+    }
+  }
+}
+
+// Rows [a, b) (a multiple of 64 of them, d.row0 + a a multiple of 8), 128 at a time where they
+// can; inputs off the 64-input steps one at a time through the tables.
+template <int SF, int OF>
+void awq4_lut(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
+  constexpr int64_t kAhead = 4;  // steps: qweight comes from memory, a row's line 2 KiB apart
+  const int64_t wcols = v.out / 8;
+  const int64_t c_end = d.col0 + d.cols;
+  const int64_t ld = d.ld * 2;
+  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+  int row_of_nibble[8];
+  for (int k = 0; k < 8; ++k) row_of_nibble[dq::awq_nibble(k)] = k;
+  AwqLut t[2];
+  for (int64_t r = a; r < b; r += 2 * kAwqRows) {
+    const int halves = r + 2 * kAwqRows <= b ? 2 : 1;
+    const int64_t wc0 = (d.row0 + r) / 8;
+    for (int64_t i = d.col0; i < c_end;) {
+      const int64_t g = i / v.group_size;
+      const int64_t gend = lo(c_end, (g + 1) * v.group_size);
+      for (int h = 0; h < halves; ++h) awq4_tables<SF, OF>(v, g, d.row0 + r + 64 * h, &t[h]);
+      for (; i < gend;) {
+        unsigned char* o = out_row(d, r, OF) + (i - d.col0) * 2;
+        if (i % 64 == 0 && i + 64 <= gend) {
+          if (i + 64 * kAhead + 64 <= c_end) {
+            for (int64_t u = i + 64 * kAhead; u < i + 64 * kAhead + 64; ++u) {
+              const unsigned char* line = qb + (u * wcols + wc0) * 4;
+              _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
+              _mm_prefetch(reinterpret_cast<const char*>(line + 32 * halves - 1), _MM_HINT_T1);
+            }
+          }
+          for (int h = 0; h < halves; ++h) {
+            awq4_step(qb, wcols, wc0 + 8 * h, i, t[h], row_of_nibble, o + 64 * h * ld, ld);
+          }
+          i += 64;
+          continue;
+        }
+        for (int n = 0; n < 64 * halves; ++n) {
+          const int64_t j = d.row0 + r + n;
+          const uint32_t w = dq::ld32(v.q, i * wcols + j / 8);
+          std::memcpy(o + n * ld,
+                      t[n / 64].table[n % 64] + ((w >> (4 * dq::awq_nibble(j % 8))) & 0xFu), 2);
+        }
+        ++i;
+      }
+    }
+  }
+}
+
 // Rows off the 8-row words (a window's first and last few) one at a time, scalar.
 template <int SF, int OF>
 void awq_rows_each(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
@@ -841,12 +974,18 @@ void awq_rows_each(const QuantView& v, const DequantDst& d, int64_t r0, int64_t 
 
 template <int SF, int OF>
 void awq(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
-  const int64_t a = lo(r1, r0 + (8 - (d.row0 + r0) % 8) % 8);
+  int64_t a = lo(r1, r0 + (8 - (d.row0 + r0) % 8) % 8);
   int64_t b = r1 - (d.row0 + r1) % 8;
   b = b < a ? a : b;
   if (r0 < a) awq_rows_each<SF, OF>(v, d, r0, a);
   if (b < r1) awq_rows_each<SF, OF>(v, d, b, r1);
   const int64_t c = a + (b - a) / 64 * 64;  // 64-row blocks, then the last 8-row ones
+  if constexpr (OF != 0) {
+    if (a < c && v.group_size % 64 == 0) {
+      awq4_lut<SF, OF>(v, d, a, c);
+      a = c;
+    }
+  }
   if (a < c) awq_rows64<SF, OF>(v, d, a, c);
   if (c < b) awq_rows8<SF, OF>(v, d, c, b);
 }
@@ -1228,6 +1367,8 @@ RowsFn pick_scales(const QuantView& v, const DequantDst& d) {
 }
 
 }  // namespace
+
+#undef METALOAD_VEC_INLINE
 
 RowsFn pick(const QuantView& v, const DequantDst& d) {
   return d.format == 0 ? pick_scales<0>(v, d)

@@ -151,19 +151,24 @@ TEST(DequantVector, Gptq) {
   for (int bits : {2, 4, 8}) {
     for (int64_t group : {32, 48, 64, 128, 1056}) {  // 64, 128: gptq4_lut's 64-input steps
       for (bool act : {false, true}) {
-        for (int sf = 0; sf < 3; ++sf) {
+        for (int sf = 0; sf < 6; ++sf) {
+          // sf 3..5: act order with finite scales, the kernel's path without NaN patches.
+          const bool finite = sf >= 3;
+          if (finite && !act) continue;
           const int64_t groups = (in + group - 1) / group;
           std::vector<int32_t> g_idx(in);
           for (int64_t i = 0; i < in; ++i) g_idx[i] = static_cast<int32_t>(i / group);
           if (act) std::shuffle(g_idx.begin(), g_idx.end(), data.rng);
-          const std::vector<unsigned char> scales = data.scales(sf, groups * out);
-          QuantView v = grouped_view(QuantScheme::kGptq, out, in, group, data, 1000, scales, sf);
+          const std::vector<unsigned char> scales = data.scales(sf % 3, groups * out, finite);
+          QuantView v =
+              grouped_view(QuantScheme::kGptq, out, in, group, data, 1000, scales, sf % 3);
           v.g_idx = act ? g_idx.data() : nullptr;
           v.bits = bits;
           v.zero_offset = act ? 0 : 1;
           n += compare(v, data.rng,
                        "gptq " + std::to_string(bits) + " bits group " + std::to_string(group) +
-                           (act ? " act-order" : "") + " scales " + std::to_string(sf));
+                           (act ? " act-order" : "") + " scales " + std::to_string(sf % 3) +
+                           (finite ? " finite" : ""));
         }
       }
     }
@@ -175,10 +180,10 @@ TEST(DequantVector, Awq) {
   if (!vector_cpu()) GTEST_SKIP() << "no AVX2 / F16C";
   int n = 0;
   Data data(2);
-  // 200 rows: a 128-row block, a lone 64-row one and 8-row words after them (awq_rows64 and
-  // awq_rows8); finite scales take the kernels' path without NaN patches.
+  // 200 rows: a 128-row block, a lone 64-row one and 8-row words after them (awq4_lut or
+  // awq_rows64, and awq_rows8); finite scales take the kernels' path without NaN patches.
   const int64_t out = 200, in = 600;
-  for (int64_t group : {32, 40, 600}) {
+  for (int64_t group : {32, 40, 64, 128, 600}) {  // 64, 128: awq4_lut's 64-input steps
     for (int sf = 0; sf < 3; ++sf) {
       for (bool finite : {false, true}) {
         const int64_t groups = (in + group - 1) / group;
