@@ -5,12 +5,12 @@ writers: the libraries' documented layouts), then loaded into plain nn.Linear la
 metaload.meta() with load_into(..., dequantize=torch.bfloat16) on the CPU. The anchor, measured in
 the same run: load_into of a bf16 checkpoint of the same LAYERS x [D, D] weights into bf16
 nn.Linear layers (mmap=False: copied into fresh memory, as the engine does for every copying
-load), so both write as many output bytes, with the same (default) threads. Each case runs in its
-own process (so peak RSS is that case's), median of ROUNDS loads after one warm-up (page cache
-warm), PAIRS times alternating with the anchor. Columns: output GB/s (bf16 bytes written per
-second) of the dequantizing load and of the anchor (medians over the pairs), their ratio (the
-median of the pairs' ratios, and their range; the issue's target: >= 0.8), the file bytes read,
-peak RSS of each process.
+load), so both write as many output bytes, with the same (default) threads. PAIRS fresh processes
+each load the anchor and the case alternately, ROUNDS times each after one warm-up of each (page
+cache warm): each process gives one ratio of the two medians. Columns: output GB/s (bf16 bytes
+written per second) of the dequantizing load and of the anchor (medians over the processes),
+their ratio (the median of the processes' ratios, and their range; the issue's target: >= 0.8),
+the file bytes read, peak RSS of one process of each case alone.
 
     python bench/quant/load.py [--layers 4] [--dim 4096] [--rounds 5] [--pairs 3] [--schemes a,b]
 """
@@ -96,31 +96,47 @@ def write_anchor(path, layers, dim):
     q.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
 
 
-def run_case(args):
-    """In a child process: load ROUNDS times, print {seconds: [...], bytes, slot_bytes, rss}."""
+def load_once(case, path, layers, dim):
+    """One load of `path` into LAYERS fresh meta-built Linear layers: (seconds, report)."""
     import torch
     import metaload
-    rounds, layers, dim = args.rounds, args.layers, args.dim
-    times, report = [], None
-    for r in range(rounds + 1):
-        anchor = args.case == "anchor"
-        with metaload.meta():
-            model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList(
-                [torch.nn.Linear(dim, dim, bias=False,
-                                 dtype=torch.bfloat16 if anchor else torch.float32)
-                 for _ in range(layers)])})
-        t0 = time.perf_counter()
-        if anchor:
-            report = metaload.load_into(model, args.path, progress=False, mmap=False)
-        else:
-            report = metaload.load_into(model, args.path, dequantize=torch.bfloat16,
-                                        progress=False)
-        dt = time.perf_counter() - t0
-        if r:
-            times.append(dt)
-        del model
-    print(json.dumps({"seconds": times, "bytes": report.bytes, "slot_bytes": report.slot_bytes,
-                      "rss_mib": peak_rss_mib()}))
+    anchor = case == "anchor"
+    with metaload.meta():
+        model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList(
+            [torch.nn.Linear(dim, dim, bias=False,
+                             dtype=torch.bfloat16 if anchor else torch.float32)
+             for _ in range(layers)])})
+    t0 = time.perf_counter()
+    if anchor:
+        report = metaload.load_into(model, path, progress=False, mmap=False)
+    else:
+        report = metaload.load_into(model, path, dequantize=torch.bfloat16, progress=False)
+    dt = time.perf_counter() - t0
+    del model
+    return dt, report
+
+
+def run_case(args):
+    """In a child process: load ROUNDS times after a warm-up, print {seconds: [...], bytes,
+    slot_bytes, rss}; with --anchor-path, the anchor's loads alternate with the case's (one
+    process: both see the same machine from moment to moment) and come as anchor_seconds."""
+    cases = [(args.case, args.path)]
+    if args.anchor_path:
+        cases.append(("anchor", args.anchor_path))
+    times = {case: [] for case, _ in cases}
+    reports = {}
+    for r in range(args.rounds + 1):
+        for case, path in cases:
+            dt, reports[case] = load_once(case, path, args.layers, args.dim)
+            if r:
+                times[case].append(dt)
+    report = reports[args.case]
+    out = {"seconds": times[args.case], "bytes": report.bytes, "slot_bytes": report.slot_bytes,
+           "rss_mib": peak_rss_mib()}
+    if args.anchor_path:
+        out["anchor_seconds"] = times["anchor"]
+        out["anchor_slot_bytes"] = reports["anchor"].slot_bytes
+    print(json.dumps(out))
 
 
 def peak_rss_mib():
@@ -133,19 +149,21 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_child(args, case, path):
+def run_child(args, case, path, anchor_path=None, rounds=None):
+    extra = ["--anchor-path", anchor_path] if anchor_path else []
     out = subprocess.run([sys.executable, __file__, "--case", case, "--path", path,
-                          "--rounds", str(args.rounds), "--layers", str(args.layers),
-                          "--dim", str(args.dim)], capture_output=True, text=True)
+                          "--rounds", str(rounds or args.rounds), "--layers", str(args.layers),
+                          "--dim", str(args.dim)] + extra, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"{case}: {out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ratio(anchor, case):
-    """Output bytes per second of `case` over the anchor's, from each one's median load."""
-    return (case["slot_bytes"] / statistics.median(case["seconds"])) / (
-        anchor["slot_bytes"] / statistics.median(anchor["seconds"]))
+def ratio(run):
+    """Output bytes per second of the case over the anchor's, from each one's median load in
+    one interleaved child."""
+    return (run["slot_bytes"] / statistics.median(run["seconds"])) / (
+        run["anchor_slot_bytes"] / statistics.median(run["anchor_seconds"]))
 
 
 def main():
@@ -156,15 +174,17 @@ def main():
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--case")
     ap.add_argument("--path")
+    ap.add_argument("--anchor-path")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     args = ap.parse_args()
     if args.case:
         return run_case(args)
     import torch
     print(f"bench/quant/load: {args.layers} x Linear [{args.dim}, {args.dim}] -> bfloat16 on the "
-          f"CPU, torch {torch.__version__}, median of {args.rounds} warm loads, each case in its "
-          f"own process, {args.pairs} anchor / case pairs (x anchor: the pairs' median ratio, "
-          f"their range in brackets), load average {os.getloadavg()[0]:.2f} at the start")
+          f"CPU, torch {torch.__version__}, median of {args.rounds} warm loads of each, the "
+          f"anchor's and the case's alternating in one process, {args.pairs} such processes "
+          f"(x anchor: their median ratio, their range in brackets), load average "
+          f"{os.getloadavg()[0]:.2f} at the start")
     print()
     print("| scheme | file MB | ms | output GB/s | anchor ms | anchor output GB/s | x anchor "
           "(range) | peak RSS MiB (anchor) |")
@@ -175,24 +195,23 @@ def main():
         for scheme in args.schemes.split(","):
             path = os.path.join(tmp, scheme)
             write_case(path, scheme, args.layers, args.dim)
-            # The anchor and the scheme alternate, PAIRS times, each in a fresh process: the
-            # machine's speed drifts by tens of percent within minutes, so each pair's ratio is
-            # taken, and the median of those is the table's.
-            pairs = []
-            for _ in range(args.pairs):
-                pairs.append({case: run_child(args, case, p)
-                              for case, p in (("anchor", anchor), (scheme, path))})
-            ratios = sorted(ratio(pr["anchor"], pr[scheme]) for pr in pairs)
-            a_s = statistics.median(statistics.median(pr["anchor"]["seconds"]) for pr in pairs)
-            s = statistics.median(statistics.median(pr[scheme]["seconds"]) for pr in pairs)
-            last = pairs[-1]
-            a_gbs = last["anchor"]["slot_bytes"] / a_s / 1e9
-            gbs = last[scheme]["slot_bytes"] / s / 1e9
+            # The machine's speed drifts by tens of percent within minutes, so the anchor's
+            # loads alternate with the scheme's, load by load, in one fresh process per pair;
+            # each pair's ratio is taken, and the median of those is the table's. Peak RSS comes
+            # from one process of each alone.
+            pairs = [run_child(args, scheme, path, anchor_path=anchor) for _ in range(args.pairs)]
+            ratios = sorted(ratio(pr) for pr in pairs)
+            a_s = statistics.median(statistics.median(pr["anchor_seconds"]) for pr in pairs)
+            s = statistics.median(statistics.median(pr["seconds"]) for pr in pairs)
+            alone = {case: run_child(args, case, p, rounds=1)
+                     for case, p in (("anchor", anchor), (scheme, path))}
+            a_gbs = pairs[-1]["anchor_slot_bytes"] / a_s / 1e9
+            gbs = pairs[-1]["slot_bytes"] / s / 1e9
             spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
-            print(f"| {scheme} | {last[scheme]['bytes'] / 1e6:.0f} | {s * 1e3:.1f} | {gbs:.2f} | "
+            print(f"| {scheme} | {pairs[-1]['bytes'] / 1e6:.0f} | {s * 1e3:.1f} | {gbs:.2f} | "
                   f"{a_s * 1e3:.1f} | {a_gbs:.2f} | {statistics.median(ratios):.2f}{spread} | "
-                  f"{max(pr[scheme]['rss_mib'] for pr in pairs):.0f} "
-                  f"({max(pr['anchor']['rss_mib'] for pr in pairs):.0f}) |", flush=True)
+                  f"{alone[scheme]['rss_mib']:.0f} ({alone['anchor']['rss_mib']:.0f}) |",
+                  flush=True)
     print()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
