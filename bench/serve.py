@@ -35,10 +35,11 @@ import serve_util  # noqa: E402
 PROMPT = "the quick brown fox jumps over the lazy dog " * 4
 
 
-def write(top, layers):
+def write(top, layers, width=256):
     code = ("import sys, transformers as tf, serve_util as s\n"
-            f"s.write_checkpoint(sys.argv[1], tf.GPT2Config(n_layer={layers}, n_embd=256, "
-            "n_head=4, vocab_size=4096, n_positions=256, bos_token_id=1, eos_token_id=1))\n")
+            f"s.write_checkpoint(sys.argv[1], tf.GPT2Config(n_layer={layers}, n_embd={width}, "
+            f"n_head={max(1, width // 64)}, vocab_size=4096, n_positions=256, bos_token_id=1, "
+            "eos_token_id=1))\n")
     subprocess.run([sys.executable, "-c", code, os.path.join(top, "hub")], check=True,
                    env=serve_util.env_for(top))
 
@@ -225,6 +226,18 @@ def cold(top):
     return (done - t0, rss), (local["seconds"], local["rss_mib"])
 
 
+def print_cold(top, a):
+    (serve_s, serve_rss), (local_s, local_rss) = cold(top)
+    weights = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in
+                  os.walk(os.path.join(top, "hub")) for f in fs if f.endswith(".safetensors"))
+    print(f"\n| cold start, GPT-2 {a.layers} x {a.width} ({weights / 2**20:.0f} MiB of weights) | "
+          "seconds | peak RSS MiB |\n|---|---|---|")
+    print(f"| metaload serve: launch -> first COMPLETED | {serve_s:.2f} "
+          f"(**{serve_s / local_s:.2f}x**) | {serve_rss:.0f} |")
+    print(f"| local nnsight, from_pretrained dispatch: start -> first trace | {local_s:.2f} "
+          f"(1.00x) | {local_rss:.0f} |")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=30)
@@ -232,9 +245,14 @@ def main():
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of the executor and of the local trace alike (default 1: "
                         "on 2 shared cores two threads wait on each other; 0: torch's default)")
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--cold-only", action="store_true",
+                   help="table 3 alone (with --layers / --width: how cold start moves with size)")
     a = p.parse_args()
     top = tempfile.mkdtemp(prefix="bench-serve-")
-    write(top, a.layers)
+    write(top, a.layers, a.width)
+    if a.cold_only:
+        return print_cold(top, a)
     s = steady(top, a.rounds, a.threads)
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.1f} / {_pct(xs, 0.95) * 1e3:.1f}"  # noqa
     over = [r - l for r, l in zip(sorted(s["remote"]), sorted(s["local"]))]
@@ -256,12 +274,7 @@ def main():
     print("\n| concurrent clients | traces/s |\n|---|---|")
     for k, v in s["throughput"].items():
         print(f"| {k} | {v:.1f} |")
-    (serve_s, serve_rss), (local_s, local_rss) = cold(top)
-    print("\n| cold start | seconds | peak RSS MiB |\n|---|---|---|")
-    print(f"| metaload serve: launch -> first COMPLETED | {serve_s:.2f} "
-          f"(**{serve_s / local_s:.2f}x**) | {serve_rss:.0f} |")
-    print(f"| local nnsight, from_pretrained dispatch: start -> first trace | {local_s:.2f} "
-          f"(1.00x) | {local_rss:.0f} |")
+    print_cold(top, a)
     print("\nPlacement from the key alone against NDIF's rule (bench/serve_place.py):\n")
     sys.path.insert(0, HERE)
     import serve_place
