@@ -1,9 +1,10 @@
 """bench/serve: metaload serve against the same trace run locally (torch 2.x environment).
 
     METALOAD_LIB=build/torch2/libmetaload.so PYTHONPATH=python:tests/python \
-        ~/.cache/metaload/venv-torch2/bin/python bench/serve.py [--rounds 30] [--layers 4]
+        ~/.cache/metaload/venv-torch2/bin/python bench/serve.py [--rounds 30] [--layers 4] \
+        [--width 256] [--cold-only]
 
-A GPT-2 (--layers x 256 wide, vocab 4096) written into a hub cache of its own (no network);
+A GPT-2 (--layers x --width, vocab 4096) written into a hub cache of its own (no network);
 all on 127.0.0.1. Tables:
   1. remote-trace overhead: one trace saving a hidden state and the logits, remotely (blocking
      client, through the websocket) and locally (the client's own dispatched model): median and
