@@ -592,6 +592,7 @@ inline void gptq4_act_one(const QuantView& v, float (*buf)[kChunk8], int64_t ib,
 // rows' zeros (one qzeros word) and scales; per input the 8 rows' codes (one contiguous qweight
 // load for 8 inputs) minus the input's group's zeros, times its scales: a column of 8 rows, and
 // 8 columns transposed into 8 row segments. No gathers (gptq4_act's per-element ones cost 2x).
+// A block whose scales are all finite is converted without the NaN patch.
 template <int SF, int OF>
 void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
   const int64_t zcols = v.out / 8;
