@@ -7,6 +7,7 @@
 // the caches between rounds here; in a load they come from memory, which is what
 // bench/quant/load.py measures.
 //   bench_quant [rounds]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,15 +30,19 @@ constexpr int64_t kDim = 4096;
 struct Data {
   std::vector<uint32_t> words, zeros;
   std::vector<float> scales, code;
-  std::vector<int32_t> g_idx;
+  std::vector<int32_t> g_idx, g_idx512;
   float global = 1.5f;
-  Data() : words(kDim * kDim / 4), zeros(kDim * kDim / 64), scales(kDim * kDim / 16) {
+  Data() : words(kDim * kDim / 4), zeros(kDim * kDim / 64), scales(kDim * kDim / 8) {
     std::mt19937 rng(1);
     for (uint32_t& w : words) w = rng();
     for (uint32_t& w : zeros) w = rng();
     for (float& s : scales) s = 0.001f + static_cast<float>(rng() % 1000) * 1e-5f;
     for (int n = 0; n < 16; ++n) code.push_back(static_cast<float>(n - 8) / 8.0f);
     for (int64_t i = 0; i < kDim; ++i) g_idx.push_back(static_cast<int32_t>(i % (kDim / 128)));
+    // Act order with 512 groups (of 8 here): as many as a [4096, 16384] weight in groups of 32
+    // has, the layout of the common "32g, act order" checkpoints.
+    for (int64_t i = 0; i < kDim; ++i) g_idx512.push_back(static_cast<int32_t>(i / 8));
+    std::shuffle(g_idx512.begin(), g_idx512.end(), rng);
   }
 };
 
@@ -52,9 +57,14 @@ QuantView view(const std::string& scheme, Data& data, std::vector<uint8_t>& byte
   v.scales = data.scales.data();
   v.group_size = 128;
   v.groups = kDim / 128;
-  if (scheme == "gptq4" || scheme == "gptq4-act") {
+  if (scheme == "gptq4" || scheme == "gptq4-act" || scheme == "gptq4-act-512g") {
     v.scheme = QuantScheme::kGptq;
     if (scheme == "gptq4-act") v.g_idx = data.g_idx.data();
+    if (scheme == "gptq4-act-512g") {
+      v.g_idx = data.g_idx512.data();
+      v.group_size = 8;
+      v.groups = 512;
+    }
   } else if (scheme == "awq4") {
     v.scheme = QuantScheme::kAwq;
   } else if (scheme == "nf4") {
@@ -114,7 +124,8 @@ int main(int argc, char** argv) {
   std::printf("| scheme | portable ns/element (anchor) | AVX2 ns/element | x anchor |\n");
   std::printf("|---|---|---|---|\n");
   const bool vector = metaload::dequant_vector_kernels();
-  for (const char* s : {"gptq4", "gptq4-act", "awq4", "nf4", "int8", "fp8", "ct-int4", "nvfp4"}) {
+  for (const char* s :
+       {"gptq4", "gptq4-act", "gptq4-act-512g", "awq4", "nf4", "int8", "fp8", "ct-int4", "nvfp4"}) {
     const QuantView v = view(s, data, bytes);
     metaload::set_dequant_vector_kernels(false);
     const double portable = ns_per_element(v, out, rounds);

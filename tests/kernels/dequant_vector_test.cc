@@ -176,6 +176,30 @@ TEST(DequantVector, Gptq) {
   EXPECT_GT(n, 0) << "no case reached a vector kernel";
 }
 
+// Act order with more groups than L1 holds tables for (288 > 256, which took gptq4_act's per-row
+// gathers before): gptq4_act_rows8's blocks, and its rows off the blocks.
+TEST(DequantVector, GptqActOrderManyGroups) {
+  if (!vector_cpu()) GTEST_SKIP() << "no AVX2 / F16C";
+  int n = 0;
+  Data data(3);
+  const int64_t out = 32, in = 2304, group = 8, groups = in / group;
+  std::vector<int32_t> g_idx(in);
+  for (int64_t i = 0; i < in; ++i) g_idx[i] = static_cast<int32_t>(i / group);
+  std::shuffle(g_idx.begin(), g_idx.end(), data.rng);
+  for (int sf = 0; sf < 3; ++sf) {
+    for (bool finite : {false, true}) {
+      const std::vector<unsigned char> scales = data.scales(sf, groups * out, finite);
+      QuantView v = grouped_view(QuantScheme::kGptq, out, in, group, data, 1000, scales, sf);
+      v.g_idx = g_idx.data();
+      v.bits = 4;
+      n += compare(
+          v, data.rng,
+          "gptq act-order 288 groups scales " + std::to_string(sf) + (finite ? " finite" : ""));
+    }
+  }
+  EXPECT_GT(n, 0) << "no case reached a vector kernel";
+}
+
 TEST(DequantVector, Awq) {
   if (!vector_cpu()) GTEST_SKIP() << "no AVX2 / F16C";
   int n = 0;
