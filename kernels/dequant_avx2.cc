@@ -869,8 +869,7 @@ template <int SF, int OF>
 void awq4_tables(const QuantView& v, int64_t g, int64_t j0, AwqLut* t) {
   for (int n = 0; n < kAwqRows; ++n) {
     const int64_t j = j0 + n;
-    const uint32_t zw = dq::ld32(v.zeros, g * (v.out / 8) + j / 8);
-    const int32_t z = static_cast<int32_t>((zw >> (4 * dq::awq_nibble(j % 8))) & 0xFu);
+    const int32_t z = dq::awq_code(dq::ld32(v.zeros, g * (v.out / 8) + j / 8), j);
     qzs_table<OF>(z, dq::ldf_t<SF>(v.scales, g * v.out + j), t->table[n]);
     t->lut[n] = byte_lut(t->table[n]);
   }
@@ -938,9 +937,8 @@ void awq4_lut(const QuantView& v, const DequantDst& d, int64_t a, int64_t b) {
         }
         for (int n = 0; n < 64 * halves; ++n) {
           const int64_t j = d.row0 + r + n;
-          const uint32_t w = dq::ld32(v.q, i * wcols + j / 8);
-          std::memcpy(o + n * ld,
-                      t[n / 64].table[n % 64] + ((w >> (4 * dq::awq_nibble(j % 8))) & 0xFu), 2);
+          const int32_t q = dq::awq_code(dq::ld32(v.q, i * wcols + j / 8), j);
+          std::memcpy(o + n * ld, t[n / 64].table[n % 64] + q, 2);
         }
         ++i;
       }

@@ -97,6 +97,11 @@ METALOAD_HD int awq_nibble(int64_t k) {
   return static_cast<int>(((k & 1) << 2) + (k >> 1));
 }
 
+// Output column j's 4-bit code (or zero) in an AWQ word of its 8 columns.
+METALOAD_HD int32_t awq_code(uint32_t w, int64_t j) {
+  return static_cast<int32_t>((w >> (4 * awq_nibble(j & 7))) & 0xFu);
+}
+
 METALOAD_HD uint32_t ld32(const void* p, int64_t i) {
   uint32_t v;
   memcpy(&v, static_cast<const unsigned char*>(p) + i * 4, 4);
@@ -176,9 +181,8 @@ METALOAD_HD float gptq_at(const QuantView& v, int64_t j, int64_t i) {
 
 METALOAD_HD float awq_at(const QuantView& v, int64_t j, int64_t i) {
   const int64_t g = i / v.group_size;
-  const int shift = 4 * awq_nibble(j & 7);
-  const int32_t q = static_cast<int32_t>((ld32(v.q, i * (v.out / 8) + j / 8) >> shift) & 0xFu);
-  const int32_t z = static_cast<int32_t>((ld32(v.zeros, g * (v.out / 8) + j / 8) >> shift) & 0xFu);
+  const int32_t q = awq_code(ld32(v.q, i * (v.out / 8) + j / 8), j);
+  const int32_t z = awq_code(ld32(v.zeros, g * (v.out / 8) + j / 8), j);
   return mul(static_cast<float>(q - z), ldf(v.scales, g * v.out + j, v.scales_format));
 }
 
