@@ -192,26 +192,25 @@ def main():
     with tempfile.TemporaryDirectory(prefix="metaload_bench_quant_") as tmp:
         anchor = os.path.join(tmp, "anchor")
         write_anchor(anchor, args.layers, args.dim)
+        anchor_rss = run_child(args, "anchor", anchor, rounds=1)["rss_mib"]  # one process alone
         for scheme in args.schemes.split(","):
             path = os.path.join(tmp, scheme)
             write_case(path, scheme, args.layers, args.dim)
             # The machine's speed drifts by tens of percent within minutes, so the anchor's
             # loads alternate with the scheme's, load by load, in one fresh process per pair;
             # each pair's ratio is taken, and the median of those is the table's. Peak RSS comes
-            # from one process of each alone.
+            # from one process of the scheme alone (the anchor's from one before the schemes).
             pairs = [run_child(args, scheme, path, anchor_path=anchor) for _ in range(args.pairs)]
             ratios = sorted(ratio(pr) for pr in pairs)
             a_s = statistics.median(statistics.median(pr["anchor_seconds"]) for pr in pairs)
             s = statistics.median(statistics.median(pr["seconds"]) for pr in pairs)
-            alone = {case: run_child(args, case, p, rounds=1)
-                     for case, p in (("anchor", anchor), (scheme, path))}
+            rss = run_child(args, scheme, path, rounds=1)["rss_mib"]
             a_gbs = pairs[-1]["anchor_slot_bytes"] / a_s / 1e9
             gbs = pairs[-1]["slot_bytes"] / s / 1e9
             spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
             print(f"| {scheme} | {pairs[-1]['bytes'] / 1e6:.0f} | {s * 1e3:.1f} | {gbs:.2f} | "
                   f"{a_s * 1e3:.1f} | {a_gbs:.2f} | {statistics.median(ratios):.2f}{spread} | "
-                  f"{alone[scheme]['rss_mib']:.0f} ({alone['anchor']['rss_mib']:.0f}) |",
-                  flush=True)
+                  f"{rss:.0f} ({anchor_rss:.0f}) |", flush=True)
     print()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
