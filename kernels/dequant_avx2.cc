@@ -406,7 +406,7 @@ void gptq4_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1
   if (rest < r1) gptq_words<4, SF, OF>(v, d, rest, r1);
 }
 
-constexpr int64_t kMaxActGroups = 1024;  // act-order tables on the stack (8 or 64 KiB)
+constexpr int64_t kMaxActGroups = 1024;  // act-order tables on the stack (8 or 128 KiB)
 
 // GPTQ 4-bit with an act-order g_idx: per output row a table of every group's scale and zero,
 // then 8 inputs a step with their groups gathered from it (the table stays in L1). Whole rows one
@@ -573,69 +573,163 @@ inline __m256 scales8(const void* p, int64_t i) {
   }
 }
 
-// Input i of 8 rows j0..j0+7 (act order) element by element, as gptq4_act's scalar path.
-inline void gptq4_act_one(const QuantView& v, float (*buf)[kChunk8], int64_t ib, int64_t i,
-                          int64_t j0, const __m256i* zt, const __m256* st) {
+// Act order's table entry of one group for two 8-row halves: the rows' zeros (one qzeros word)
+// and scales, side by side (tables a power of two apart would share the L1's sets).
+struct ActGroup {
+  __m256i z[2];
+  __m256 s[2];
+};
+
+// Input i of 8 rows j0..j0+7 (act order, the tables' half h) element by element, as gptq4_act's
+// scalar path, into each row's element at o (row stride ld bytes).
+template <int OF>
+inline void gptq4_act_one(const QuantView& v, unsigned char* o, int64_t ld, int64_t i, int64_t j0,
+                          const ActGroup* t, int h) {
   const int64_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i));
   int32_t z[8];
   float sc[8];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z), zt[g]);
-  _mm256_storeu_ps(sc, st[g]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(z), t[g].z[h]);
+  _mm256_storeu_ps(sc, t[g].s[h]);
   for (int k = 0; k < 8; ++k) {
     const uint32_t w = dq::ld32(v.q, (i / 8) * v.out + j0 + k);
     const int32_t q = static_cast<int32_t>((w >> (4 * (i % 8))) & 0xFu);
-    buf[k][i - ib] = dq::mul(static_cast<float>(q - z[k]), sc[k]);
+    dq::store(o + k * ld, 0, OF, dq::mul(static_cast<float>(q - z[k]), sc[k]));
   }
 }
 
-// GPTQ 4-bit act order, 8 output rows at once (j0 a multiple of 8): per group a vector of the 8
-// rows' zeros (one qzeros word) and scales; per input the 8 rows' codes (one contiguous qweight
-// load for 8 inputs) minus the input's group's zeros, times its scales: a column of 8 rows, and
-// 8 columns transposed into 8 row segments. No gathers (gptq4_act's per-element ones cost 2x).
-// A block whose scales are all finite is converted without the NaN patch.
-template <int SF, int OF>
-void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
-  const int64_t zcols = v.out / 8;
-  const int64_t c_end = d.col0 + d.cols;
-  const unsigned char* qb = static_cast<const unsigned char*>(v.q);
+// Two columns of 8 rows (a, b: f32) as 16-bit outputs, [a0-3 b0-3 | a4-7 b4-7] (packus's order).
+template <int OF, bool MaybeNan>
+METALOAD_VEC_INLINE __m256i pair16(__m256 a, __m256 b) {
+  if constexpr (OF == 1) {
+    const __m128i ha = MaybeNan ? f16x8(a) : _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT);
+    const __m128i hb = MaybeNan ? f16x8(b) : _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT);
+    return _mm256_set_m128i(_mm_unpackhi_epi64(ha, hb), _mm_unpacklo_epi64(ha, hb));
+  } else {
+    return MaybeNan ? _mm256_packus_epi32(bf16x8(a), bf16x8(b))
+                    : _mm256_packus_epi32(bf16x8_not_nan(a), bf16x8_not_nan(b));
+  }
+}
+
+// 8 columns (inputs) of 8 rows, f32, as each row's 8 outputs of 2 bytes at o + k * ld: converted
+// first, then transposed as 16-bit values (16 shuffles where an f32 transpose takes 24), and stored
+// straight into the rows.
+template <int OF, bool MaybeNan>
+METALOAD_VEC_INLINE void store_cols8(const __m256* c, unsigned char* o, int64_t ld) {
+  const __m256i p01 = pair16<OF, MaybeNan>(c[0], c[1]), p23 = pair16<OF, MaybeNan>(c[2], c[3]);
+  const __m256i p45 = pair16<OF, MaybeNan>(c[4], c[5]), p67 = pair16<OF, MaybeNan>(c[6], c[7]);
+  // a: [c0 c2 interleaved, rows 0-3 | 4-7], b: [c1 c3 ...]; x: rows 0,1 (c0-3) | 4,5; y: 2,3 | 6,7.
+  const __m256i a = _mm256_unpacklo_epi16(p01, p23), b = _mm256_unpackhi_epi16(p01, p23);
+  const __m256i a2 = _mm256_unpacklo_epi16(p45, p67), b2 = _mm256_unpackhi_epi16(p45, p67);
+  const __m256i x = _mm256_unpacklo_epi16(a, b), y = _mm256_unpackhi_epi16(a, b);
+  const __m256i x2 = _mm256_unpacklo_epi16(a2, b2), y2 = _mm256_unpackhi_epi16(a2, b2);
+  const __m256i r[4] = {_mm256_unpacklo_epi64(x, x2), _mm256_unpackhi_epi64(x, x2),
+                        _mm256_unpacklo_epi64(y, y2), _mm256_unpackhi_epi64(y, y2)};
+  for (int k = 0; k < 4; ++k) {  // r[k]: [row k | row k + 4]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + k * ld), _mm256_castsi256_si128(r[k]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + (k + 4) * ld),
+                     _mm256_extracti128_si256(r[k], 1));
+  }
+}
+
+// f32 output: the 8 columns transposed as f32 into the rows.
+METALOAD_VEC_INLINE void store_cols8_f32(__m256* c, unsigned char* o, int64_t ld) {
+  __m256i* r = reinterpret_cast<__m256i*>(c);
+  transpose8(r);
+  for (int k = 0; k < 8; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k * ld), r[k]);
+}
+
+// H (1 or 2) 8-row halves of act order over inputs [i0, i1) (multiples of 8): per 8 inputs and
+// half one 32-byte qweight load (the 8 rows' words; two halves read a whole 64-byte line at once,
+// so a line is not fetched again a sweep later: qweight's rows are a power of two apart and a
+// sweep's lines share a few cache sets), each input's codes minus its group's zeros times its
+// scales (a column of 8 rows), and the 8 columns stored into the rows.
+template <int OF, bool MaybeNan, int H>
+void gptq4_act_block(const unsigned char* qw, int64_t wstride, const void* g_idx, const ActGroup* t,
+                     int64_t i0, int64_t i1, unsigned char* o, int64_t ld) {
   const __m256i m = _mm256_set1_epi32(0xF);
-  alignas(32) float buf[8][kChunk8];
-  alignas(32) __m256i zt[kMaxActGroups];
-  alignas(32) __m256 st[kMaxActGroups];
-  for (int64_t r = r0; r + 8 <= r1; r += 8) {
-    const int64_t j0 = d.row0 + r;
-    bool maybe_nan = false;  // (q - z) * s is NaN only where s is not finite (|q - z| <= 15)
-    for (int64_t g = 0; g < v.groups; ++g) {
-      zt[g] = _mm256_add_epi32(fields(dq::ld32(v.zeros, g * zcols + j0 / 8), 4, 0),
-                               _mm256_set1_epi32(v.zero_offset));
-      st[g] = scales8<SF>(v.scales, g * v.out + j0);
-      maybe_nan = maybe_nan || !all_finite(st[g]);
-    }
-    for (int64_t ib = d.col0; ib < c_end; ib += kChunk8) {
-      const int64_t ie = lo(c_end, ib + kChunk8);
-      int64_t i = ib;
-      for (; i < ie && i % 8 != 0; ++i) gptq4_act_one(v, buf, ib, i, j0, zt, st);
-      for (; i + 8 <= ie; i += 8) {
-        const __m256i w =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + ((i / 8) * v.out + j0) * 4));
-        __m256i col[8];
-        for (int t = 0; t < 8; ++t) {
-          const int64_t g = static_cast<int32_t>(dq::ld32(v.g_idx, i + t));
-          const __m256i q = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(4 * t)), m);
-          col[t] = _mm256_castps_si256(qzs(q, zt[g], st[g]));
-        }
-        transpose8(col);
-        for (int k = 0; k < 8; ++k) {
-          _mm256_storeu_ps(buf[k] + (i - ib), _mm256_castsi256_ps(col[k]));
-        }
+  for (int64_t i = i0; i < i1; i += 8, o += 8 * elem_size(OF)) {
+    int64_t g[8];
+    for (int u = 0; u < 8; ++u) g[u] = static_cast<int32_t>(dq::ld32(g_idx, i + u));
+    for (int h = 0; h < H; ++h) {
+      const __m256i w =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qw + (i / 8) * wstride + 32 * h));
+      __m256 col[8];
+      for (int u = 0; u < 8; ++u) {
+        const __m256i q = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(4 * u)), m);
+        col[u] = qzs(q, t[g[u]].z[h], t[g[u]].s[h]);
       }
-      for (; i < ie; ++i) gptq4_act_one(v, buf, ib, i, j0, zt, st);
-      for (int k = 0; k < 8; ++k) {
-        flush<OF>(out_row(d, r + k, OF) + (ib - d.col0) * elem_size(OF), buf[k], ie - ib,
-                  maybe_nan);
+      if constexpr (OF == 0) {
+        store_cols8_f32(col, o + 8 * h * ld, ld);
+      } else {
+        store_cols8<OF, MaybeNan>(col, o + 8 * h * ld, ld);
       }
     }
   }
+}
+
+// The rows' tables of every group (ActGroup half h: rows j..j+7); false when a scale is not finite.
+template <int SF>
+bool act_tables(const QuantView& v, int64_t j, int h, ActGroup* t) {
+  const int64_t zcols = v.out / 8;
+  bool finite = true;  // (q - z) * s is NaN only where s is not finite (|q - z| <= 15)
+  for (int64_t g = 0; g < v.groups; ++g) {
+    t[g].z[h] = _mm256_add_epi32(fields(dq::ld32(v.zeros, g * zcols + j / 8), 4, 0),
+                                 _mm256_set1_epi32(v.zero_offset));
+    t[g].s[h] = scales8<SF>(v.scales, g * v.out + j);
+    finite = finite && all_finite(t[g].s[h]);
+  }
+  return finite;
+}
+
+// Act order's staging: a chunk of up to kChunk8 inputs of 16 rows, rows 16 bytes more than a power
+// of two apart. Written straight into the output, rows a power of two apart (a tile's rows of
+// 4096 bf16 are 8 KiB apart) share one L1 set: 16 rows of stores evict each other.
+constexpr int64_t kActPitch = kChunk8 * 4 + 32;  // bytes, f32 output included
+
+// Rows [r, r + 8 * H) of act order: tables, then chunks of inputs staged (gptq4_act_block on the
+// whole 8-input steps, gptq4_act_one at the window's edges) and copied into the rows.
+template <int SF, int OF, int H>
+void gptq4_act_rows(const QuantView& v, const DequantDst& d, int64_t r, ActGroup* t,
+                    unsigned char* stage) {
+  const int64_t c_end = d.col0 + d.cols;
+  const int64_t es = elem_size(OF);
+  bool finite = true;
+  for (int h = 0; h < H; ++h) finite = act_tables<SF>(v, d.row0 + r + 8 * h, h, t) && finite;
+  const unsigned char* qw = static_cast<const unsigned char*>(v.q) + (d.row0 + r) * 4;
+  for (int64_t ib = d.col0, ie; ib < c_end; ib = ie) {
+    ie = lo(c_end, (ib / kChunk8 + 1) * kChunk8);
+    const int64_t a = lo(ie, (ib + 7) / 8 * 8);  // whole 8-input steps: [a, b)
+    int64_t b = ie / 8 * 8;
+    b = b < a ? a : b;
+    for (int h = 0; h < H; ++h) {
+      const int64_t j = d.row0 + r + 8 * h;
+      unsigned char* o = stage + 8 * h * kActPitch - ib * es;  // input i at o + i * es
+      for (int64_t i = ib; i < a; ++i) gptq4_act_one<OF>(v, o + i * es, kActPitch, i, j, t, h);
+      for (int64_t i = b; i < ie; ++i) gptq4_act_one<OF>(v, o + i * es, kActPitch, i, j, t, h);
+    }
+    unsigned char* o = stage + (a - ib) * es;
+    if (finite) {
+      gptq4_act_block<OF, false, H>(qw, v.out * 4, v.g_idx, t, a, b, o, kActPitch);
+    } else {
+      gptq4_act_block<OF, true, H>(qw, v.out * 4, v.g_idx, t, a, b, o, kActPitch);
+    }
+    for (int k = 0; k < 8 * H; ++k) {
+      std::memcpy(out_row(d, r + k, OF) + (ib - d.col0) * es, stage + k * kActPitch,
+                  static_cast<size_t>((ie - ib) * es));
+    }
+  }
+}
+
+// GPTQ 4-bit act order, 16 output rows at once (8 at the end; j0 a multiple of 8). No gathers:
+// gptq4_act's per-element ones cost 2x. Rows whose scales are all finite are converted without
+// the NaN patch.
+template <int SF, int OF>
+void gptq4_act_rows8(const QuantView& v, const DequantDst& d, int64_t r0, int64_t r1) {
+  alignas(32) ActGroup t[kMaxActGroups];
+  alignas(32) unsigned char stage[16 * kActPitch];
+  int64_t r = r0;
+  for (; r + 16 <= r1; r += 16) gptq4_act_rows<SF, OF, 2>(v, d, r, t, stage);
+  if (r + 8 <= r1) gptq4_act_rows<SF, OF, 1>(v, d, r, t, stage);
 }
 
 // Act-order windows: rows off the 8-row blocks one at a time (gptq4_act), the rest 8 at once.
