@@ -611,8 +611,8 @@ METALOAD_VEC_INLINE __m256i pair16(__m256 a, __m256 b) {
 }
 
 // 8 columns (inputs) of 8 rows, f32, as each row's 8 outputs of 2 bytes at o + k * ld: converted
-// first, then transposed as 16-bit values (16 shuffles where an f32 transpose takes 24), and stored
-// straight into the rows.
+// first, then transposed as 16-bit values (16 shuffles where an f32 transpose takes 24), 16 bytes
+// into each row (act order's staging rows: a tile's own rows share cache sets, see kActPitch).
 template <int OF, bool MaybeNan>
 METALOAD_VEC_INLINE void store_cols8(const __m256* c, unsigned char* o, int64_t ld) {
   const __m256i p01 = pair16<OF, MaybeNan>(c[0], c[1]), p23 = pair16<OF, MaybeNan>(c[2], c[3]);
