@@ -639,10 +639,10 @@ METALOAD_VEC_INLINE void store_cols8_f32(__m256* c, unsigned char* o, int64_t ld
 }
 
 // H (1 or 2) 8-row halves of act order over inputs [i0, i1) (multiples of 8): per 8 inputs and
-// half one 32-byte qweight load (the 8 rows' words; two halves read a whole 64-byte line at once,
-// so a line is not fetched again a sweep later: qweight's rows are a power of two apart and a
-// sweep's lines share a few cache sets), each input's codes minus its group's zeros times its
-// scales (a column of 8 rows), and the 8 columns stored into the rows.
+// half one 32-byte qweight load (the 8 rows' words; two halves read 64 contiguous bytes, a whole
+// line where qweight starts on one, which a sweep later would have left the caches: qweight's rows
+// are a power of two apart and a sweep's lines share a few sets), each input's codes minus its
+// group's zeros times its scales (a column of 8 rows), and the 8 columns stored into the rows.
 template <int OF, bool MaybeNan, int H>
 void gptq4_act_block(const unsigned char* qw, int64_t wstride, const void* g_idx, const ActGroup* t,
                      int64_t i0, int64_t i1, unsigned char* o, int64_t ld) {
