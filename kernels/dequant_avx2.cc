@@ -160,16 +160,16 @@ METALOAD_VEC_INLINE void store8x2(unsigned char* pa, unsigned char* pb, __m256 a
 // n floats of `buf` to `o` in format OF (store8 / store16 with the NaN patch); the tail that does
 // not fill a vector goes through dq::store.
 template <int OF>
-inline void flush(unsigned char* o, const float* buf, int64_t n, bool maybe_nan = true) {
+inline void flush(unsigned char* o, const float* buf, int64_t n) {
   int64_t k = 0;
   if constexpr (OF == 0) {
     std::memcpy(o, buf, static_cast<size_t>(n) * 4);
     return;
   } else if constexpr (OF == 1) {
-    for (; k + 8 <= n; k += 8) store8<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), maybe_nan);
+    for (; k + 8 <= n; k += 8) store8<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), true);
   } else {
     for (; k + 16 <= n; k += 16) {
-      store16<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), _mm256_loadu_ps(buf + k + 8), maybe_nan);
+      store16<OF>(o + 2 * k, _mm256_loadu_ps(buf + k), _mm256_loadu_ps(buf + k + 8), true);
     }
   }
   for (; k < n; ++k) dq::store(o, k, OF, buf[k]);
@@ -681,8 +681,8 @@ bool act_tables(const QuantView& v, int64_t j, int h, ActGroup* t) {
   return finite;
 }
 
-// Act order's staging: a chunk of up to kChunk8 inputs of 16 rows, rows 16 bytes more than a power
-// of two apart. Written straight into the output, rows a power of two apart (a tile's rows of
+// Act order's staging: a chunk of up to kChunk8 inputs of 16 rows, rows 1056 bytes apart (not a
+// power of two). Written straight into the output, rows a power of two apart (a tile's rows of
 // 4096 bf16 are 8 KiB apart) share one L1 set: 16 rows of stores evict each other.
 constexpr int64_t kActPitch = kChunk8 * 4 + 32;  // bytes, f32 output included
 
