@@ -60,32 +60,62 @@ void put_number(char*& at, char* end, uint64_t v) {
   while (n > 0 && at < end) *at++ = digits[--n];
 }
 
+// A view's file-mapped run: where it lies, the file byte at `begin`, and the g_signal_slots entry
+// naming its file (-1: none).
+constexpr int kSegmentSlots = 1 << 16;
+struct SegmentSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  uint64_t file_offset = 0;
+  int path_slot = 0;
+};
+SegmentSlot g_segment_slots[kSegmentSlots];
+int g_next_segment_slot = 0;  // where the next claim starts looking (the registry's mutex)
+
+// Async-signal-safe: write(2).
+void report_sigbus(const char* path, uint64_t byte) {
+  char msg[kSignalPathBytes + 512];
+  char* at = msg;
+  char* last = msg + sizeof msg - 1;
+  put(at, last, "metaload: SIGBUS reading ");
+  put(at, last, path);
+  put(at, last, " at byte ");
+  put_number(at, last, byte);
+  put(at, last,
+      ", mapped zero-copy: the file was truncated, or its storage failed, while tensors used "
+      "it. Replace checkpoint files by rename; never truncate or rewrite them in place "
+      "(metaload README, Reliability).\n");
+  ssize_t ignored = ::write(STDERR_FILENO, msg, static_cast<size_t>(at - msg));
+  (void)ignored;
+}
+
+// Whether `addr` lies in a mapping or a view's run the tables name; then reports it.
+bool report_mapped_sigbus(uintptr_t addr) {
+  for (SignalSlot& s : g_signal_slots) {
+    const uintptr_t begin = s.begin.load(std::memory_order_acquire);
+    const uintptr_t end = s.end.load(std::memory_order_acquire);
+    if (begin == 0 || addr < begin || addr >= end) continue;
+    report_sigbus(s.path, addr - begin);
+    return true;
+  }
+  for (SegmentSlot& s : g_segment_slots) {
+    const uintptr_t begin = s.begin.load(std::memory_order_acquire);
+    const uintptr_t end = s.end.load(std::memory_order_acquire);
+    if (begin == 0 || addr < begin || addr >= end) continue;
+    const int p = s.path_slot;
+    report_sigbus(p >= 0 ? g_signal_slots[p].path : "a checkpoint file",
+                  s.file_offset + addr - begin);
+    return true;
+  }
+  return false;
+}
+
 // Async-signal-safe: table reads, write(2), sigaction(2), raise(3).
 void on_sigbus(int sig, siginfo_t* info, void* context) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info ? info->si_addr : nullptr);
   // Once: a previous handler that returns would bring the same fault back here.
   static std::atomic<bool> reported{false};
-  for (SignalSlot& s : g_signal_slots) {
-    if (reported.load()) break;
-    const uintptr_t begin = s.begin.load(std::memory_order_acquire);
-    const uintptr_t end = s.end.load(std::memory_order_acquire);
-    if (begin == 0 || addr < begin || addr >= end) continue;
-    char msg[kSignalPathBytes + 512];
-    char* at = msg;
-    char* last = msg + sizeof msg - 1;
-    put(at, last, "metaload: SIGBUS reading ");
-    put(at, last, s.path);
-    put(at, last, " at byte ");
-    put_number(at, last, addr - begin);
-    put(at, last,
-        ", mapped zero-copy: the file was truncated, or its storage failed, while tensors used "
-        "it. Replace checkpoint files by rename; never truncate or rewrite them in place "
-        "(metaload README, Reliability).\n");
-    ssize_t ignored = ::write(STDERR_FILENO, msg, static_cast<size_t>(at - msg));
-    (void)ignored;
-    reported = true;
-    break;
-  }
+  if (!reported.load() && report_mapped_sigbus(addr)) reported = true;
   // Then whatever would have happened without this handler. (An ignored SIGBUS is no option for
   // a fault: the kernel applies the default action to it.)
   const struct sigaction& prev = g_previous_sigbus;
@@ -131,6 +161,27 @@ int claim_signal_slot(const std::string& path, const unsigned char* data, uint64
   return -1;  // more than kSignalSlots live mappings: a SIGBUS in them is reported unnamed
 }
 
+// The registry's mutex held.
+int claim_segment_slot(uintptr_t begin, uintptr_t end, uint64_t file_offset, int path_slot) {
+  for (int n = 0; n < kSegmentSlots; ++n) {
+    const int i = (g_next_segment_slot + n) % kSegmentSlots;
+    SegmentSlot& s = g_segment_slots[i];
+    if (s.begin.load(std::memory_order_relaxed) != 0) continue;
+    s.file_offset = file_offset;
+    s.path_slot = path_slot;
+    s.end.store(end, std::memory_order_release);
+    s.begin.store(begin, std::memory_order_release);
+    g_next_segment_slot = (i + 1) % kSegmentSlots;
+    return i;
+  }
+  return -1;  // a SIGBUS there is reported unnamed
+}
+
+void release_segment_slot(int i) {
+  g_segment_slots[i].begin.store(0, std::memory_order_release);
+  g_segment_slots[i].end.store(0, std::memory_order_release);
+}
+
 // Mapped files this process may hold open: a quarter of its open-file limit.
 int64_t held_file_budget() {
   struct rlimit rl {};
@@ -148,8 +199,13 @@ std::string errno_text(int err) {
 // when its lease breaks. Allocated once and never destroyed: the watcher runs until the process
 // ends, through static destruction.
 struct FileMapping::Registry {
-  std::mutex mu;  // guards the maps, every mapping's fd_, and detaching
-  std::map<uintptr_t, std::weak_ptr<FileMapping>> live;
+  std::mutex mu;  // guards the maps, every mapping's fd_ and views_, and detaching
+  // Every mapping's and view's bytes: where they start, how many, whose file.
+  struct Live {
+    std::weak_ptr<FileMapping> map;
+    uint64_t bytes = 0;
+  };
+  std::map<uintptr_t, Live> live;
   std::vector<FileMapping*> leased;
   std::atomic<int64_t> held_files{0};
   // The watcher: started on the first lease (again in a forked child, which has no threads but
@@ -284,7 +340,7 @@ std::shared_ptr<FileMapping> FileMapping::open(const std::string& path, uint64_t
   }
   {
     std::lock_guard<std::mutex> g(r.mu);
-    r.live[reinterpret_cast<uintptr_t>(base)] = m;
+    r.live[reinterpret_cast<uintptr_t>(base)] = {m, m->size_};
     m->signal_slot_ = claim_signal_slot(path, m->data_, m->size_);
   }
   if (held < 0) return m;
@@ -349,21 +405,31 @@ void FileMapping::detach() {
   detach_locked();
 }
 
+namespace {
+
+// Replaces [at, at + bytes) by private memory holding the same bytes, in one step (mremap):
+// readers in other threads see the same bytes throughout. False where there is no memory.
+bool copy_in_place(unsigned char* at, uint64_t bytes) {
+  void* fresh = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh == MAP_FAILED) return false;
+  std::memcpy(fresh, at, bytes);
+  if (::mremap(fresh, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED) return true;
+  ::munmap(fresh, bytes);
+  return false;
+}
+
+}  // namespace
+
 void FileMapping::detach_locked() {
   if (guard_ == MappingGuard::kDetached) return;
   Registry& r = Registry::get();
-  // The bytes, read through the mapping while the file is still whole (a writer waiting on the
-  // lease cannot have changed it), move to fresh anonymous memory, which then replaces the file
-  // mapping at the same addresses in one step (mremap): readers in other threads see the same
-  // bytes throughout. A write to a weight from another thread during the copy would be lost;
-  // weights are not written while their file is being replaced.
-  bool copied = false;
-  void* fresh = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (fresh != MAP_FAILED) {
-    std::memcpy(fresh, data_, size_);
-    copied = ::mremap(fresh, size_, size_, MREMAP_MAYMOVE | MREMAP_FIXED, data_) != MAP_FAILED;
-    if (!copied) ::munmap(fresh, size_);
-  }
+  // The bytes, read through the mapping (and its views) while the file is still whole (a writer
+  // waiting on the lease cannot have changed it), move to private memory at the same addresses.
+  // A write to a weight from another thread during the copy would be lost; weights are not
+  // written while their file is being replaced.
+  bool copied = true;
+  for (MappedView* v : views_) copied = copied && v->detach_locked();
+  copied = copied && copy_in_place(data_, size_);
   r.leased.erase(std::remove(r.leased.begin(), r.leased.end(), this), r.leased.end());
   if (!copied) {
     // No memory for a copy: the lease goes (a writer must not wait on us for nothing) and the
@@ -428,11 +494,190 @@ std::shared_ptr<FileMapping> FileMapping::containing(const void* p) {
     auto it = r.live.upper_bound(a);
     if (it != r.live.begin()) {
       --it;
-      m = it->second.lock();
-      inside = m && a < it->first + m->size_;
+      m = it->second.map.lock();
+      inside = m && a < it->first + it->second.bytes;
     }
   }
   return inside ? m : nullptr;
+}
+
+// --- views ------------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t page_bytes() {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// Memory maps the views may take together: the process's limit (vm.max_map_count) less room for
+// everything else (allocator arenas, thread stacks, libraries, the files' own mappings). Past it
+// mmap fails everywhere in the process, not only here.
+int64_t view_map_budget() {
+  static const int64_t budget = [] {
+    long long limit = 65530;  // Linux's default
+    if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+      long long v = 0;
+      if (std::fscanf(f, "%lld", &v) == 1 && v > 0) limit = v;
+      std::fclose(f);
+    }
+    return std::max<int64_t>(0, static_cast<int64_t>(limit) - 16384);
+  }();
+  return budget;
+}
+std::atomic<int64_t> g_view_maps{0};
+
+// Sorts `pieces` by offset and merges those that follow each other in the file too (one mmap);
+// returns why they do not cover [0, size) exactly within a file of `file_size` bytes, or "".
+std::string tile_pieces(uint64_t size, uint64_t file_size, std::vector<ViewPiece>& pieces) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ViewPiece& a, const ViewPiece& b) { return a.offset < b.offset; });
+  std::vector<ViewPiece> merged;
+  uint64_t at = 0;
+  for (const ViewPiece& p : pieces) {
+    if (p.offset != at) {
+      return "view byte " + std::to_string(at) +
+             (p.offset < at ? " is covered twice" : " is not covered");
+    }
+    if (p.file_offset > file_size || p.length > file_size - p.file_offset) {
+      return "file bytes [" + std::to_string(p.file_offset) + ", " +
+             std::to_string(p.file_offset + p.length) + ") are past its end (" +
+             std::to_string(file_size) + " bytes)";
+    }
+    at += p.length;
+    if (p.length == 0) continue;
+    if (!merged.empty() && merged.back().file_offset + merged.back().length == p.file_offset) {
+      merged.back().length += p.length;
+    } else {
+      merged.push_back(p);
+    }
+  }
+  if (at != size)
+    return "the pieces cover " + std::to_string(at) + " of its " + std::to_string(size) + " bytes";
+  pieces = std::move(merged);
+  return "";
+}
+
+// Reads file bytes [offset, offset + n) into `dst`; a ReadError naming the file where it cannot.
+void read_exactly(int fd, unsigned char* dst, uint64_t n, uint64_t offset,
+                  const std::string& path) {
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t got = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (got > 0) {
+      done += static_cast<uint64_t>(got);
+    } else if (got < 0 && errno == EINTR) {
+      continue;
+    } else {
+      throw ReadError(
+          path + ": reading bytes [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+          ") failed: " + (got == 0 ? std::string("the file ended") : errno_text(errno)));
+    }
+  }
+}
+
+}  // namespace
+
+bool MappedView::detach_locked() {
+  if (detached_) return true;
+  detached_ = copy_in_place(region_, region_bytes_);
+  return detached_;
+}
+
+MappedView::~MappedView() {
+  if (map_) {
+    FileMapping::Registry& r = FileMapping::Registry::get();
+    std::lock_guard<std::mutex> g(r.mu);
+    r.live.erase(reinterpret_cast<uintptr_t>(region_));
+    auto& views = map_->views_;
+    views.erase(std::remove(views.begin(), views.end(), this), views.end());
+    for (int i : signal_slots_) release_segment_slot(i);
+  }
+  if (region_ != nullptr) ::munmap(region_, region_bytes_);
+  g_view_maps -= maps_;
+}
+
+// Maps each piece's whole pages from the file (through `fd`) at its place in the view's region,
+// and reads the partial pages at its ends; false where an mmap fails.
+bool FileMapping::fill_view(MappedView& v, const std::vector<ViewPiece>& pieces, int fd) const {
+  const uint64_t page = page_bytes();
+  const uint64_t lead = static_cast<uint64_t>(v.data_ - v.region_);
+  for (const ViewPiece& p : pieces) {
+    const uint64_t begin = lead + p.offset, end = begin + p.length;
+    const uint64_t a = (begin + page - 1) / page * page, b = end / page * page;
+    if (a >= b) {
+      read_exactly(fd, v.region_ + begin, p.length, p.file_offset, path_);
+      continue;
+    }
+    // file_offset - begin is a multiple of the page (map_view checked), so is this offset.
+    const uint64_t file_a = p.file_offset + (a - begin);
+    if (::mmap(v.region_ + a, b - a, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
+               static_cast<off_t>(file_a)) == MAP_FAILED) {
+      return false;
+    }
+    v.runs_.push_back({a, file_a, b - a});
+    read_exactly(fd, v.region_ + begin, a - begin, p.file_offset, path_);
+    read_exactly(fd, v.region_ + b, end - b, p.file_offset + (b - begin), path_);
+  }
+  return true;
+}
+
+std::shared_ptr<MappedView> FileMapping::map_view(uint64_t size, std::vector<ViewPiece> pieces) {
+  const std::string bad = tile_pieces(size, size_, pieces);
+  if (!bad.empty())
+    throw PlanError(path_ + ": cannot assemble a view of " + std::to_string(size) +
+                    " bytes: " + bad);
+  const uint64_t page = page_bytes();
+  if (size == 0) return nullptr;
+  // Where byte 0 lies in the region's first page: there every piece's file pages line up with
+  // the region's, if all pieces agree.
+  auto residue = [page](const ViewPiece& p) {
+    return (p.file_offset % page + page - p.offset % page) % page;
+  };
+  const uint64_t lead = residue(pieces[0]);
+  for (const ViewPiece& p : pieces)
+    if (residue(p) != lead) return nullptr;
+  Registry& r = Registry::get();
+  UniqueFd fd;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (guard_ != MappingGuard::kDetached && fd_ >= 0) fd.reset(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
+  }
+  if (!fd) return nullptr;
+  std::shared_ptr<MappedView> v(new MappedView());
+  const int64_t maps = 2 * static_cast<int64_t>(pieces.size()) + 1;
+  if (g_view_maps.fetch_add(maps) + maps > view_map_budget()) {
+    g_view_maps -= maps;
+    return nullptr;
+  }
+  v->maps_ = maps;
+  v->region_bytes_ = (lead + size + page - 1) / page * page;
+  // Reserved whole (private, never charged as a whole: most of it becomes the file's pages).
+  void* region = ::mmap(nullptr, v->region_bytes_, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region == MAP_FAILED) return nullptr;
+  v->region_ = static_cast<unsigned char*>(region);
+  v->data_ = v->region_ + lead;
+  v->size_ = size;
+  if (!fill_view(*v, pieces, fd.get())) return nullptr;
+  std::lock_guard<std::mutex> g(r.mu);
+  // Detached meanwhile (a lease broke): a writer may have changed the file since it was mapped
+  // here. Copy instead, from the detached bytes. (The view dies after the lock is released.)
+  if (guard_ == MappingGuard::kDetached) return std::shared_ptr<MappedView>(nullptr);
+  return register_view(std::move(v));
+}
+
+std::shared_ptr<MappedView> FileMapping::register_view(std::shared_ptr<MappedView> v) {
+  Registry& r = Registry::get();
+  v->map_ = shared_from_this();
+  views_.push_back(v.get());
+  r.live[reinterpret_cast<uintptr_t>(v->region_)] = {v->map_, v->region_bytes_};
+  const uintptr_t region = reinterpret_cast<uintptr_t>(v->region_);
+  for (const ViewPiece& run : v->runs_) {
+    const int slot = claim_segment_slot(region + run.offset, region + run.offset + run.length,
+                                        run.file_offset, signal_slot_);
+    if (slot >= 0) v->signal_slots_.push_back(slot);
+  }
+  return v;
 }
 
 int64_t FileMapping::live_count() {
@@ -443,15 +688,17 @@ int64_t FileMapping::detached_count() {
   return g_detached.load();
 }
 
-void FileMapping::populate(uint64_t offset, uint64_t length) const {
+void FileMapping::populate(uint64_t offset, uint64_t length, unsigned char* at) const {
   if (length == 0) return;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_bytes();
   const uint64_t start = offset / page * page;
   const uint64_t end = std::min(size_, offset + length);
+  // Where file byte `start` lies: here, or in a view (whose pages line up with the file's).
+  unsigned char* first = at == nullptr ? data_ + start : at - (offset - start);
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
-  if (::madvise(data_ + start, end - start, MADV_POPULATE_READ) == 0) return;
+  if (::madvise(first, end - start, MADV_POPULATE_READ) == 0) return;
   if (errno != EINVAL) {
     throw ReadError(path_ + ": reading bytes [" + std::to_string(offset) + ", " +
                     std::to_string(end) + ") failed: " + errno_text(errno));
@@ -459,7 +706,7 @@ void FileMapping::populate(uint64_t offset, uint64_t length) const {
   // A kernel without MADV_POPULATE_READ: fault the pages by reading them (a read error is then a
   // SIGBUS, as with any mapped file).
   volatile unsigned char sink = 0;
-  for (uint64_t p = start; p < end; p += page) sink ^= data_[p];
+  for (uint64_t p = 0; p < end - start; p += page) sink ^= first[p];
   (void)sink;
 }
 
@@ -559,14 +806,18 @@ uint64_t FileMapping::prefetch_uncached(uint64_t offset, uint64_t length) const 
   return asked;
 }
 
-uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length) const {
+uint64_t FileMapping::populate_uncached(uint64_t offset, uint64_t length, unsigned char* at) const {
   const auto runs = uncached_runs(offset, length);
-  // Every run's reads in flight at once, then each waited for and mapped.
+  // Every run's reads in flight at once (readahead into the page cache: the file's own mapping
+  // serves for a view's too), then each waited for and mapped.
   if (runs.size() > 1)
     for (const auto& [a, n] : runs) ::madvise(data_ + a, n, MADV_WILLNEED);
   uint64_t faulted = 0;
   for (const auto& [a, n] : runs) {
-    populate(a, n);
+    // A run starts at most a page before `offset`, where a view's region still lies.
+    populate(
+        a, n,
+        at == nullptr ? nullptr : at + (static_cast<int64_t>(a) - static_cast<int64_t>(offset)));
     faulted += n;
   }
   return faulted;

@@ -2,8 +2,10 @@
 // Torch-free.
 //
 // A zero-copy load (EngineOptions::map_files) leaves tensors pointing into a copy-on-write
-// (MAP_PRIVATE) mapping of the checkpoint file. Writing a weight copies its page; the file never
-// changes. What others may do to the file while tensors map it (README, "Reliability"):
+// (MAP_PRIVATE) mapping of the checkpoint file, or into a view of it (map_view: a fused target
+// assembled from several tensors, the file's pages mapped again at fresh addresses, side by
+// side). Writing a weight copies its page; the file never changes. What others may do to the file
+// while tensors map it (README, "Reliability"):
 //  - delete it, or replace it by rename (how the Hugging Face cache and most tools write): always
 //    fine, the mapping keeps the old inode;
 //  - truncate it or write it in place: never meant to happen. Where Linux grants a read lease
@@ -42,6 +44,15 @@ enum class MappingGuard {
 // "lease", "checked", "detached".
 const char* mapping_guard_name(MappingGuard g);
 
+class MappedView;
+
+// File bytes [file_offset, file_offset + length) placed at byte `offset` of a view.
+struct ViewPiece {
+  uint64_t offset = 0;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+};
+
 class FileMapping : public std::enable_shared_from_this<FileMapping> {
  public:
   // Maps `path` whole. Throws ReadError naming the file when it cannot be opened or mapped, or
@@ -63,11 +74,12 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
 
   // Faults [offset, offset + length) in now, so that a read error surfaces here as a ReadError
   // rather than as SIGBUS later (MADV_POPULATE_READ; older kernels: one read per page).
-  void populate(uint64_t offset, uint64_t length) const;
+  // `at`: where byte `offset` lies when a view maps the bytes (MappedView), rather than here.
+  void populate(uint64_t offset, uint64_t length, unsigned char* at = nullptr) const;
   // populate() for the pages of [offset, offset + length) that are not in the page cache (mincore;
   // where it cannot tell, all of them). Returns the bytes it faulted in. The reads of all missing
   // runs start together (readahead), so scattered pages cost one wait, not one each.
-  uint64_t populate_uncached(uint64_t offset, uint64_t length) const;
+  uint64_t populate_uncached(uint64_t offset, uint64_t length, unsigned char* at = nullptr) const;
   // Starts reading the pages of [offset, offset + length) that the page cache lacks (readahead)
   // and returns without waiting for them or mapping them. Returns the bytes asked for. Never
   // throws: a page that cannot be read fails when it is touched (SIGBUS, named; see above).
@@ -86,7 +98,19 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // when a lease breaks; a caller may detach any time to free the file.
   void detach();
 
-  // The live mapping whose bytes hold `p`, or nullptr.
+  // A view of `size` bytes assembled from `pieces` of this file without copying them: the pages
+  // wholly inside a piece are this file's, mapped copy-on-write at fresh addresses; the few
+  // pages where two pieces meet (or the view begins or ends) are private, filled by a read. The
+  // pieces must cover [0, size) exactly (else a PlanError naming the file). The view keeps this
+  // mapping alive, and this mapping's contract holds for it: detach() copies its bytes in place
+  // too, containing() finds it, a SIGBUS in it names this file and the file's byte. nullptr
+  // (copy instead) where a view cannot be had: the pieces' offsets differ from their file
+  // offsets by different amounts modulo the page size (so no placement lines up every piece's
+  // pages with the file's), this mapping holds no descriptor or is detached, the views would
+  // take more than their share of the process's memory maps (vm.max_map_count), or mmap fails.
+  std::shared_ptr<MappedView> map_view(uint64_t size, std::vector<ViewPiece> pieces);
+
+  // The live mapping whose bytes (or whose view's) hold `p`, or nullptr.
   static std::shared_ptr<FileMapping> containing(const void* p);
   static int64_t live_count();
   // Mappings detached since the process started (tests).
@@ -106,6 +130,11 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   // or no cachestat in this kernel.
   int dup_fd() const;
   void detach_locked();  // the registry's mutex held
+  // map_view's steps: the pieces' pages into the view's region (false where an mmap fails), and
+  // the view made known (the registry's mutex held).
+  bool fill_view(MappedView& v, const std::vector<ViewPiece>& pieces, int fd) const;
+  std::shared_ptr<MappedView> register_view(std::shared_ptr<MappedView> v);
+  friend class MappedView;
   std::string path_;
   unsigned char* data_;
   uint64_t size_;
@@ -114,7 +143,36 @@ class FileMapping : public std::enable_shared_from_this<FileMapping> {
   ino_t ino_;
   int64_t mtime_sec_, mtime_nsec_;
   std::atomic<MappingGuard> guard_{MappingGuard::kChecked};
-  int signal_slot_ = -1;  // its entry in the SIGBUS handler's table, or -1
+  int signal_slot_ = -1;            // its entry in the SIGBUS handler's table, or -1
+  std::vector<MappedView*> views_;  // live views of this file (the registry's mutex guards it)
+};
+
+// Fresh addresses holding pieces of one file side by side (FileMapping::map_view). Unmapped when
+// the last owner lets go (a tensor's deleter holds it).
+class MappedView {
+ public:
+  ~MappedView();
+  MappedView(const MappedView&) = delete;
+  MappedView& operator=(const MappedView&) = delete;
+
+  unsigned char* data() const { return data_; }  // byte 0 of the view
+  uint64_t size() const { return size_; }
+  const std::shared_ptr<FileMapping>& mapping() const { return map_; }
+
+ private:
+  friend class FileMapping;
+  MappedView() = default;
+  // Copies the region into private memory at the same addresses; false where it could not.
+  bool detach_locked();
+  std::shared_ptr<FileMapping> map_;
+  unsigned char* region_ = nullptr;  // page-aligned; data_ lies in its first page
+  uint64_t region_bytes_ = 0;
+  unsigned char* data_ = nullptr;
+  uint64_t size_ = 0;
+  int64_t maps_ = 0;               // memory maps it is counted for
+  bool detached_ = false;          // the region holds private copies (the registry's mutex)
+  std::vector<ViewPiece> runs_;    // file-mapped runs: offsets in the region, not in the view
+  std::vector<int> signal_slots_;  // their entries in the SIGBUS handler's table
 };
 
 }  // namespace metaload

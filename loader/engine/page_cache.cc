@@ -20,7 +20,8 @@ std::vector<MappedRange> pieces_of(const std::vector<MappedRange>& ranges, uint6
   std::vector<MappedRange> out;
   for (const MappedRange& r : ranges)
     for (uint64_t o = 0; o < r.length; o += piece)
-      out.push_back({r.map, r.offset + o, std::min(piece, r.length - o)});
+      out.push_back(
+          {r.map, r.offset + o, std::min(piece, r.length - o), r.at ? r.at + o : nullptr});
   return out;
 }
 

@@ -11,10 +11,12 @@
 
 namespace metaload {
 
-// Bytes [offset, offset + length) of a mapped file.
+// Bytes [offset, offset + length) of a mapped file; `at`: where byte `offset` lies when a view
+// maps them (MappedView; whoever holds the range keeps it alive), nullptr: in the file's mapping.
 struct MappedRange {
   std::shared_ptr<FileMapping> map;
   uint64_t offset = 0, length = 0;
+  unsigned char* at = nullptr;
 };
 
 // `ranges` cut into pieces of at most `piece` bytes, in order.

@@ -5,6 +5,8 @@ metaload_test(loader_page_copy_test SOURCES page_copy_test.cc)
 metaload_test(loader_engine_swap_test SOURCES engine_swap_test.cc)
 # The zero-copy contract: mapped files truncated, overwritten, renamed (loader/engine/file_mapping.h).
 metaload_test(loader_file_mapping_test SOURCES file_mapping_test.cc)
+# Pieces of a mapped file side by side, zero-copy: the fused experts (FileMapping::map_view).
+metaload_test(loader_mapped_view_test SOURCES mapped_view_test.cc)
 # The Python that runs the Python tests (tools/gpu_check points it at the pip torch's).
 if(NOT METALOAD_PYTHON)
   set(METALOAD_PYTHON /usr/bin/python3)
