@@ -122,11 +122,124 @@ bool warm_and_leased(const std::vector<MappedRange>& ranges) {
   return true;
 }
 
+// The mapping of files[file], opened at its first use.
+const std::shared_ptr<FileMapping>& mapping_for(size_t file, const std::vector<std::string>& files,
+                                                std::vector<std::shared_ptr<FileMapping>>& maps,
+                                                const EngineOptions& options) {
+  if (!maps[file]) {
+    // Through the descriptor its header was read through, when the caller holds one (then the
+    // size is that file's: the path may name another by now).
+    const int held = options.open_descriptor ? options.open_descriptor(files[file]) : -1;
+    struct stat st {};
+    std::error_code ec;
+    const uint64_t size = held >= 0 ? (::fstat(held, &st) == 0 ? st.st_size : 0)
+                                    : std::filesystem::file_size(files[file], ec);
+    if (ec) throw ReadError(files[file] + ": " + ec.message());
+    maps[file] = FileMapping::open(files[file], size, held);
+  }
+  return maps[file];
+}
+
+// Throws ReadError naming the file and the tensor when a job's bytes reach past the file's end.
+void check_within(const FileMapping& map, const std::string& tensor, const CopyJob& j) {
+  const uint64_t bytes = j.rows * j.row_bytes;
+  if (j.offset + bytes > map.size()) {
+    throw ReadError(escape_path(map.path()) + ": tensor " + quote_text(tensor, '\'') +
+                    " ends at byte " + std::to_string(j.offset + bytes) +
+                    " past the end of the file");
+  }
+}
+
+// Whether a job copies one run of its file as it is, element-aligned, to one run of its slot.
+bool one_run(const CopyJob& j, uint64_t elem) {
+  const bool runs = j.rows == 1 || (j.stride() == j.row_bytes && j.dst_pitch() == j.row_bytes);
+  return !j.convert && runs && j.offset % elem == 0;
+}
+
+// An assembled slot (the fused experts) as a view of its file (FileMapping::map_view): where
+// every part is one run of the same file in the stored dtype. Undefined where it is not, or
+// where no view could be had (pieces off the page residue of the others, an open-file budget
+// spent, a detached mapping): the slot is then copied.
+at::Tensor view_slot(const SlotSpec& spec, const SpecPlan& p, const std::vector<std::string>& files,
+                     std::vector<std::shared_ptr<FileMapping>>& maps, const EngineOptions& options,
+                     std::vector<MappedRange>& ranges) {
+  const uint64_t elem = c10::elementSize(spec.dtype);
+  std::vector<ViewPiece> pieces;
+  for (const CopyJob& j : p.jobs) {
+    if (!one_run(j, elem) || j.file != p.jobs[0].file) return at::Tensor();
+    pieces.push_back({reinterpret_cast<uintptr_t>(j.dst), j.offset, j.rows * j.row_bytes});
+  }
+  const std::shared_ptr<FileMapping>& map = mapping_for(p.jobs[0].file, files, maps, options);
+  for (const CopyJob& j : p.jobs) check_within(*map, j.name, j);
+  const uint64_t bytes =
+      checked_product<uint64_t>(p.shape, elem, "slot bytes of tensor " + quote_text(spec.name));
+  std::shared_ptr<MappedView> view = map->map_view(bytes, pieces);
+  if (!view) return at::Tensor();
+  for (const ViewPiece& piece : pieces)
+    ranges.push_back({map, piece.file_offset, piece.length, view->data() + piece.offset});
+  return at::from_blob(
+      view->data(), p.shape, [view](void*) mutable { view.reset(); },
+      at::TensorOptions().dtype(spec.dtype).device(at::kCPU));
+}
+
+// A slot that is one run of its file as a tensor over the file's mapping; undefined where not.
+at::Tensor map_slot(const SlotSpec& spec, const SpecPlan& p, const std::vector<std::string>& files,
+                    std::vector<std::shared_ptr<FileMapping>>& maps, const EngineOptions& options,
+                    std::vector<MappedRange>& ranges) {
+  const CopyJob& j = p.jobs[0];
+  if (!one_run(j, c10::elementSize(spec.dtype))) return at::Tensor();
+  std::shared_ptr<FileMapping> keep = mapping_for(j.file, files, maps, options);
+  check_within(*keep, spec.name, j);
+  ranges.push_back({keep, j.offset, j.rows * j.row_bytes});
+  unsigned char* data = keep->data() + j.offset;
+  return at::from_blob(
+      data, p.shape, [keep](void*) mutable { keep.reset(); },
+      at::TensorOptions().dtype(spec.dtype).device(at::kCPU));
+}
+
+// Faults the mapped ranges' pages in as EngineOptions::map_populate says (see map_slots), with
+// the engine's threads.
+void fault_in(const std::vector<MappedRange>& ranges, uint64_t bytes, const EngineOptions& options,
+              std::chrono::steady_clock::time_point t0) {
+  // Page-table work, no copy, in pieces of at most kPopulateChunk so that progress (the bar,
+  // EngineOptions::progress) counts populated bytes as they come, about 10 times a second on this
+  // thread, like the engines.
+  constexpr uint64_t kPopulateChunk = 64ull << 20;
+  const MapPopulate populate = options.map_populate;
+  if (bytes == 0 || populate == MapPopulate::kLazy) return;
+  if (populate == MapPopulate::kAuto && warm_and_leased(ranges)) {
+    // Nothing to wait for: the progress ends full at once (and a cancel is still heard).
+    ProgressRun run(options, bytes, "mapped bytes", t0);
+    run.done = bytes;
+    run.execute(0, [](int) {});
+    if (run.error) std::rethrow_exception(run.error);
+    return;
+  }
+  const std::vector<MappedRange> chunks = pieces_of(ranges, kPopulateChunk);
+  ProgressRun run(options, bytes, "mapped bytes", t0);
+  std::atomic<size_t> next{0};
+  run.execute(std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())),
+              [&](int) {
+                for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
+                  const MappedRange& r = chunks[c];
+                  if (populate == MapPopulate::kAlways || r.map->guard() != MappingGuard::kLease) {
+                    r.map->populate(r.offset, r.length, r.at);
+                  } else {
+                    r.map->populate_uncached(r.offset, r.length, r.at);
+                  }
+                  run.done += r.length;
+                }
+              });
+  if (run.error) std::rethrow_exception(run.error);
+}
+
 // The specs whose bytes can be used where they lie in the file: one contiguous run, stored dtype,
-// no padding, element-aligned. Those become tensors over copy-on-write file mappings (the rest stay
-// undefined here). Pages are faulted in before returning, in parallel, so read errors surface now
-// (EngineOptions::map_populate: by default only those not cached, where a lease guards the file,
-// and none when a sample finds the files warm: the few pages missing are read ahead meanwhile).
+// no padding, element-aligned; and the assembled ones (the fused experts) whose every part is such
+// a run of one file, as views (map_view: the file's pages side by side). Those become tensors over
+// copy-on-write file mappings (the rest stay undefined here). Pages are faulted in before
+// returning, in parallel, so read errors surface now (EngineOptions::map_populate: by default
+// only those not cached, where a lease guards the file, and none when a sample finds the files
+// warm: the few pages missing are read ahead meanwhile).
 std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
                                   const std::vector<SlotSpec>& specs, std::vector<SpecPlan>& plans,
                                   const EngineOptions& options, LoadReport* report) {
@@ -135,66 +248,18 @@ std::vector<at::Tensor> map_slots(const std::vector<std::string>& files,
   std::vector<std::shared_ptr<FileMapping>> maps(files.size());
   std::vector<MappedRange> ranges;
   for (size_t i = 0; i < specs.size(); ++i) {
-    SpecPlan& p = plans[i];
-    if (p.jobs.size() != 1 || p.padded) continue;
-    const CopyJob& j = p.jobs[0];
-    const uint64_t elem = c10::elementSize(specs[i].dtype);
-    if (j.convert || (j.rows > 1 && j.stride() != j.row_bytes) || j.offset % elem != 0) continue;
-    if (!maps[j.file]) {
-      // Through the descriptor its header was read through, when the caller holds one (then the
-      // size is that file's: the path may name another by now).
-      const int held = options.open_descriptor ? options.open_descriptor(files[j.file]) : -1;
-      struct stat st {};
-      std::error_code ec;
-      const uint64_t size = held >= 0 ? (::fstat(held, &st) == 0 ? st.st_size : 0)
-                                      : std::filesystem::file_size(files[j.file], ec);
-      if (ec) throw ReadError(files[j.file] + ": " + ec.message());
-      maps[j.file] = FileMapping::open(files[j.file], size, held);
+    const SpecPlan& p = plans[i];
+    if (p.padded || p.jobs.empty()) continue;
+    const size_t before = ranges.size();
+    if (!specs[i].parts.empty() && p.jobs.size() > 1) {
+      out[i] = view_slot(specs[i], p, files, maps, options, ranges);
+    } else if (p.jobs.size() == 1) {
+      out[i] = map_slot(specs[i], p, files, maps, options, ranges);
     }
-    const uint64_t bytes = j.rows * j.row_bytes;
-    if (j.offset + bytes > maps[j.file]->size()) {
-      throw ReadError(escape_path(files[j.file]) + ": tensor " + quote_text(specs[i].name, '\'') +
-                      " ends at byte " + std::to_string(j.offset + bytes) +
-                      " past the end of the file");
-    }
-    std::shared_ptr<FileMapping> keep = maps[j.file];
-    out[i] = at::from_blob(
-        maps[j.file]->data() + j.offset, p.shape, [keep](void*) mutable { keep.reset(); },
-        at::TensorOptions().dtype(specs[i].dtype).device(at::kCPU));
-    ranges.push_back({maps[j.file], j.offset, bytes});
-    report->mapped_bytes += bytes;
+    for (size_t r = before; r < ranges.size(); ++r) report->mapped_bytes += ranges[r].length;
   }
-  // Fault the pages in with the engine's threads (page-table work; no copy), in pieces of at most
-  // kPopulateChunk so that progress (the bar, EngineOptions::progress) counts populated bytes as
-  // they come, about 10 times a second on this thread, like the engines.
-  constexpr uint64_t kPopulateChunk = 64ull << 20;
-  const MapPopulate populate = options.map_populate;
-  const bool fault_now = report->mapped_bytes > 0 && populate != MapPopulate::kLazy;
-  if (fault_now && populate == MapPopulate::kAuto && warm_and_leased(ranges)) {
-    // Nothing to wait for: the progress ends full at once (and a cancel is still heard).
-    ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
-    run.done = report->mapped_bytes;
-    run.execute(0, [](int) {});
-    if (run.error) std::rethrow_exception(run.error);
-  } else if (fault_now) {
-    const std::vector<MappedRange> chunks = pieces_of(ranges, kPopulateChunk);
-    ProgressRun run(options, report->mapped_bytes, "mapped bytes", t0);
-    std::atomic<size_t> next{0};
-    run.execute(
-        std::min<int>(resolve_threads(options.threads), static_cast<int>(chunks.size())), [&](int) {
-          for (size_t c; !run.should_stop() && (c = next++) < chunks.size();) {
-            const MappedRange& r = chunks[c];
-            if (populate == MapPopulate::kAlways || r.map->guard() != MappingGuard::kLease) {
-              r.map->populate(r.offset, r.length);
-            } else {
-              r.map->populate_uncached(r.offset, r.length);
-            }
-            run.done += r.length;
-          }
-        });
-    // `out` (and with it every mapping) dies with the throw.
-    if (run.error) std::rethrow_exception(run.error);
-  }
+  // `out` (and with it every mapping) dies with a throw.
+  fault_in(ranges, report->mapped_bytes, options, t0);
   // A file written in place while it was mapped and populated (no lease kept it whole): the
   // tensors would hold some of both versions.
   for (const auto& m : maps)

@@ -13,11 +13,14 @@ logits on a fixed input. The sweep prints one row per type and asserts a floor; 
 cannot build tiny are listed with the reason. Then: dtype conversion during the load, the
 already-fused layout (save_original_format=False), a checkpoint lacking an expert or holding one
 of the wrong shape (a MismatchError naming the checkpoint tensor and the fused target; nothing
-changes), an operation the loader cannot do (a PlanError naming it and the model type), and the
-peak RSS of a copying load (the model's bytes plus 5%: no per-expert tensor in between).
+changes), an operation the loader cannot do (a PlanError naming it and the model type), the
+peak RSS of a copying load (the model's bytes plus 5%: no per-expert tensor in between), and
+zero-copy loads (mmap=True): the fused experts are views of the file's pages (where the
+checkpoint tensors' pages line up; copied where not), holding no private memory.
 
 transformers 5.x needs torch 2.x: on Debian's torch 1.13 this file is skipped (it says so).
 """
+import gc
 import json
 import os
 import subprocess
@@ -284,6 +287,98 @@ def test_already_fused_layout_loads_and_maps(tmp_path):
     assert_same(loaded, model_class(cfg).from_pretrained(d), "fused layout")
 
 
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _in_a_memory_map(address):
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
+
+
+def _mmap_load(cls, cfg, d):
+    model = meta_build(cls, cfg)
+    report = metaload.load_into(model, d, progress=False, mmap=True)
+    return model, report
+
+
+def test_mmap_maps_the_fused_experts_from_the_files_pages(tmp_path):
+    """mmap=True: each fused expert tensor is a view of its file (the checkpoint tensors' pages
+    side by side, FileMapping::map_view), not a copy. Every expert here is one page (32 x 32
+    float32), so a layer's experts, consecutive in the file, share the page residue a view needs:
+    every byte is mapped. The bytes equal from_pretrained's; the file guards the experts (found
+    through their pointers); a write into one stays in the process."""
+    for model_type in ("mixtral", "qwen3_moe"):
+        cfg = tiny_config(model_type, moe_intermediate_size=32)
+        cls = model_class(cfg)
+        torch.manual_seed(0)
+        d = str(tmp_path / model_type)
+        cls(cfg).save_pretrained(d)
+        path = os.path.join(d, "model.safetensors")
+        model, report = _mmap_load(cls, cfg, d)
+        state = model.state_dict()
+        assert report.mapped_bytes == sum(_nbytes(t) for t in state.values()), model_type
+        assert_same(model, cls.from_pretrained(d), f"{model_type} mmap")
+        experts = model.model.layers[1].mlp.experts
+        assert metaload.check_mapped_files(experts.gate_up_proj).keys() == {path}
+        assert metaload.check_mapped_files(experts.down_proj).keys() == {path}
+        with open(path, "rb") as f:
+            before = f.read()
+        with torch.no_grad():
+            experts.gate_up_proj[1, 3, :5] = 7.0
+        assert (experts.gate_up_proj[1, 3, :5] == 7.0).all()
+        with open(path, "rb") as f:
+            assert f.read() == before
+        # The view goes with the last tensor over it.
+        at = experts.gate_up_proj.data_ptr()
+        assert _in_a_memory_map(at)
+        del model, state, experts
+        gc.collect()
+        assert not _in_a_memory_map(at), model_type
+
+
+def test_mmap_copies_the_fused_experts_it_cannot_map(tmp_path):
+    """Where a view cannot line the checkpoint tensors' pages up, the fused target is copied,
+    and equal all the same: Qwen3-MoE experts of half a page (16 x 32 float32, stored down, gate,
+    up per expert) put gate and up of one expert at another page residue than the next expert's
+    (down_proj's stride of three tensors keeps its residue: mapped); a sharded checkpoint whose
+    file boundaries split a layer's experts copies that layer's fused tensors."""
+    cfg = tiny_config("qwen3_moe")
+    cls = model_class(cfg)
+    torch.manual_seed(0)
+    d = str(tmp_path / "qwen3")
+    cls(cfg).save_pretrained(d)
+    model, report = _mmap_load(cls, cfg, d)
+    state = model.state_dict()
+    gate_up = sum(_nbytes(t) for n, t in state.items() if n.endswith("gate_up_proj"))
+    assert report.mapped_bytes == sum(_nbytes(t) for t in state.values()) - gate_up
+    assert_same(model, cls.from_pretrained(d), "qwen3_moe mmap, gate_up copied")
+
+    cfg, _, _ = mixtral(tmp_path)
+    cls = model_class(cfg)
+    torch.manual_seed(0)
+    d = str(tmp_path / "sharded")
+    cls(cfg).save_pretrained(d, max_shard_size=SHARD_BYTES)
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        where = json.load(f)["weight_map"]
+    model, report = _mmap_load(cls, cfg, d)
+    state = model.state_dict()
+    split = 0  # bytes of fused targets whose experts lie in more than one file
+    for layer in range(cfg.num_hidden_layers):
+        for target, parts in (("gate_up_proj", ("w1", "w3")), ("down_proj", ("w2",))):
+            files = {where[f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight"]
+                     for e in range(cfg.num_local_experts) for w in parts}
+            if len(files) > 1:
+                split += _nbytes(state[f"model.layers.{layer}.mlp.experts.{target}"])
+    assert split > 0, "the shard size no longer splits a layer's experts"
+    assert report.mapped_bytes == sum(_nbytes(t) for t in state.values()) - split
+    assert_same(model, cls.from_pretrained(d), "mixtral sharded mmap")
+
+
 def _rewrite(d, drop=(), replace=None):
     path = os.path.join(d, "model.safetensors")
     tensors = metaload.load_file(path)
@@ -386,40 +481,66 @@ PEAK_SCRIPT = textwrap.dedent("""
             return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
 
     cfg = AutoConfig.from_pretrained(sys.argv[1])
+    mmap = sys.argv[2] == "mmap"
     with metaload.meta():
         model = MixtralForCausalLM(cfg)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    experts = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                  if ".experts." in n)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # the high-water mark (VmHWM) starts again from the current RSS
-    before = kb("VmRSS") * 1024
-    metaload.load_into(model, sys.argv[1], progress=False, mmap=False)
+    before, anon = kb("VmRSS") * 1024, kb("RssAnon") * 1024
+    report = metaload.load_into(model, sys.argv[1], progress=False, mmap=mmap)
     after = kb("VmHWM") * 1024
     assert not model.model.layers[0].mlp.experts.gate_up_proj.is_meta
-    print(json.dumps({"bytes": nbytes, "growth": after - before}))
+    print(json.dumps({"bytes": nbytes, "experts": experts, "growth": after - before,
+                      "anon": kb("RssAnon") * 1024 - anon, "mapped": report.mapped_bytes,
+                      "guards": sorted(set(metaload.check_mapped_files(model).values()))}))
 """)
 
 
-def test_copying_load_peak_rss_is_the_model_plus_five_percent(tmp_path):
-    """No intermediate per-expert tensors: a copying load of a ~200 MB Mixtral grows the
-    process's peak RSS by at most the model's bytes plus 5% (measured in a fresh process)."""
+def _peak_rss(tmp_path, how):
+    """The peak RSS growth of a load of a ~200 MB Mixtral (8 experts of 4 MiB per layer and
+    projection: page multiples), measured in a fresh process; `how`: "copy" or "mmap"."""
     cfg = AutoConfig.for_model("mixtral", hidden_size=512, intermediate_size=2048,
                                num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                                num_local_experts=8, num_experts_per_tok=2, vocab_size=256,
                                max_position_embeddings=64)
-    torch.manual_seed(0)
-    d = str(tmp_path / "peak")
-    model_class(cfg)(cfg).save_pretrained(d)
+    d = tmp_path / "peak"
+    if not d.exists():
+        torch.manual_seed(0)
+        model_class(cfg)(cfg).save_pretrained(str(d))
     # The metaload this test imports (the tree's python/, not an installed copy).
     package_root = os.path.dirname(os.path.dirname(metaload.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, d], capture_output=True, text=True,
-                         env=env, timeout=600)
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(d), how], capture_output=True,
+                         text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"\nmodel {r['bytes'] / 2**20:.1f} MiB, peak RSS growth {r['growth'] / 2**20:.1f} MiB")
-    assert r["bytes"] > 190 * 2**20
+    print(f"\n{how}: model {r['bytes'] / 2**20:.1f} MiB (experts {r['experts'] / 2**20:.1f}), "
+          f"peak RSS growth {r['growth'] / 2**20:.1f} MiB, anonymous {r['anon'] / 2**20:.1f} MiB")
+    assert r["bytes"] > 190 * 2**20 and r["experts"] > 0.9 * r["bytes"]
+    return r
+
+
+def test_copying_load_peak_rss_is_the_model_plus_five_percent(tmp_path):
+    """No intermediate per-expert tensors: a copying load of a ~200 MB Mixtral grows the
+    process's peak RSS by at most the model's bytes plus 5%."""
+    r = _peak_rss(tmp_path, "copy")
     assert r["growth"] <= 1.05 * r["bytes"], r
+
+
+def test_mmap_load_holds_no_private_memory_for_the_experts(tmp_path):
+    """A zero-copy load maps the fused experts (views of the file's pages): the process's
+    private memory grows by a sliver of the experts' bytes (the pages where two experts meet),
+    and where a lease guards the freshly written (cached) file, nothing is faulted in during the
+    load, so its peak RSS grows by a sliver too."""
+    r = _peak_rss(tmp_path, "mmap")
+    assert r["mapped"] == r["bytes"], r
+    assert r["anon"] < 0.05 * r["experts"], r
+    if r["guards"] == ["lease"]:
+        assert r["growth"] < 0.1 * r["experts"], r
 
 
 def test_expert_parallel_ranks_take_their_experts_and_read_only_theirs(tmp_path):
