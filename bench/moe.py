@@ -9,8 +9,8 @@ the page cache, which the first run fills), median of --runs:
     own merge of the per-expert tensors (the anchor of the load rows);
   - metaload copy:  the model built under metaload.meta(), then load_into(dir, mmap=False): every
     fused expert tensor assembled in its slot, each checkpoint tensor read once;
-  - metaload mmap:  the same with mmap=True: what lies whole in the file is mapped, the assembled
-    experts copied;
+  - metaload mmap:  the same with mmap=True: what lies whole in the file is mapped, and the
+    assembled experts too (views of the file's pages side by side, FileMapping::map_view);
   - meta builds: from_config under torch.device("meta") (the anchor) and under metaload.meta();
   - FakeTensorMode scan: the model built under FakeTensorMode, a forward of 1 x 128 tokens (the
     anchor of the scan rows); metaload.scan of the model built under metaload.meta(). Scans
