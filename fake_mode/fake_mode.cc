@@ -25,6 +25,7 @@
 #include "c10_ext/mode_fallback.h"
 #include "c10_ext/op_args.h"
 #include "c10_ext/scopes.h"
+#include "fake_mode/cpu_rules.h"
 #include "fake_mode/fake_tensor.h"
 #include "kernels/native_meta.h"
 
@@ -59,6 +60,7 @@ struct OpInfo {
   bool reads_values = false;  // item, nonzero, unique...: a typed error, whatever Meta kernels
                               // this torch has (2.x's Python ones raise their own errors)
   bool mask_index = false;    // aten::index: with a bool/uint8 mask its shape is the mask's count
+  CpuRule cpu_rule = CpuRule::kNone;  // the CPU kernel judges otherwise than Meta (cpu_rules.h)
   // libtorch's C++ shape kernel, called in place of a Python-registered Meta kernel (torch 2.x
   // puts Python ones over hundreds of C++ ones); null: redispatch to Meta.
   const c10::KernelFunction* native = nullptr;
@@ -99,6 +101,7 @@ OpInfo classify(const c10::FunctionSchema& schema) {
   }
   info.reads_values = is_data_dependent_op(schema.operator_name());
   info.mask_index = schema.name() == "aten::index";
+  info.cpu_rule = cpu_rule_for(schema);
   const char* unchecked = unchecked_argument(schema.name());
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size() && i < 127; ++i) {
@@ -355,7 +358,25 @@ bool real_read(const c10::OperatorHandle& op, const torch::jit::Stack& s, size_t
   return any && all_real;
 }
 
-void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+// Ops this thread sent on to torch's FakeTensorMode (fake_mode_deferrals below).
+thread_local int64_t t_deferrals = 0;
+
+// torch's FakeTensorMode entered inside a FakeMode (the innermost wins; python/metaload/
+// _interplay.py sets an outer one aside): the op goes on below this key to torch's Python key and
+// that mode, and so do the ops it runs meanwhile.
+void call_torch_fake_mode(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                          torch::jit::Stack* stack) {
+  ++t_deferrals;
+  c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+  c10::impl::ExcludeDispatchKeyGuard no_mode(kMetaModeKey);
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kFakeKey), stack);
+}
+
+void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack) {
+  if (C10_UNLIKELY(keys.has(c10::DispatchKey::Python)) && torch_fake_mode_is_on()) {
+    return call_torch_fake_mode(op, keys, stack);
+  }
   const OpInfo& info = op_info(op);
   if (info.own) {
     c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
@@ -372,7 +393,10 @@ void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   }
   if (info.mask_index && indexes_with_a_mask(*stack, n_args)) raise_data_dependent(op, stack);
   const ResultPlan plan = plan_results(info, op, *stack, base, n_args);
-  run_meta_kernel(info, op, stack, base, n_args, plan.has_real);
+  if (info.cpu_rule == CpuRule::kNone || !plan.target.is_cpu() ||
+      !apply_cpu_rule(info.cpu_rule, stack, n_args)) {
+    run_meta_kernel(info, op, stack, base, n_args, plan.has_real);
+  }
   if (plan.wrap) wrap_results(op, *stack, plan);
 }
 
@@ -460,6 +484,21 @@ int64_t enter_fake(c10::string_view device) {
   return push_scope(std::make_unique<ScopeOf<FakeMode>>(d));
 }
 
+// The Fake key's fallback registered now rather than in the first fake() scope: registering
+// touches every operator's dispatch table (about 4 ms), which Python's first metaload scope of any
+// kind pays instead of a scan's first forward.
+void register_fake_key() {
+  ensure_fake_key_registered();
+}
+
+// How many ops this thread's FakeModes have sent on to a torch FakeTensorMode entered inside them.
+// Python's fake() excludes metaload's keys around every call made under that mode, including
+// torch's own calls into it that bypass the dispatcher (a FakeTensor's detach for `.data`); a
+// metaload.scan pass without that Python mode is redone with it when this count moved.
+int64_t fake_mode_deferrals() {
+  return t_deferrals;
+}
+
 // t.to(device) from C++: Python's bindings would initialise CUDA first, which fails without a GPU
 // (and costs a context with one). Recorded by autograd like any to().
 at::Tensor fake_to(const at::Tensor& t, c10::string_view device) {
@@ -480,17 +519,24 @@ std::string fake_device_op(const at::Tensor& t) {
 
 METALOAD_LIBRARY_FRAGMENT(m) {
   m.def("enter_fake(str target) -> int", &metaload::enter_fake);
+  m.def("register_fake_key() -> ()", &metaload::register_fake_key);
+  m.def("fake_mode_deferrals() -> int", &metaload::fake_mode_deferrals);
   m.def("fake_to(Tensor t, str target) -> Tensor", &metaload::fake_to);
   m.def("is_fake(Tensor t) -> bool", &metaload::is_fake_op);
   m.def("fake_device(Tensor t) -> str", &metaload::fake_device_op);
 }
 
-// enter_fake takes no tensors: with a mode on it would reach the mode's fallback (see
-// c10_ext/activation.cc); direct kernels for both mode keys keep it out.
+// enter_fake, register_fake_key and fake_mode_deferrals take no tensors: with a mode on it would
+// reach the mode's fallback (see c10_ext/activation.cc); direct kernels for both mode keys keep it
+// out.
 METALOAD_LIBRARY_IMPL(Fake, m) {
   m.impl("enter_fake", &metaload::enter_fake);
+  m.impl("register_fake_key", &metaload::register_fake_key);
+  m.impl("fake_mode_deferrals", &metaload::fake_mode_deferrals);
 }
 
 METALOAD_LIBRARY_IMPL(DeferredInit, m) {
   m.impl("enter_fake", &metaload::enter_fake);
+  m.impl("register_fake_key", &metaload::register_fake_key);
+  m.impl("fake_mode_deferrals", &metaload::fake_mode_deferrals);
 }

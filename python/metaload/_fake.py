@@ -171,87 +171,10 @@ def _one_hot(tensor, num_classes=-1):
     return tensor.unsqueeze(-1).expand(*tensor.shape, num_classes).contiguous()
 
 
-_C10_INT_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
-                  torch.int64: "Long"}  # as CPU kernels' messages name them
-
-
-def _histc(input, bins=100, min=0, max=0, *, out=None):
-    """torch.histc of an integer tensor: CUDA counts integers (the result has the input's dtype),
-    CPU refuses them; the Meta kernel, which cannot tell the two apart, counts them (as torch's
-    own meta function does on the meta device), so a fake cpu tensor refuses them here."""
-    if (out is not None or not _is_shape_only(input) or input.device.type not in ("cpu", "cuda") or
-            input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool):
-        return NotImplemented
-    if input.device.type == "cpu":
-        name = _C10_INT_NAMES.get(input.dtype, str(input.dtype))
-        raise _lib.ShapeError(f"torch.histc: \"histogram_cpu\" not implemented for '{name}'")
-    return _typed_call(torch.histc, (input.float(), bins, min, max), {}).to(input.dtype)
-
-
-def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    """torch._grouped_mm on a fake cpu device. torch's Meta kernel follows the CUDA kernel (bf16
-    only); the CPU kernel (torch >= 2.9) also multiplies float32 and float16, which is what a
-    float32 MoE forward on cpu runs. Checked as the CPU kernel checks; the result is contiguous."""
-    if bias is not None or not (_is_shape_only(mat_a) and _is_shape_only(mat_b) or
-                                _mode_device() is not None):
-        return NotImplemented
-    devices = {t.device.type for t in (mat_a, mat_b, offs) if isinstance(t, torch.Tensor) and
-               not t.is_meta}
-    device = devices.pop() if len(devices) == 1 else (_mode_device() if not devices else None)
-    if device is None or torch.device(device).type != "cpu":
-        return NotImplemented
-    name = "torch._grouped_mm"
-    ok = (torch.float32, torch.float16, torch.bfloat16)
-    if mat_a.dtype not in ok or mat_b.dtype != mat_a.dtype:
-        raise _lib.ShapeError(f"{name}: Expected mat_a and mat_b to be Float32, BFloat16 or "
-                              f"Float16 matrices of one dtype, got {mat_a.dtype} and {mat_b.dtype}")
-    if mat_a.dim() not in (2, 3) or mat_b.dim() not in (2, 3):
-        raise _lib.ShapeError(f"{name}: Multiplicands must be 2D or 3D but got "
-                              f"mat_a.dim()={mat_a.dim()} and mat_b.dim()={mat_b.dim()}")
-    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
-    if not (a2 and b2) and mat_a.shape[-1] != mat_b.shape[-2]:
-        raise _lib.ShapeError(f"{name}: contraction dimension of mat_a and mat_b must match "
-                              f"({tuple(mat_a.shape)} and {tuple(mat_b.shape)})")
-    for label, mat in (("mat_a", mat_a), ("mat_b", mat_b)):
-        align, st, sz = 16 // mat.element_size(), mat.stride(), mat.shape
-        if st[-2] == 1 and st[-1] >= max(1, sz[-2]):
-            lead = st[-1]
-        elif st[-1] == 1 and st[-2] >= max(1, sz[-1]):
-            lead = st[-2]
-        else:
-            raise _lib.ShapeError(f"{name}: Invalid strides/sizes, got {st} for strides and "
-                                  f"{tuple(sz)} for sizes of {label}")
-        if lead % align:
-            raise _lib.ShapeError(f"{name}: {label}'s strides should be multiple of 16 bytes "
-                                  f"(strides {st}, {mat.dtype})")
-    if (a2 or b2) != (offs is not None):
-        raise _lib.ShapeError(f"{name}: offs is needed exactly when an operand is 2D")
-    if offs is not None and (offs.dim() != 1 or offs.dtype != torch.int32):
-        raise _lib.ShapeError(f"{name}: offs must be a 1D int32 tensor, got {offs.dtype} "
-                              f"{tuple(offs.shape)}")
-    if a2 and b2:
-        size = (offs.shape[0], mat_a.shape[0], mat_b.shape[1])
-    elif a2:
-        if offs.shape[0] != mat_b.shape[0]:
-            raise _lib.ShapeError(f"{name}: matrix batch sizes have to match")
-        size = (mat_a.shape[0], mat_b.shape[-1])
-    elif b2:
-        if offs.shape[0] != mat_a.shape[0]:
-            raise _lib.ShapeError(f"{name}: matrix batch sizes have to match")
-        size = (mat_a.shape[1], mat_b.shape[1])
-    else:
-        if mat_a.shape[0] != mat_b.shape[0]:
-            raise _lib.ShapeError(f"{name}: batched dimension has to match")
-        size = (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
-    if out_dtype is not None and out_dtype != mat_a.dtype:
-        raise _lib.ShapeError(f"{name}: out_dtype must be None or the inputs' dtype on cpu")
-    return _typed_call(torch.empty, (size,), {"dtype": mat_a.dtype, "device": "cpu"})
-
-
-_SHAPE_RULES = {torch.nn.functional.one_hot: _one_hot, torch.histc: _histc,
-                torch.Tensor.histc: _histc}
-if hasattr(torch, "_grouped_mm"):
-    _SHAPE_RULES[torch._grouped_mm] = _grouped_mm
+# histc of integers and _grouped_mm in float32 / float16 on a fake cpu device are checked in C++
+# (fake_mode/cpu_rules.h), below any Python mode: one_hot cannot be, as libtorch decomposes it above
+# the Fake key (autograd's CompositeImplicit kernel).
+_SHAPE_RULES = {torch.nn.functional.one_hot: _one_hot}
 
 
 # ---- outputs a scan could not compute -------------------------------------------------------
@@ -445,11 +368,14 @@ class _FakeScope(_mode._Scope):
 
     _name = "fake"
 
-    def __init__(self, device):
+    def __init__(self, device, function_mode=True):
         self.device = device
+        # False (metaload.scan on cpu, see _scan.py): without _FakeFunctionMode, whose Python
+        # costs more than the C++ mode's work on every call.
+        self._with_function_mode = function_mode
 
     def _recreate_cm(self):
-        return _FakeScope(self.device)
+        return _FakeScope(self.device, self._with_function_mode)
 
     def _label(self):
         return f"metaload.fake({str(self.device)!r})"
@@ -468,11 +394,13 @@ class _FakeScope(_mode._Scope):
         _device_init.install()
         _imports.install()
         self._fake = _interplay.set_fake_mode_aside()
-        self._function_mode = _FakeFunctionMode()
-        self._function_mode.__enter__()
+        self._function_mode = _FakeFunctionMode() if self._with_function_mode else None
+        if self._function_mode is not None:
+            self._function_mode.__enter__()
 
     def _leave_here(self):
-        self._function_mode.__exit__(None, None, None)
+        if self._function_mode is not None:
+            self._function_mode.__exit__(None, None, None)
         _interplay.restore_fake_mode(self._fake)
         _thread_scope.restore_scope(self._was)
 
