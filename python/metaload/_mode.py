@@ -49,6 +49,12 @@ def _calls():
             overload = packet.default
             return getattr(overload, "_op", overload)
         _scope_calls = (direct(ops.enter_meta), direct(ops.enter_real), direct(ops.exit_scope))
+        # The first scope of any kind also registers fake()'s dispatch key (fake_mode.cc says
+        # why); where it cannot be, the first fake() scope raises the reason.
+        try:
+            ops.register_fake_key()
+        except RuntimeError:
+            pass
     return _scope_calls
 
 

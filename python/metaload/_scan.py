@@ -132,13 +132,14 @@ def _stand_in_for(args, kwargs, reason):
     return mark_data_dependent(torch.empty_like(inputs[0]), reason)
 
 
-def _guarded(module, own, path, made, last):
+def _guarded(module, own, path, made, last, lean):
     """module's forward (`own`, an instance attribute, or its class's), but a forward that needs
     values fake tensors do not hold returns a data-dependent stand-in: on a DataDependentError, or
     on any error raised after a stand-in was made inside it (its caller got a stand-in where it
     expected, say, a tuple). made[0] counts the scan's stand-ins, last[0] is the latest one's
-    reason. The class's forward is looked up at each call: fake() wraps some classes' forward
-    when it starts (bitsandbytes' layers: _interplay), after this wrapper is made."""
+    reason; while lean[0] (the first pass of a cpu scan, see scan) every error goes up as it is.
+    The class's forward is looked up at each call: fake() wraps some classes' forward when it
+    starts (bitsandbytes' layers: _interplay), after this wrapper is made."""
     @functools.wraps(module.forward)  # inspect.signature(module.forward) still sees the real one
     def call(*args, **kwargs):
         before = made[0]
@@ -146,6 +147,8 @@ def _guarded(module, own, path, made, last):
             forward = own if own is not None else type(module).forward.__get__(module)
             return forward(*args, **kwargs)
         except Exception as e:
+            if lean[0]:
+                raise
             if made[0] != before:
                 reason = last[0]
             elif isinstance(e, _lib.DataDependentError):
@@ -159,6 +162,51 @@ def _guarded(module, own, path, made, last):
         last[0] = reason
         return out
     return call
+
+
+def _lean_pass_fits(device):
+    """Whether a scan on `device` may first run without fake()'s Python TorchFunctionMode.
+
+    On a cpu scan that mode only carries one_hot's shape rule, data-dependent stand-ins and typed
+    errors inside the forward; each of those comes with an error in a pass without it (one_hot
+    reads min() of a tensor fake tensors do not hold), and an error sends the scan to the full
+    pass. The C++ mode checks histc's and _grouped_mm's CPU rules itself, and counts the calls it
+    sends on to a torch FakeTensorMode entered inside (those, too, send the scan to the full
+    pass). A cuda scan needs the mode's detours; another TorchFunctionMode already on
+    (torch.device(...) as a context, a default device) would fill factories' device before ours
+    does."""
+    count = getattr(torch._C, "_len_torch_function_stack", None)
+    return device.type == "cpu" and count is not None and count() == 0
+
+
+def _forward(model, inputs, kwargs, device, function_mode):
+    from ._fake import _FakeScope, _needs_cuda_detour, _to_device
+
+    with torch.no_grad(), _FakeScope(device, function_mode):
+        inputs = tuple(_to_device(x, device) if isinstance(x, torch.Tensor) and
+                       _needs_cuda_detour(device) and not x.is_meta else x for x in inputs)
+        model(*inputs, **kwargs)
+
+
+def _passes(model, inputs, kwargs, device, lean, modules):
+    """The lean pass where lean[0] (see _lean_pass_fits), then the full one if it is needed."""
+    if lean[0]:
+        deferrals = _lib.load().fake_mode_deferrals()
+        try:
+            _forward(model, inputs, kwargs, device, function_mode=False)
+        except Exception:
+            # Something the lean pass does not judge: a value read (data-dependent modules get
+            # stand-ins only under the full mode), a call the full mode changes or any error. The
+            # full pass decides, from the start.
+            lean[0] = False
+        # A torch FakeTensorMode entered inside the forward: torch calls into it past the
+        # dispatcher, which only the full mode's Python sees (fake_mode.cc).
+        if _lib.load().fake_mode_deferrals() != deferrals:
+            lean[0] = False
+        if not lean[0]:
+            modules.clear()
+    if not lean[0]:
+        _forward(model, inputs, kwargs, device, function_mode=True)
 
 
 def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
@@ -175,14 +223,19 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
     nonzero; Python control flow on a value) does not end the scan: the module is marked
     data-dependent (ModuleShape.data_dependent, the reason) and its caller gets a stand-in whose
     shape is never reported; every module computed from it is data-dependent too. Meanwhile each
-    module's forward is wrapped (restored after). An error that no value caused is raised."""
-    from ._fake import _needs_cuda_detour, _stand_ins, _to_device, claimable, \
-        data_dependent_reason, fake
+    module's forward is wrapped (restored after). An error that no value caused is raised.
+
+    On cpu the forward runs first under metaload's C++ fake mode alone, without fake()'s Python
+    layer (a third of a scan's time); where that pass cannot judge (an error, a data-dependent
+    op, a torch FakeTensorMode entered inside), the forward runs again from the start under
+    fake(), whose result counts: such a model's forward then runs twice."""
+    from ._fake import _stand_ins, claimable, data_dependent_reason
 
     device = claimable(device, "metaload.scan")  # ModeError before any hook is in place
     modules: Dict[str, ModuleShape] = {}
     hooks = []
     made, last = [0], [None]  # stand-ins made by this scan, the latest one's reason
+    lean = [_lean_pass_fits(device)]
 
     def record(path):
         def hook(module, args, output):
@@ -209,16 +262,13 @@ def scan(model: torch.nn.Module, *inputs, device="cpu", **kwargs) -> Scan:
         hooks.append(module.register_forward_hook(record(path)))
         own = module.__dict__.get("forward")
         try:
-            module.forward = _guarded(module, own, path, made, last)
+            module.forward = _guarded(module, own, path, made, last, lean)
         except (AttributeError, TypeError, RuntimeError):  # a ScriptModule's forward stays
             continue
         guarded.append((module, own))
     t0 = time.perf_counter()
     try:
-        with torch.no_grad(), fake(device):
-            inputs = tuple(_to_device(x, device) if isinstance(x, torch.Tensor) and
-                           _needs_cuda_detour(device) and not x.is_meta else x for x in inputs)
-            model(*inputs, **kwargs)
+        _passes(model, inputs, kwargs, device, lean, modules)
     finally:
         _stand_ins[0] -= made[0]
         for h in hooks:

@@ -201,6 +201,90 @@ def test_scan_matches_a_real_forward_on_a_small_model():
     assert {p: m.shape for p, m in shapes.items()} == real
 
 
+def _count_python_mode_calls(monkeypatch):
+    """How often fake()'s Python TorchFunctionMode is asked from now on: calls[0]."""
+    from metaload import _fake
+
+    calls = [0]
+    original = _fake._FakeFunctionMode.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        calls[0] += 1
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_fake._FakeFunctionMode, "__torch_function__", counted)
+    return calls
+
+
+def test_a_cpu_scan_runs_without_the_python_mode_and_gives_what_the_full_mode_gives(monkeypatch):
+    """A cpu scan first runs with the C++ mode alone (no Python call per torch call); where
+    nothing needs the Python mode, its result is the full mode's, module for module. Under another
+    TorchFunctionMode (as torch.device's context on 2.x), the full mode runs from the start."""
+    from torch.overrides import TorchFunctionMode
+    from metaload import _scan
+
+    calls = _count_python_mode_calls(monkeypatch)
+    with metaload.meta():
+        model = torchvision.models.squeezenet1_1()
+    x = torch.empty(2, 3, 64, 64, device="meta")
+    lean = metaload.scan(model, x)
+    assert calls[0] == 0
+    with monkeypatch.context() as m:
+        m.setattr(_scan, "_lean_pass_fits", lambda device: False)
+        full = metaload.scan(model, x)
+    assert calls[0] > 20
+    assert list(lean.items()) == list(full.items()) and len(lean) == len(list(model.modules()))
+    calls[0] = 0
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        assert list(metaload.scan(model, x).items()) == list(full.items())
+    assert calls[0] > 20
+
+
+class _OneHotRouter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        picked = self.gate(x).topk(2, dim=-1).indices
+        return torch.nn.functional.one_hot(picked, num_classes=4).sum(-2)
+
+
+def test_a_cpu_scan_that_needs_the_python_mode_runs_again_under_it(monkeypatch):
+    """F.one_hot is decomposed above the C++ mode and reads min() of its input: the pass without
+    the Python mode fails there, and the scan starts over under the full mode, whose shape rule
+    gives the real shape. Each module is recorded once, from the second pass."""
+    calls = _count_python_mode_calls(monkeypatch)
+    with metaload.meta():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), _OneHotRouter())
+    real = torch.nn.Sequential(torch.nn.Linear(8, 8), _OneHotRouter())(torch.randn(5, 8))
+    s = metaload.scan(model, torch.empty(5, 8, device="meta"))
+    assert calls[0] > 0
+    assert s[""][2:6] == (tuple(real.shape), real.dtype, torch.device("cpu"), 1)
+    assert s["0"].calls == 1 and s["1.gate"].shape == (5, 4) and not s.data_dependent
+
+
+def test_the_first_metaload_scope_of_any_kind_registers_fakes_dispatch_key():
+    """Registering fake()'s fallback rewrites every operator's dispatch table (a few ms): the first
+    scope of any kind does it, so that a scan's first forward does not."""
+    r = run_python(
+        "import torch, metaload\n"
+        "def fake_entry():\n"
+        "    table = torch._C._dispatch_dump_table('aten::add.Tensor').splitlines()\n"
+        "    return [line for line in table if line.startswith('Fake:')]\n"
+        "print(fake_entry())\n"
+        "with metaload.meta():\n"
+        "    pass\n"
+        "print(fake_entry())\n")
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.splitlines()[-2:]
+    assert "metaload" not in before and "metaload fake tensor fallback" in after, r.stdout
+
+
 RSS_PROBE = """
 import gc, torch, torchvision, metaload
 def peak():

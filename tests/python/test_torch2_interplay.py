@@ -267,6 +267,47 @@ def test_fake_tensor_mode_entered_inside_a_metaload_scope_wins(scope):
             (metaload.is_fake(outside) and outside.device == torch.device("cuda", 0))
 
 
+class _UsesTorchsFakeMode(nn.Module):
+    """A forward that enters torch's FakeTensorMode for a side computation."""
+
+    def __init__(self, data):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.data = data  # also read a FakeTensor's .data
+        self.seen = []
+
+    def forward(self, x):
+        with FakeTensorMode():
+            side = nn.Linear(8, 2)(torch.randn(3, 8))
+            self.seen.append((type(side), type(side.detach())))
+            if self.data:
+                self.seen.append(type(nn.Linear(2, 2).weight.data))
+        return self.fc(x)
+
+
+@needs_fake_slot
+@pytest.mark.parametrize("data", [False, True])
+def test_a_cpu_scan_of_a_forward_entering_fake_tensor_mode_lets_that_mode_win(data, monkeypatch):
+    """A cpu scan's first pass runs without fake()'s Python mode (_scan.py): the C++ mode sends the
+    calls made under torch's FakeTensorMode on to it, but torch also calls into that mode past the
+    dispatcher (a FakeTensor's `.data`), which only the Python mode's guard covers: the C++ mode
+    counts what it sent on, and the scan runs again under the full mode. Torch's mode gets every
+    call made under it, and the scan is exact."""
+    from metaload import _scan
+
+    with metaload.meta():
+        model = _UsesTorchsFakeMode(data)
+    passes = []
+    original = _scan._forward
+    monkeypatch.setattr(_scan, "_forward",
+                        lambda *a, **k: passes.append(k["function_mode"]) or original(*a, **k))
+    s = metaload.scan(model, torch.empty(4, 8, device="meta"))
+    assert s[""][2:5] == ((4, 8), torch.float32, torch.device("cpu"))
+    assert s["fc"].calls == 1
+    assert model.seen[-1] == FakeTensor if data else model.seen[-1] == (FakeTensor, FakeTensor)
+    assert passes == [False, True]
+
+
 @needs_fake_slot
 def test_metaload_scopes_entered_inside_fake_tensor_mode_win_and_hand_it_back():
     with FakeTensorMode() as mode:
