@@ -90,6 +90,12 @@ struct EngineOptions {
   // slice) point into a copy-on-write mapping of the checkpoint file instead of being read into
   // fresh memory (FileMapping in slots.h). The rest goes through the engine as usual.
   bool map_files = false;
+  // With map_files: assembled slots (fused experts) become views of the file's pages too
+  // (FileMapping::map_view). Their data then sits at the file's alignment, and CPU matmul kernels
+  // sum in an order that follows their operands' alignment: outputs may differ in the last bit
+  // from those of a copy in fresh (64-byte aligned) memory, as from_pretrained makes. False
+  // copies them.
+  bool map_views = true;
   MapPopulate map_populate = MapPopulate::kAuto;
   // Called on the calling thread, about 10 times a second and once at the end.
   std::function<void(const Progress&)> progress;

@@ -724,7 +724,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
                          c10::optional<std::vector<std::string>> tp_plan,
                          c10::optional<std::vector<std::string>> tp_names,
                          c10::optional<std::string> assemblies, int64_t checkpoint,
-                         c10::optional<std::string> name_mapping) {
+                         c10::optional<std::string> name_mapping, bool map_views) {
   if (targets.size() != names.size()) {
     throw PlanError(std::to_string(targets.size()) + " tensors but " +
                     std::to_string(names.size()) + " names");
@@ -770,6 +770,7 @@ std::string load_into_op(at::TensorList targets, std::vector<std::string> names,
   opt.strict = strict;
   opt.engine.bar = progress_bar ? ProgressBar::kAuto : ProgressBar::kOff;
   if (map_files) opt.map_files = *map_files;
+  opt.engine.map_views = map_views;
   if (progress_id != 0) opt.progress = ProgressBoard::instance().writer(progress_id);
   if (dequantize) opt.dequantize = *dequantize;
   if (assemblies) opt.names.assemblies = parse_assemblies(*assemblies);
@@ -837,7 +838,8 @@ METALOAD_LIBRARY_FRAGMENT(m) {
       "int progress_id=0, Tensor(b!)[]? computed=None, str[]? computed_names=None, "
       "Tensor?[]? computed_values=None, ScalarType? dequantize=None, str[]? tp_plan=None, str[]? "
       "tp_names=None, "
-      "str? assemblies=None, int checkpoint=0, str? name_mapping=None) -> str",
+      "str? assemblies=None, int checkpoint=0, str? name_mapping=None, bool map_views=True) -> "
+      "str",
       &load_into_op);
   m.def("load_file(str path, Device device, bool map_files) -> (str[], Tensor[], str)",
         &load_file_op);

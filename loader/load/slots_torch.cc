@@ -159,10 +159,11 @@ bool one_run(const CopyJob& j, uint64_t elem) {
 // An assembled slot (the fused experts) as a view of its file (FileMapping::map_view): where
 // every part is one run of the same file in the stored dtype. Undefined where it is not, or
 // where no view could be had (pieces off the page residue of the others, an open-file budget
-// spent, a detached mapping): the slot is then copied.
+// spent, a detached mapping) or none is wanted (EngineOptions::map_views): the slot is then copied.
 at::Tensor view_slot(const SlotSpec& spec, const SpecPlan& p, const std::vector<std::string>& files,
                      std::vector<std::shared_ptr<FileMapping>>& maps, const EngineOptions& options,
                      std::vector<MappedRange>& ranges) {
+  if (!options.map_views) return at::Tensor();
   const uint64_t elem = c10::elementSize(spec.dtype);
   std::vector<ViewPiece> pieces;
   for (const CopyJob& j : p.jobs) {

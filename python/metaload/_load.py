@@ -151,9 +151,10 @@ def _check_arguments(a: Dict[str, Any]) -> None:
     for name in ("threads", "staging_bytes", "buffer_bytes"):
         if not _integer(a[name]):
             _bad_argument(name, "an integer (0: the default)", a[name])
-    for name in ("strict", "mmap", "distributed"):
-        if not isinstance(a[name], bool) and (name == "strict" or a[name] is not None):
-            _bad_argument(name, "True or False" + ("" if name == "strict" else " or None"), a[name])
+    for name in ("strict", "mmap", "distributed", "mmap_fused"):
+        optional = name in ("mmap", "distributed")
+        if not isinstance(a[name], bool) and (not optional or a[name] is not None):
+            _bad_argument(name, "True or False" + (" or None" if optional else ""), a[name])
     t = a["timeout"]
     if t is not None and not isinstance(t, datetime.timedelta) and (
             isinstance(t, bool) or not isinstance(t, numbers.Real) or not t > 0):
@@ -201,7 +202,8 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
               source_rank: Optional[int] = None, buffer_bytes: int = 0,
               timeout: Optional[float] = None, distributed: Optional[bool] = None,
               dequantize: Optional[torch.dtype] = None,
-              tp_plan: Optional[Dict[str, str]] = None, adapters=None) -> LoadReport:
+              tp_plan: Optional[Dict[str, str]] = None, adapters=None,
+              mmap_fused: bool = True) -> LoadReport:
     """Loads checkpoint `ref` (a safetensors file, an index, a directory, a Hugging Face repo id
     in the local cache, or a model key: its repo in the hub cache only, never a path) into
     `module`'s parameters and persistent buffers, by state_dict names.
@@ -242,8 +244,13 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     error is a ReadError there, unless a sample finds 95% of the pages cached: then the call
     returns at once and the few missing pages are read ahead in the background. Mapped files may
     be deleted or replaced by rename, never truncated or written in place while the module uses
-    them (see check_mapped_files and the README's Reliability section). Returns a LoadReport;
-    nothing changes unless every tensor loaded.
+    them (see check_mapped_files and the README's Reliability section). mmap_fused: with mmap,
+    fused targets assembled from several checkpoint tensors (transformers 5's MoE experts) are
+    views of the files' pages too, where each part lies whole in one file at one page offset;
+    they keep the file's alignment, and CPU matmuls sum in an order that follows their operands'
+    alignment, so outputs can differ in the last bit from a model whose experts were copied into
+    fresh memory (from_pretrained's). False copies them. Returns a LoadReport; nothing changes
+    unless every tensor loaded.
 
     Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of each tensor by the family's
     TP plan (vLLM's layouts); a meta tensor takes its slice's shape. With process_group (or
@@ -270,7 +277,7 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     family = "family" if (tp_size or 1) > 1 and tp_plan is None and dequantize is None else None
     return _load_plain(module, ref, device, dtype, tp_rank or 0, tp_size or 1, threads,
                        staging_bytes, strict, revision, progress, mmap, key_mapping, dequantize,
-                       tp_plan, family)
+                       tp_plan, family, mmap_fused=mmap_fused)
 
 
 def _key_checkpoint(ref, revision):
@@ -286,7 +293,7 @@ def _key_checkpoint(ref, revision):
 
 def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_bytes, strict,
                 revision, progress, mmap, key_mapping, dequantize=None, tp_plan=None,
-                name_mapping=None) -> LoadReport:
+                name_mapping=None, mmap_fused=True) -> LoadReport:
     """load_into in one process: without a TP plan, with the one given (tp_plan), or with the
     family's (name_mapping="family"). Quantizing libraries' layers still on meta receive their
     packed tensors in the same load (_quantized_modules)."""
@@ -295,12 +302,12 @@ def _load_plain(module, ref, device, dtype, tp_rank, tp_size, threads, staging_b
             tp_size=tp_size) as finish:
         return finish(_load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads,
                                    staging_bytes, strict, revision, progress, mmap, key_mapping,
-                                   dequantize, tp_plan, name_mapping))
+                                   dequantize, tp_plan, name_mapping, mmap_fused))
 
 
 def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, staging_bytes,
                  strict, revision, progress, mmap, key_mapping, dequantize, tp_plan,
-                 name_mapping) -> LoadReport:
+                 name_mapping, mmap_fused=True) -> LoadReport:
     """_load_plain on the checkpoint opened once (`handle`): every name asked of it, the load
     and a retry with transformers' renames read no header again."""
     ops = _lib.load()
@@ -354,7 +361,8 @@ def _load_opened(module, ref, handle, device, dtype, tp_rank, tp_size, threads, 
                                  tp_plan=_mapping.flat_plan(tp_plan),  # it names modules:
                                  tp_names=list(own.keys()) if tp_plan is not None else None,
                                  assemblies=json.dumps(assembled) if assembled else None,
-                                 checkpoint=handle, name_mapping=name_mapping)
+                                 checkpoint=handle, name_mapping=name_mapping,
+                                 map_views=mmap_fused)
 
     try:
         out = call(renamed, assembled)

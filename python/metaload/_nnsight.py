@@ -36,7 +36,7 @@ from . import _lib, _quantized_modules, _thread_scope
 
 _lock = threading.Lock()
 _saved = {}  # (module, attribute) -> original, while enabled
-_options = {"mmap": True, "scan": True}
+_options = {"mmap": True, "scan": True, "mmap_fused": False}
 
 # Load options that say only where and in what dtype: the rest needs nnsight's own load.
 _PLACEMENT = {"device_map", "device", "dtype", "torch_dtype"}
@@ -113,6 +113,7 @@ def _streaming_dispatch(self):
     peft = getattr(self, "peft", None)
     report = load_into(self._module, self.repo_id, device=device, revision=self.revision,
                        progress=False, mmap=_options["mmap"] if device.type == "cpu" else None,
+                       mmap_fused=_options["mmap_fused"],
                        adapters=[peft] if peft is not None else None)
     self._module.eval()  # as from_pretrained leaves a model (from_config leaves it training)
     _quantized_modules.decompress_now(self._module)
@@ -174,9 +175,9 @@ def _scanning_execute(self, code):
         InterleavingTracer.execute(self, code)
 
 
-def enable_nnsight(mmap: bool = True, scan: bool = True):
+def enable_nnsight(mmap: bool = True, scan: bool = True, mmap_fused: bool = False):
     """Switches the integration on for this process (idempotent; a second call only changes
-    mmap and scan): every nnsight model built from now on builds under metaload.meta(), every
+    the options): every nnsight model built from now on builds under metaload.meta(), every
     transformers-backed nnsight model dispatches by streaming into its skeleton (see this
     module's docstring for when it falls back), and `model.scan(...)` runs its forward on
     metaload.fake(). Models already built keep their skeleton but dispatch through metaload too.
@@ -185,11 +186,17 @@ def enable_nnsight(mmap: bool = True, scan: bool = True):
     (copy-on-write), as from_pretrained leaves them; False copies them into fresh memory, each
     byte read once (see load_into's mmap for the files' contract).
 
+    mmap_fused: with mmap, fused MoE experts are views of the files' pages too (load_into's
+    mmap_fused: no private memory for them, but their outputs may differ in the last bit from
+    nnsight's own dispatch, whose experts are copied). Default False: a trace saves exactly what
+    it saves without metaload.
+
     scan: nnsight's scan runs on metaload.fake() claiming the model's dispatch device (cpu by
     default; nnsight's own says meta), with the same saved shapes and dtypes as nnsight's
     FakeTensorMode; False keeps nnsight's own."""
     _options["mmap"] = bool(mmap)
     _options["scan"] = bool(scan)
+    _options["mmap_fused"] = bool(mmap_fused)
     try:
         from nnsight.intervention import tracer as nn_tracer
         from nnsight.modeling import processing as nn_processing

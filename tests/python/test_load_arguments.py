@@ -65,6 +65,7 @@ def untouched(model):
                        "'cuda:0'), got 1.5"),
     (dict(strict="no"), "strict must be True or False, got 'no'"),
     (dict(mmap=1), "mmap must be True or False or None, got 1"),
+    (dict(mmap_fused=None), "mmap_fused must be True or False, got None"),
     (dict(distributed="yes"), "distributed must be True or False or None, got 'yes'"),
     (dict(timeout=-1), "timeout must be None, a positive number of seconds or a timedelta, "
                        "got -1"),

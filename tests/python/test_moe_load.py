@@ -341,6 +341,30 @@ def test_mmap_maps_the_fused_experts_from_the_files_pages(tmp_path):
         assert not _in_a_memory_map(at), model_type
 
 
+def test_mmap_fused_false_copies_the_experts_as_from_pretrained_does(tmp_path):
+    """mmap_fused=False: what lies whole in the file is mapped, the fused experts are copied into
+    fresh memory at the alignment from_pretrained's have (a view keeps the file's, and CPU
+    matmuls sum in an order that follows it): the same bytes and the same logits, bit for bit."""
+    cfg = tiny_config("mixtral", moe_intermediate_size=32)
+    cls = model_class(cfg)
+    torch.manual_seed(0)
+    d = str(tmp_path / "mixtral")
+    cls(cfg).save_pretrained(d)
+    mapped, report = _mmap_load(cls, cfg, d)  # mmap_fused=True: every byte mapped
+    assert report.mapped_bytes == sum(_nbytes(t) for t in mapped.state_dict().values())
+    model = meta_build(cls, cfg)
+    report = metaload.load_into(model, d, progress=False, mmap=True, mmap_fused=False)
+    state = model.state_dict()
+    experts = [n for n in state if ".experts." in n]
+    assert experts and report.mapped_bytes == sum(
+        _nbytes(t) for n, t in state.items() if n not in experts)
+    for n in experts:
+        assert not metaload.check_mapped_files(state[n]) and state[n].data_ptr() % 64 == 0, n
+    ref = cls.from_pretrained(d)
+    assert_same(model, ref, "mixtral mmap_fused=False")
+    assert torch.equal(forward(model, cfg), forward(ref, cfg))
+
+
 def test_mmap_copies_the_fused_experts_it_cannot_map(tmp_path):
     """Where a view cannot line the checkpoint tensors' pages up, the fused target is copied,
     and equal all the same: Qwen3-MoE experts of half a page (16 x 32 float32, stored down, gate,

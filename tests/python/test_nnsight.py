@@ -6,8 +6,9 @@
   with and without it (bitwise), the module objects nnsight wraps stay the same objects, the
   dispatch reads each weight byte once (/proc/self/io) and never calls from_pretrained. GPT-2,
   Llama, and Mixtral, whose per-expert checkpoint tensors the dispatch assembles into
-  transformers' fused experts (copied; mapped as views of the file's pages where mmap is on,
-  then compared with the reference's experts at the same address alignment: see _align_like).
+  transformers' fused experts (copied, as nnsight's own dispatch does, unless
+  enable_nnsight(mmap_fused=True) maps them as views of the file's pages: that trace is compared
+  with the reference's experts at the same address alignment, see _align_like).
 - Scan: with enable_nnsight(), `model.scan(...)` runs on metaload.fake(), claiming the dispatch
   device: two invokes' layer and logits outputs have the shapes and dtypes nnsight's own scan
   (FakeTensorMode) saves, for GPT-2, Llama and Mixtral in float32 and bf16, without dispatching
@@ -114,7 +115,7 @@ def _align_like(module, like):
             p.data = buf[skip:skip + p.numel()].view(p.shape).copy_(p)
 
 
-def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
+def _compare_dispatch(name, d, nnsight, metaload, tf, mmap, fused=False):
     import torch
     plain = nnsight.LanguageModel(d, dispatch=False)
     before = _trace(plain)
@@ -126,7 +127,7 @@ def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
         calls.append(cls.__name__)
         return original(cls, *a, **k)
 
-    metaload.enable_nnsight(mmap=mmap)
+    metaload.enable_nnsight(mmap=mmap, mmap_fused=fused)
     tf.PreTrainedModel.from_pretrained = classmethod(counting)
     try:
         model = nnsight.LanguageModel(d, dispatch=False)
@@ -149,6 +150,7 @@ def _compare_dispatch(name, d, nnsight, metaload, tf, mmap):
     return {
         "arch": name,
         "mmap": mmap,
+        "fused": fused,
         "mapped_bytes": model.metaload_report.mapped_bytes,
         "meta_before_dispatch": all_meta,
         "same_module": model._module is module,
@@ -276,7 +278,8 @@ def worker(top):
     tf.logging.set_verbosity_error()
     dirs = _write_models(top)
     result = {"dispatch": [_compare_dispatch(n, d, nnsight, metaload, tf, mmap)
-                           for n, d in dirs.items() for mmap in (False, True)],
+                           for n, d in dirs.items() for mmap in (False, True)] +
+              [_compare_dispatch("mixtral", dirs["mixtral"], nnsight, metaload, tf, True, True)],
               "keys": _keys(top, nnsight, metaload)}
     result["extra_keys"] = _extra_keys(nnsight, metaload)
     import torch
@@ -308,12 +311,10 @@ def findings(tmp_path_factory):
 @pytest.mark.parametrize("mmap", [False, True])
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "mixtral"])
 def test_a_trace_gives_the_same_values_with_metaload_dispatching(findings, arch, mmap):
-    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"] == mmap)
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"] == mmap and
+               not r["fused"])
     assert row["meta_before_dispatch"], "the meta build left real tensors"
-    # Mapped fused experts keep the file's alignment (_align_like): the same weights, compared
-    # at the same alignment.
-    equal = row["equal_aligned"] if arch == "mixtral" and mmap else row["equal"]
-    assert equal == [True] * row["outputs"], row
+    assert row["equal"] == [True] * row["outputs"], row
     assert row["same_module"] and row["same_parameters"], "the dispatch replaced the skeleton"
     assert row["nothing_on_meta_after"], "a tensor stayed on meta after the dispatch"
     assert row["eval"], "from_pretrained leaves models in eval mode; the dispatch must too"
@@ -331,19 +332,31 @@ def test_the_copying_dispatch_reads_each_weight_byte_once(findings, arch):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_the_default_dispatch_maps_the_weights_as_from_pretrained_does(findings, arch):
-    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"])
+    row = next(r for r in findings["dispatch"] if r["arch"] == arch and r["mmap"] and
+               not r["fused"])
     assert row["report_bytes"] == row["weight_bytes"] == row["mapped_bytes"] > 0
     assert row["rchar"] < 64 * 1024, row  # mapped, not read through read()
 
 
-def test_an_moe_dispatch_maps_the_assembled_experts_too(findings):
-    """Every expert here is one page (32 x 32 float32): the fused experts are views of the
-    file's pages (FileMapping::map_view), nothing is copied."""
-    row = next(r for r in findings["dispatch"] if r["arch"] == "mixtral" and r["mmap"])
+def test_an_moe_dispatch_maps_what_lies_whole_and_copies_the_assembled_experts(findings):
+    """As nnsight's own dispatch (from_pretrained) does: its trace is the same, bit for bit."""
+    row = next(r for r in findings["dispatch"] if r["arch"] == "mixtral" and r["mmap"] and
+               not r["fused"])
+    assert row["report_bytes"] == row["weight_bytes"] > row["mapped_bytes"] > 0, row
+
+
+def test_an_moe_dispatch_with_mmap_fused_maps_the_assembled_experts_too(findings):
+    """enable_nnsight(mmap_fused=True): every expert here is one page (32 x 32 float32), so the
+    fused experts are views of the file's pages (FileMapping::map_view) and nothing is copied.
+    They keep the file's alignment, and CPU matmuls sum in an order that follows it: the trace
+    equals the reference's once the reference's experts sit at the same alignment."""
+    row = next(r for r in findings["dispatch"] if r["fused"])
     assert row["report_bytes"] == row["weight_bytes"] == row["mapped_bytes"] > 0, row
     # Mapped, not read through read(), but for the pages where two experts meet: at most two
     # for each of the 24 expert tensors (2 layers x 4 experts x w1, w2, w3).
     assert row["rchar"] < 64 * 1024 + 24 * 2 * os.sysconf("SC_PAGESIZE"), row
+    assert row["equal_aligned"] == [True] * row["outputs"], row
+    assert row["same_module"] and row["nothing_on_meta_after"], row
 
 
 def test_nnsight_and_metaload_write_the_same_model_key(findings):
