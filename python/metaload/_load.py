@@ -231,26 +231,21 @@ def load_into(module: torch.nn.Module, ref: str, device: Union[str, torch.device
     model's own renames (its conversion mapping, e.g. GPT-NeoX's {r"^embed_out\\.": "lm_head."})
     apply after the given ones, as from_pretrained applies them. Errors name a renamed tensor by
     its checkpoint name (PlanError: a pattern that is no regex, two mapped onto one module name).
-    Its merges too (transformers 5 fuses per-expert checkpoint weights into 3-D experts): each
-    fused target is assembled in the load, every checkpoint tensor read once into its place
-    (loader/load/assembly.h); a lacking or misshapen expert is a MismatchError naming it. Not
-    yet with tp_size > 1, tp_plan or dequantize (PlanError).
+    Its merges too (fused 3-D experts from per-expert weights): each checkpoint tensor read once
+    into its place (loader/load/assembly.h); a lacking or misshapen expert is a MismatchError
+    naming it; not with dequantize (PlanError).
     progress: True, a bar on stderr when it is a terminal; False, none; a callable
     (done_bytes, total_bytes) or a tqdm-like object (metaload._progress explains when it is
-    called). mmap: on cpu, tensors stored as they are loaded point into copy-on-write mappings of
-    the checkpoint files instead of being copied (no fresh memory); default: on for checkpoints in
-    the Hugging Face cache (immutable blobs), off for other files. Pages in the page cache map
-    lazily (first touch) where the file is leased; the rest are read during the call, so a read
-    error is a ReadError there, unless a sample finds 95% of the pages cached: then the call
-    returns at once and the few missing pages are read ahead in the background. Mapped files may
-    be deleted or replaced by rename, never truncated or written in place while the module uses
-    them (see check_mapped_files and the README's Reliability section). mmap_fused: with mmap,
-    fused targets assembled from several checkpoint tensors (transformers 5's MoE experts) are
-    views of the files' pages too, where each part lies whole in one file at one page offset;
-    they keep the file's alignment, and CPU matmuls sum in an order that follows their operands'
-    alignment, so outputs can differ in the last bit from a model whose experts were copied into
-    fresh memory (from_pretrained's). False copies them. Returns a LoadReport; nothing changes
-    unless every tensor loaded.
+    called). mmap: on cpu, tensors stored as loaded point into copy-on-write mappings of the
+    files (no fresh memory); default: on for Hugging Face cache blobs, off for other files.
+    Pages in the page cache map lazily (first touch) where the file is leased; the rest are read
+    during the call, so a read error is a ReadError there, unless a sample finds 95% of the pages
+    cached: then the call returns at once and the few missing pages are read ahead in the
+    background. Mapped files may be deleted or replaced by rename, never truncated or written in
+    place while the module uses them (check_mapped_files; the README's Reliability section).
+    mmap_fused: with mmap, fused MoE experts are views of the files' pages too, at the file's
+    alignment (CPU matmuls sum by alignment: outputs may differ in the last bit from
+    from_pretrained's); False copies them. Returns a LoadReport; all or nothing.
 
     Tensor parallelism: tp_size > 1 loads rank tp_rank's slice of each tensor by the family's
     TP plan (vLLM's layouts); a meta tensor takes its slice's shape. With process_group (or
