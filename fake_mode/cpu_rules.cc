@@ -1,12 +1,11 @@
 #include "fake_mode/cpu_rules.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <sstream>
 #include <string>
 
-#include "c10_ext/mode_key.h"
+#include "fake_mode/fake_tensor.h"
 #include "kernels/errors.h"
 
 namespace metaload {
@@ -102,12 +101,7 @@ bool grouped_mm(torch::jit::Stack* stack, size_t base, size_t n_args) {
   if (!s[base + 4].isNone() && s[base + 4].toScalarType() != a.scalar_type()) {
     refuse("torch._grouped_mm", "out_dtype must be None or the inputs' dtype on cpu");
   }
-  at::Tensor out;
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeModeKey);
-    c10::impl::ExcludeDispatchKeyGuard no_mode(kMetaModeKey);
-    out = at::empty(size, at::TensorOptions().dtype(a.scalar_type()).device(c10::kMeta));
-  }
+  at::Tensor out = empty_fake(size, a.scalar_type(), c10::Device(c10::kCPU));
   torch::jit::drop(s, n_args);
   s.emplace_back(std::move(out));
   return true;

@@ -16,8 +16,8 @@ CpuRule cpu_rule_for(const c10::FunctionSchema& schema);
 
 // Applies `rule` to the op's arguments (the last n_args of `stack`), whose result is on cpu.
 // Throws ShapeError where the CPU kernel would refuse them; returns true when it replaced the
-// arguments by the result (a meta tensor: the fallback makes it fake), false when the Meta kernel
-// answers as the CPU kernel would.
+// arguments by the result (a fake cpu tensor), false when the Meta kernel answers as the CPU
+// kernel would.
 bool apply_cpu_rule(CpuRule rule, torch::jit::Stack* stack, size_t n_args);
 
 }  // namespace metaload

@@ -772,7 +772,7 @@ int64_t FileMapping::cached_pages(const std::vector<std::pair<uint64_t, uint64_t
 
 std::vector<std::pair<uint64_t, uint64_t>> FileMapping::uncached_runs(uint64_t offset,
                                                                       uint64_t length) const {
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_bytes();
   const uint64_t start = offset / page * page;
   const uint64_t end = std::min(size_, offset + length);
   if (end <= start) return {};
